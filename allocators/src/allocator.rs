@@ -1,0 +1,219 @@
+//! The [`Allocator`] trait and its typed extension [`AllocatorExt`].
+
+use core::alloc::Layout;
+use core::fmt;
+use core::ptr::{self, NonNull};
+
+use crate::{AllocError, AllocationAttributes, AllocatorStats};
+
+/// A source of raw memory with statistics: TensorFlow's `Allocator`, in Rust.
+///
+/// Every backend (system, jemalloc, BFC, pool) and every decorator (tracking, retry, ...)
+/// implements it; users pick one at startup through the registry and allocate through
+/// `Arc<dyn Allocator>` without knowing which.
+///
+/// Zero-size requests never reach a backend: they return a dangling pointer aligned to the
+/// layout (see [`dangling`]), count nothing, and freeing one does nothing.
+///
+/// # Safety
+/// Implementors promise that a pointer returned by `allocate_raw(layout, ..)` is valid for
+/// reads and writes of `layout.size()` bytes, aligned to `layout.align()`, and not handed out
+/// again until it has been passed to `deallocate_raw`; and that the statistics methods never
+/// report `peak_bytes_in_use < bytes_in_use`.
+///
+/// Callers of [`deallocate_raw`](Self::deallocate_raw) promise that `ptr` denotes a block
+/// *currently allocated* by this allocator (returned by `allocate_raw` of this same allocator
+/// and not freed since) and that `layout` *fits* it: it is the layout the block was allocated
+/// with.
+///
+/// # Examples
+/// ```
+/// use core::alloc::Layout;
+/// use tensormem_allocators::{AllocationAttributes, Allocator, SystemAllocator};
+///
+/// let cpu = SystemAllocator::new();
+/// let layout = Layout::from_size_align(4096, 64)?;
+/// let p = cpu.allocate_raw(layout, &AllocationAttributes::default())?;
+/// assert_eq!(p.as_ptr() as usize % 64, 0);
+/// assert_eq!(cpu.stats().unwrap().bytes_in_use, 4096);
+/// // SAFETY: `p` was allocated by `cpu` with `layout` and is freed once.
+/// unsafe { cpu.deallocate_raw(p, layout) };
+/// assert_eq!(cpu.stats().unwrap().bytes_in_use, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub unsafe trait Allocator: Send + Sync + fmt::Debug {
+    /// A short name for messages and metrics (e.g. `cpu`, `jemalloc`, `bfc`).
+    fn name(&self) -> &str;
+
+    /// Allocates a block of `layout.size()` bytes aligned to `layout.align()`.
+    ///
+    /// # Errors
+    /// An [`AllocError`] saying why: out of memory, over the limit, or a layout the backend
+    /// cannot honour.
+    fn allocate_raw(
+        &self,
+        layout: Layout,
+        attrs: &AllocationAttributes,
+    ) -> Result<NonNull<u8>, AllocError>;
+
+    /// Returns a block to the allocator.
+    ///
+    /// # Safety
+    /// `ptr` must denote a block currently allocated by this allocator, and `layout` must be the
+    /// layout it was allocated with.
+    unsafe fn deallocate_raw(&self, ptr: NonNull<u8>, layout: Layout);
+
+    /// Whether [`requested_size`](Self::requested_size), [`allocated_size`](Self::allocated_size)
+    /// and [`allocation_id`](Self::allocation_id) answer for this allocator's live pointers.
+    fn tracks_allocation_sizes(&self) -> bool {
+        false
+    }
+
+    /// The size that was asked for when `ptr` was allocated, if this allocator tracks it.
+    fn requested_size(&self, ptr: NonNull<u8>) -> Option<usize> {
+        let _ = ptr;
+        None
+    }
+
+    /// The size actually set aside for `ptr` (at least the requested size), if tracked.
+    fn allocated_size(&self, ptr: NonNull<u8>) -> Option<usize> {
+        let _ = ptr;
+        None
+    }
+
+    /// A unique, increasing id of the allocation at `ptr`, starting from 1, if tracked.
+    fn allocation_id(&self, ptr: NonNull<u8>) -> Option<u64> {
+        let _ = ptr;
+        None
+    }
+
+    /// Like [`allocated_size`](Self::allocated_size), but may ask the backend (e.g. jemalloc's
+    /// usable size) at some cost when nothing is tracked.
+    fn allocated_size_slow(&self, ptr: NonNull<u8>) -> Option<usize> {
+        self.allocated_size(ptr)
+    }
+
+    /// A snapshot of the allocator's statistics, if it keeps any.
+    fn stats(&self) -> Option<AllocatorStats> {
+        None
+    }
+
+    /// Restarts the windowed statistics as TensorFlow does (peak := in use, allocation count
+    /// := 0, largest := 0). Returns `false` if the allocator keeps no statistics.
+    fn clear_stats(&self) -> bool {
+        false
+    }
+}
+
+/// Typed allocation on every [`Allocator`], `dyn Allocator` included.
+///
+/// ```
+/// use tensormem_allocators::{AllocErrorKind, AllocatorExt, SystemAllocator};
+///
+/// let cpu = SystemAllocator::new();
+/// let p = cpu.allocate::<f32>(1024)?;
+/// // SAFETY: `p` is valid for 1024 f32s.
+/// unsafe { p.as_ptr().write_bytes(0, 1024) };
+/// // SAFETY: `p` came from `cpu.allocate::<f32>(1024)` and is freed once.
+/// unsafe { cpu.deallocate(p, 1024) };
+///
+/// let err = cpu.allocate::<u64>(usize::MAX).unwrap_err();
+/// assert_eq!(err.kind(), AllocErrorKind::SizeOverflow);
+/// # Ok::<(), tensormem_allocators::AllocError>(())
+/// ```
+pub trait AllocatorExt: Allocator {
+    /// Allocates uninitialised room for `n` values of `T` with `T`'s alignment, with default
+    /// attributes.
+    ///
+    /// # Errors
+    /// [`AllocErrorKind::SizeOverflow`](crate::AllocErrorKind::SizeOverflow) when
+    /// `n * size_of::<T>()` does not fit in a `Layout`; otherwise whatever
+    /// [`allocate_raw`](Allocator::allocate_raw) returns.
+    fn allocate<T>(&self, n: usize) -> Result<NonNull<T>, AllocError> {
+        let layout = Layout::array::<T>(n)
+            .map_err(|_| AllocError::array_overflow(n, Layout::new::<T>(), self.name()))?;
+        self.allocate_raw(layout, &AllocationAttributes::default())
+            .map(NonNull::cast)
+    }
+
+    /// Frees room for `n` values of `T` allocated by [`allocate`](Self::allocate). Runs no
+    /// destructors.
+    ///
+    /// # Safety
+    /// `ptr` must come from `self.allocate::<T>(n)` with the same `n` and not have been freed.
+    unsafe fn deallocate<T>(&self, ptr: NonNull<T>, n: usize) {
+        // `allocate` succeeded with this `n`, so the layout is valid; a mismatch is a broken
+        // contract that we refuse to turn into a wrong free.
+        let Ok(layout) = Layout::array::<T>(n) else {
+            panic!(
+                "allocator '{}': deallocate::<{}>({n}) with a count no allocation could have had",
+                self.name(),
+                core::any::type_name::<T>()
+            );
+        };
+        // SAFETY: the caller promises `ptr` came from `allocate::<T>(n)` on this allocator,
+        // which allocated it with exactly `layout`.
+        unsafe { self.deallocate_raw(ptr.cast(), layout) }
+    }
+}
+
+impl<A: Allocator + ?Sized> AllocatorExt for A {}
+
+/// The pointer every allocator returns for a zero-size request: non-null, aligned to
+/// `layout.align()`, and never to be dereferenced.
+///
+/// ```
+/// use core::alloc::Layout;
+/// let p = tensormem_allocators::dangling(Layout::from_size_align(0, 256).unwrap());
+/// assert_eq!(p.as_ptr() as usize, 256);
+/// ```
+#[inline]
+pub fn dangling(layout: Layout) -> NonNull<u8> {
+    NonNull::new(ptr::without_provenance_mut(layout.align())).unwrap_or(NonNull::dangling())
+}
+
+// SAFETY: every call is forwarded to the shared allocator, which keeps the contract itself.
+unsafe impl<A: Allocator + ?Sized> Allocator for std::sync::Arc<A> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+
+    #[inline]
+    fn allocate_raw(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
+        (**self).allocate_raw(layout, attrs)
+    }
+
+    #[inline]
+    unsafe fn deallocate_raw(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: the caller's promise for `self` is a promise for the allocator it shares.
+        unsafe { (**self).deallocate_raw(ptr, layout) }
+    }
+
+    fn tracks_allocation_sizes(&self) -> bool {
+        (**self).tracks_allocation_sizes()
+    }
+
+    fn requested_size(&self, ptr: NonNull<u8>) -> Option<usize> {
+        (**self).requested_size(ptr)
+    }
+
+    fn allocated_size(&self, ptr: NonNull<u8>) -> Option<usize> {
+        (**self).allocated_size(ptr)
+    }
+
+    fn allocation_id(&self, ptr: NonNull<u8>) -> Option<u64> {
+        (**self).allocation_id(ptr)
+    }
+
+    fn allocated_size_slow(&self, ptr: NonNull<u8>) -> Option<usize> {
+        (**self).allocated_size_slow(ptr)
+    }
+
+    fn stats(&self) -> Option<AllocatorStats> {
+        (**self).stats()
+    }
+
+    fn clear_stats(&self) -> bool {
+        (**self).clear_stats()
+    }
+}

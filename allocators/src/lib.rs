@@ -1,0 +1,45 @@
+//! The allocator layer of [tensormem](https://docs.rs/tensormem): the [`Allocator`] trait,
+//! its [`AllocatorStats`], attributes and [`AllocError`], and the backends.
+//!
+//! This crate holds no global state; the registry, decorators and telemetry live in the
+//! `tensormem` crate, which re-exports this one.
+//!
+//! Backends:
+//! - [`SystemAllocator`]: the system allocator with exact, lock-free statistics.
+//! - `JemallocAllocator` (feature `jemalloc`, on by default): jemalloc with the same statistics
+//!   and jemalloc's own arena figures.
+//!
+//! ```
+//! use tensormem_allocators::{Allocator, AllocatorExt, SystemAllocator};
+//!
+//! let cpu = SystemAllocator::new();
+//! let buf = cpu.allocate::<f32>(256)?;
+//! assert_eq!(cpu.stats().unwrap().bytes_in_use, 1024);
+//! // SAFETY: `buf` came from `allocate::<f32>(256)` on `cpu`.
+//! unsafe { cpu.deallocate(buf, 256) };
+//! # Ok::<(), tensormem_allocators::AllocError>(())
+//! ```
+
+mod allocator;
+mod attributes;
+mod backend;
+mod builder;
+mod conformance;
+mod counters;
+mod error;
+mod format;
+#[cfg(feature = "jemalloc")]
+mod jemalloc;
+mod stats;
+mod system;
+
+pub use allocator::{Allocator, AllocatorExt, dangling};
+pub use attributes::{AllocationAttributes, AllocatorAttributes};
+pub use builder::{AllocatorBuilder, BackendOptions, Fill, FromOptions, JUNK_PATTERN};
+pub use counters::{CounterSnapshot, FLUSH_BYTES, LimitHit, StatsCounters};
+pub use error::{AllocError, AllocErrorKind, BuildError};
+pub use format::ByteSize;
+#[cfg(feature = "jemalloc")]
+pub use jemalloc::{JemallocAllocator, JemallocStats, JemallocStatsError};
+pub use stats::AllocatorStats;
+pub use system::SystemAllocator;
