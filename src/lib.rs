@@ -1,1 +1,45 @@
-//! tensormem
+//! tensormem: a TensorFlow-style memory layer for Rust ML runtimes.
+//!
+//! - Pick allocators by priority or by name at startup without touching call sites:
+//!   [`AllocatorRegistry`], `TENSORMEM_ALLOCATOR`, [`register_allocator!`].
+//! - Know where memory goes: every allocator keeps [`AllocatorStats`]; a
+//!   [`TrackingAllocator`] records every live pointer, which is what a leak check needs.
+//!
+//! The allocator layer itself (the [`Allocator`] trait, its types, the backends) is the
+//! `tensormem-allocators` crate, re-exported as [`allocators`] and at the top level here.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tensormem::{AllocatorExt, AllocatorRegistry, TrackingAllocator};
+//!
+//! let tracker = TrackingAllocator::new(AllocatorRegistry::global().get());
+//! let buf = tracker.allocate::<f32>(1 << 16)?;
+//! assert_eq!(tracker.live_chunks().len(), 1);
+//! // SAFETY: `buf` came from `allocate::<f32>(1 << 16)` on `tracker`.
+//! unsafe { tracker.deallocate(buf, 1 << 16) };
+//! assert_eq!(tracker.sizes().live_bytes, 0);
+//! # Ok::<(), tensormem::AllocError>(())
+//! ```
+
+pub use tensormem_allocators as allocators;
+
+mod registration;
+mod registry;
+mod tracking;
+mod wrapper;
+
+pub use allocators::{
+    AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorAttributes, AllocatorExt, AllocatorStats,
+    BuildError, ByteSize, SystemAllocator,
+};
+#[cfg(feature = "jemalloc")]
+pub use allocators::{JemallocAllocator, JemallocStats};
+pub use registration::AllocatorFactory;
+pub use registry::{ALLOCATOR_ENV, AllocatorRegistry, RegistryEntry, RegistryError, SelectionOrigin};
+pub use tracking::{Chunk, LiveChunk, TrackingAllocator, TrackingSizes};
+pub use wrapper::AllocatorWrapper;
+
+#[doc(hidden)]
+pub mod __private {
+    pub use inventory;
+}

@@ -50,11 +50,7 @@ pub unsafe trait Allocator: Send + Sync + fmt::Debug {
     /// # Errors
     /// An [`AllocError`] saying why: out of memory, over the limit, or a layout the backend
     /// cannot honour.
-    fn allocate_raw(
-        &self,
-        layout: Layout,
-        attrs: &AllocationAttributes,
-    ) -> Result<NonNull<u8>, AllocError>;
+    fn allocate_raw(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError>;
 
     /// Returns a block to the allocator.
     ///
@@ -130,10 +126,9 @@ pub trait AllocatorExt: Allocator {
     /// `n * size_of::<T>()` does not fit in a `Layout`; otherwise whatever
     /// [`allocate_raw`](Allocator::allocate_raw) returns.
     fn allocate<T>(&self, n: usize) -> Result<NonNull<T>, AllocError> {
-        let layout = Layout::array::<T>(n)
-            .map_err(|_| AllocError::array_overflow(n, Layout::new::<T>(), self.name()))?;
-        self.allocate_raw(layout, &AllocationAttributes::default())
-            .map(NonNull::cast)
+        let layout =
+            Layout::array::<T>(n).map_err(|_| AllocError::array_overflow(n, Layout::new::<T>(), self.name()))?;
+        self.allocate_raw(layout, &AllocationAttributes::default()).map(NonNull::cast)
     }
 
     /// Frees room for `n` values of `T` allocated by [`allocate`](Self::allocate). Runs no

@@ -14,16 +14,10 @@ pub struct AllocationAttributes {
 
 impl AllocationAttributes {
     /// The defaults: retry on failure, not logged by the caller.
-    pub const DEFAULT: Self = Self {
-        retry_on_failure: true,
-        allocation_will_be_logged: false,
-    };
+    pub const DEFAULT: Self = Self { retry_on_failure: true, allocation_will_be_logged: false };
 
     /// Fail at once instead of waiting for memory to be freed.
-    pub const NO_RETRY: Self = Self {
-        retry_on_failure: false,
-        allocation_will_be_logged: false,
-    };
+    pub const NO_RETRY: Self = Self { retry_on_failure: false, allocation_will_be_logged: false };
 }
 
 impl Default for AllocationAttributes {
@@ -110,9 +104,7 @@ impl AllocatorAttributes {
     /// result satisfies both.
     #[must_use]
     pub const fn merge(&self, other: &Self) -> Self {
-        Self {
-            value: self.value | other.value,
-        }
+        Self { value: self.value | other.value }
     }
 
     /// True when every flag set here is also set in `other` (TensorFlow's

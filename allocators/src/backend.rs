@@ -15,10 +15,7 @@ pub(crate) struct Backend {
 
 impl Backend {
     pub(crate) fn new(options: BackendOptions) -> Self {
-        Self {
-            counters: StatsCounters::new(options.bytes_limit),
-            options,
-        }
+        Self { counters: StatsCounters::new(options.bytes_limit), options }
     }
 
     /// Allocates through `raw(layout, zeroed)`, which returns null on failure.
@@ -34,17 +31,13 @@ impl Backend {
         }
         if let Err(hit) = self.counters.try_reserve(size) {
             self.counters.record_oom();
-            return Err(self
-                .error(AllocErrorKind::LimitExceeded, layout)
-                .with_usage(hit.in_use, Some(hit.limit)));
+            return Err(self.error(AllocErrorKind::LimitExceeded, layout).with_usage(hit.in_use, Some(hit.limit)));
         }
         let Some(ptr) = NonNull::new(raw(layout, self.options.fill == Fill::Zero)) else {
             self.counters.cancel_reservation(size);
             self.counters.record_oom();
             let in_use = self.counters.snapshot().bytes_in_use;
-            return Err(self
-                .error(AllocErrorKind::OutOfMemory, layout)
-                .with_usage(in_use, self.counters.limit()));
+            return Err(self.error(AllocErrorKind::OutOfMemory, layout).with_usage(in_use, self.counters.limit()));
         };
         if self.options.fill == Fill::Junk {
             // SAFETY: the backend just returned `ptr` valid for `size` bytes.

@@ -79,13 +79,7 @@ pub struct AllocatorBuilder<T> {
 impl<T: FromOptions> AllocatorBuilder<T> {
     /// A builder with no name, no limit and no fill.
     pub fn new() -> Self {
-        Self {
-            name: None,
-            bytes_limit: None,
-            zero: false,
-            junk: false,
-            _backend: PhantomData,
-        }
+        Self { name: None, bytes_limit: None, zero: false, junk: false, _backend: PhantomData }
     }
 
     /// Names the allocator (default: the backend's own name, e.g. `cpu`).
@@ -136,11 +130,7 @@ impl<T: FromOptions> AllocatorBuilder<T> {
             (false, true) => Fill::Junk,
             (false, false) => Fill::None,
         };
-        Ok(T::from_options(BackendOptions {
-            name,
-            bytes_limit: self.bytes_limit,
-            fill,
-        }))
+        Ok(T::from_options(BackendOptions { name, bytes_limit: self.bytes_limit, fill }))
     }
 }
 

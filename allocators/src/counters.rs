@@ -190,10 +190,7 @@ impl StatsCounters {
         let now = prev.saturating_add(bytes);
         if bytes < 0 || now as u64 > limit {
             self.shared.in_use.fetch_sub(bytes, Relaxed);
-            return Err(LimitHit {
-                in_use: prev.max(0) as u64,
-                limit,
-            });
+            return Err(LimitHit { in_use: prev.max(0) as u64, limit });
         }
         if now as u64 > self.shared.peak.load(Relaxed) {
             self.shared.peak.fetch_max(now as u64, Relaxed);
@@ -255,11 +252,7 @@ impl StatsCounters {
     pub fn snapshot(&self) -> CounterSnapshot {
         let base = self.shared.baseline.lock();
         let sum = self.sum_shards();
-        let peak = sum
-            .high
-            .max(self.shared.peak.load(Relaxed))
-            .max(base.peak_floor)
-            .max(sum.in_use);
+        let peak = sum.high.max(self.shared.peak.load(Relaxed)).max(base.peak_floor).max(sum.in_use);
         CounterSnapshot {
             num_allocs: sum.allocs.saturating_sub(base.allocs),
             num_frees: sum.frees.saturating_sub(base.frees),
@@ -462,10 +455,7 @@ impl OwnedShards {
                     Arc::clone(s)
                 }
                 None => {
-                    let s = Arc::new(Shard {
-                        epoch: AtomicU64::new(shared.epoch.load(Relaxed)),
-                        ..Shard::default()
-                    });
+                    let s = Arc::new(Shard { epoch: AtomicU64::new(shared.epoch.load(Relaxed)), ..Shard::default() });
                     shards.push(Arc::clone(&s));
                     s
                 }

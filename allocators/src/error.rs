@@ -50,11 +50,7 @@ impl InlineName {
         }
         let mut bytes = [0u8; NAME_CAP];
         bytes[..end].copy_from_slice(&name.as_bytes()[..end]);
-        Self {
-            len: end as u8,
-            truncated: end < name.len(),
-            bytes,
-        }
+        Self { len: end as u8, truncated: end < name.len(), bytes }
     }
 
     fn as_str(&self) -> &str {
@@ -208,9 +204,7 @@ impl fmt::Debug for AllocError {
         d.field("kind", &self.kind).field("allocator", &self.allocator);
         match self.request {
             Request::Layout(layout) => d.field("layout", &layout),
-            Request::Array { count, element } => {
-                d.field("count", &count).field("element", &element)
-            }
+            Request::Array { count, element } => d.field("count", &count).field("element", &element),
         };
         for (name, v) in [
             ("rounded", self.rounded),
@@ -231,13 +225,7 @@ impl fmt::Display for AllocError {
         let ellipsis = if self.allocator.truncated { "…" } else { "" };
         write!(f, "allocator '{}{ellipsis}' could not allocate ", self.allocator.as_str())?;
         match self.request {
-            Request::Layout(l) => write!(
-                f,
-                "{} ({} bytes, align {})",
-                Bytes(l.size() as u64),
-                l.size(),
-                l.align()
-            )?,
+            Request::Layout(l) => write!(f, "{} ({} bytes, align {})", Bytes(l.size() as u64), l.size(), l.align())?,
             Request::Array { count, element } => write!(
                 f,
                 "{count} elements of {} bytes (align {}): the total size overflows usize",
@@ -271,9 +259,7 @@ impl std::error::Error for AllocError {}
 #[non_exhaustive]
 pub enum BuildError {
     /// A byte limit of zero would refuse every allocation; leave the limit unset instead.
-    #[error(
-        "allocator '{allocator}': a bytes_limit of 0 would refuse every allocation; set a positive limit or none"
-    )]
+    #[error("allocator '{allocator}': a bytes_limit of 0 would refuse every allocation; set a positive limit or none")]
     ZeroLimit {
         /// The allocator being built.
         allocator: String,

@@ -22,10 +22,6 @@ impl fmt::Display for ByteSize {
             scaled /= 1024.0;
             unit += 1;
         }
-        if unit == 0 {
-            write!(f, "{} B", self.0)
-        } else {
-            write!(f, "{scaled:.1} {}", UNITS[unit])
-        }
+        if unit == 0 { write!(f, "{} B", self.0) } else { write!(f, "{scaled:.1} {}", UNITS[unit]) }
     }
 }

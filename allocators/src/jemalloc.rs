@@ -39,11 +39,7 @@ pub struct JemallocAllocator {
 impl JemallocAllocator {
     /// A jemalloc allocator named `jemalloc`, with no limit and no fill.
     pub fn new() -> Self {
-        Self::from_options(BackendOptions {
-            name: Self::DEFAULT_NAME.to_owned(),
-            bytes_limit: None,
-            fill: Fill::None,
-        })
+        Self::from_options(BackendOptions { name: Self::DEFAULT_NAME.to_owned(), bytes_limit: None, fill: Fill::None })
     }
 
     /// A builder for a named, limited or filling jemalloc allocator.
@@ -85,9 +81,7 @@ impl FromOptions for JemallocAllocator {
     const DEFAULT_NAME: &'static str = "jemalloc";
 
     fn from_options(options: BackendOptions) -> Self {
-        Self {
-            backend: Backend::new(options),
-        }
+        Self { backend: Backend::new(options) }
     }
 }
 
@@ -102,13 +96,7 @@ unsafe impl Allocator for JemallocAllocator {
     fn allocate_raw(&self, layout: Layout, _attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
         self.backend.allocate(layout, |layout, zeroed| {
             // SAFETY: `Backend::allocate` only calls this with a non-zero size.
-            unsafe {
-                if zeroed {
-                    Jemalloc.alloc_zeroed(layout)
-                } else {
-                    Jemalloc.alloc(layout)
-                }
-            }
+            unsafe { if zeroed { Jemalloc.alloc_zeroed(layout) } else { Jemalloc.alloc(layout) } }
         })
     }
 

@@ -49,9 +49,7 @@ impl fmt::Display for AllocatorStats {
     /// assert!(text.contains("peak bytes in use     4.0 KiB (4096)"));
     /// ```
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let bytes = |f: &mut fmt::Formatter<'_>, label: &str, v: u64| {
-            writeln!(f, "{label:<21} {} ({v})", ByteSize(v))
-        };
+        let bytes = |f: &mut fmt::Formatter<'_>, label: &str, v: u64| writeln!(f, "{label:<21} {} ({v})", ByteSize(v));
         writeln!(f, "{:<21} {}", "allocations", self.num_allocs)?;
         writeln!(f, "{:<21} {}", "frees", self.num_frees)?;
         bytes(f, "bytes in use", self.bytes_in_use)?;

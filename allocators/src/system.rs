@@ -63,9 +63,7 @@ impl FromOptions for SystemAllocator {
     const DEFAULT_NAME: &'static str = "cpu";
 
     fn from_options(options: BackendOptions) -> Self {
-        Self {
-            backend: Backend::new(options),
-        }
+        Self { backend: Backend::new(options) }
     }
 }
 
@@ -80,13 +78,7 @@ unsafe impl Allocator for SystemAllocator {
     fn allocate_raw(&self, layout: Layout, _attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
         self.backend.allocate(layout, |layout, zeroed| {
             // SAFETY: `Backend::allocate` only calls this with a non-zero size.
-            unsafe {
-                if zeroed {
-                    System.alloc_zeroed(layout)
-                } else {
-                    System.alloc(layout)
-                }
-            }
+            unsafe { if zeroed { System.alloc_zeroed(layout) } else { System.alloc(layout) } }
         })
     }
 

@@ -8,7 +8,10 @@ allocator_conformance_tests!(system, SystemAllocator::new());
 allocator_conformance_tests!(system_limited, SystemAllocator::builder().bytes_limit(1 << 40).build().unwrap());
 allocator_conformance_tests!(system_zero_fill, SystemAllocator::builder().zero_fill().build().unwrap());
 allocator_conformance_tests!(system_junk_fill, SystemAllocator::builder().junk_fill().build().unwrap());
-allocator_conformance_tests!(system_as_dyn, Arc::new(SystemAllocator::new()) as Arc<dyn tensormem_allocators::Allocator>);
+allocator_conformance_tests!(
+    system_as_dyn,
+    Arc::new(SystemAllocator::new()) as Arc<dyn tensormem_allocators::Allocator>
+);
 
 #[cfg(feature = "jemalloc")]
 mod jemalloc_backends {

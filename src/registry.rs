@@ -1,0 +1,310 @@
+//! [`AllocatorRegistry`]: allocators by name and priority, with a startup override.
+
+use std::env;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
+
+use crate::allocators::{Allocator, SystemAllocator};
+use crate::registration::AllocatorFactory;
+
+/// The environment variable that picks the global registry's allocator by name.
+pub const ALLOCATOR_ENV: &str = "TENSORMEM_ALLOCATOR";
+
+/// A registered allocator with its name and priority, as listed by
+/// [`AllocatorRegistry::entries`].
+#[derive(Clone, Debug)]
+pub struct RegistryEntry {
+    /// The name it was registered under.
+    pub name: String,
+    /// Its priority; [`AllocatorRegistry::get`] returns the highest.
+    pub priority: i32,
+    /// The allocator.
+    pub allocator: Arc<dyn Allocator>,
+}
+
+/// What went wrong registering or choosing an allocator.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// The same (name, priority) was registered twice.
+    #[error(
+        "allocator '{name}' with priority {priority} is already registered (registration #{first_index}, \
+         allocator '{first_allocator}'); refusing registration #{second_index} (allocator '{second_allocator}')"
+    )]
+    Duplicate {
+        /// The name both registrations used.
+        name: String,
+        /// The priority both registrations used.
+        priority: i32,
+        /// 1-based position of the registration that stands.
+        first_index: usize,
+        /// `name()` of the allocator that stands.
+        first_allocator: String,
+        /// 1-based position the refused registration would have had.
+        second_index: usize,
+        /// `name()` of the refused allocator.
+        second_allocator: String,
+    },
+    /// An allocator was selected by a name that nothing is registered under.
+    #[error(
+        "{origin} selects allocator '{requested}', but no allocator of that name is registered \
+         (registered: {})", list_or_none(.registered)
+    )]
+    UnknownAllocator {
+        /// The name asked for.
+        requested: String,
+        /// Where the choice came from.
+        origin: SelectionOrigin,
+        /// The registered names, highest priority first.
+        registered: Vec<String>,
+    },
+    /// The registry has no allocator to give.
+    #[error("no allocator is registered")]
+    Empty,
+    /// A registration used an empty name.
+    #[error("an allocator must be registered under a non-empty name (priority {priority})")]
+    EmptyName {
+        /// The priority of the refused registration.
+        priority: i32,
+    },
+}
+
+fn list_or_none(names: &[String]) -> String {
+    if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+}
+
+/// Where an allocator choice by name came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SelectionOrigin {
+    /// The `TENSORMEM_ALLOCATOR` environment variable.
+    Environment,
+    /// [`AllocatorRegistry::select`].
+    Code,
+}
+
+impl fmt::Display for SelectionOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Environment => write!(f, "{ALLOCATOR_ENV}"),
+            Self::Code => f.write_str("AllocatorRegistry::select"),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// In registration order.
+    entries: Vec<RegistryEntry>,
+    /// Registrations made so far (refused ones included), for error messages.
+    attempts: usize,
+    selected: Option<(String, SelectionOrigin)>,
+    /// Errors from registrations made at startup by `register_allocator!`.
+    startup_errors: Vec<RegistryError>,
+}
+
+/// Allocators by name and priority: TensorFlow's `AllocatorRegistry`.
+///
+/// [`get`](Self::get) returns the allocator with the highest priority; on a tie the one
+/// registered first wins. A name chosen with [`select`](Self::select) (for the global registry:
+/// the `TENSORMEM_ALLOCATOR` environment variable) overrides the priorities.
+///
+/// The [`global`](Self::global) registry starts with `cpu` (a [`SystemAllocator`], priority 0),
+/// `jemalloc` (a `JemallocAllocator`, priority 50, with the `jemalloc` feature), and every
+/// allocator registered with [`register_allocator!`](crate::register_allocator).
+///
+/// ```
+/// use std::sync::Arc;
+/// use tensormem::{AllocatorRegistry, SystemAllocator};
+///
+/// let registry = AllocatorRegistry::new();
+/// registry.register("small", 10, Arc::new(SystemAllocator::builder().name("small").bytes_limit(1 << 20).build()?))?;
+/// registry.register("cpu", 0, Arc::new(SystemAllocator::new()))?;
+/// assert_eq!(registry.get().name(), "small");
+///
+/// registry.select(Some("cpu"))?;
+/// assert_eq!(registry.get().name(), "cpu");
+/// assert!(registry.select(Some("gpu")).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct AllocatorRegistry {
+    inner: RwLock<Inner>,
+}
+
+impl AllocatorRegistry {
+    /// An empty, isolated registry.
+    pub fn new() -> Self {
+        Self {
+            inner: RwLock::new(Inner { entries: Vec::new(), attempts: 0, selected: None, startup_errors: Vec::new() }),
+        }
+    }
+
+    /// The process-wide registry, set up on first use (see the type's docs for what it holds).
+    ///
+    /// `TENSORMEM_ALLOCATOR` is read then; an empty value counts as unset. A name that is not
+    /// registered is reported by [`try_get`](Self::try_get) (and makes [`get`](Self::get)
+    /// panic), not ignored.
+    pub fn global() -> &'static AllocatorRegistry {
+        static GLOBAL: OnceLock<AllocatorRegistry> = OnceLock::new();
+        GLOBAL.get_or_init(Self::with_defaults)
+    }
+
+    fn with_defaults() -> Self {
+        let registry = Self::new();
+        let mut errors = Vec::new();
+        let mut builtin: Vec<(&str, i32, Arc<dyn Allocator>)> = vec![("cpu", 0, Arc::new(SystemAllocator::new()))];
+        #[cfg(feature = "jemalloc")]
+        builtin.push(("jemalloc", 50, Arc::new(crate::allocators::JemallocAllocator::new())));
+        let mut factories: Vec<&AllocatorFactory> = inventory::iter::<AllocatorFactory>().collect();
+        // Link order is arbitrary; registering in name order keeps tie-breaks reproducible.
+        factories.sort_by_key(|f| (f.name, f.priority));
+        let made = factories.iter().map(|f| (f.name, f.priority, (f.make)()));
+        for (name, priority, allocator) in builtin.into_iter().chain(made) {
+            if let Err(e) = registry.register(name, priority, allocator) {
+                errors.push(e);
+            }
+        }
+        let selected = match env::var_os(ALLOCATOR_ENV) {
+            Some(v) if !v.is_empty() => Some(v.to_string_lossy().trim().to_owned()),
+            _ => None,
+        };
+        let mut inner = registry.inner.write();
+        inner.startup_errors = errors;
+        inner.selected = selected.map(|name| (name, SelectionOrigin::Environment));
+        drop(inner);
+        registry
+    }
+
+    /// Registers `allocator` under `name` with `priority`.
+    ///
+    /// # Errors
+    /// [`RegistryError::Duplicate`] if the same (name, priority) is already registered (naming
+    /// both registrations), [`RegistryError::EmptyName`] for an empty name.
+    pub fn register(&self, name: &str, priority: i32, allocator: Arc<dyn Allocator>) -> Result<(), RegistryError> {
+        let mut inner = self.inner.write();
+        inner.attempts += 1;
+        if name.is_empty() {
+            return Err(RegistryError::EmptyName { priority });
+        }
+        if let Some(first) = inner.entries.iter().position(|e| e.name == name && e.priority == priority) {
+            return Err(RegistryError::Duplicate {
+                name: name.to_owned(),
+                priority,
+                first_index: first + 1,
+                first_allocator: inner.entries[first].allocator.name().to_owned(),
+                second_index: inner.attempts,
+                second_allocator: allocator.name().to_owned(),
+            });
+        }
+        inner.entries.push(RegistryEntry { name: name.to_owned(), priority, allocator });
+        Ok(())
+    }
+
+    /// The selected allocator if one was chosen by name, else the one with the highest priority
+    /// (the first registered on a tie).
+    ///
+    /// # Panics
+    /// With the message of the error [`try_get`](Self::try_get) would return: when the registry
+    /// is empty, when the chosen name is not registered, or when a startup registration failed.
+    /// Use `try_get` to handle these at startup.
+    pub fn get(&self) -> Arc<dyn Allocator> {
+        match self.try_get() {
+            Ok(a) => a,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Like [`get`](Self::get), but reports a misconfiguration instead of panicking.
+    ///
+    /// # Errors
+    /// [`RegistryError::UnknownAllocator`] when the chosen name (from `TENSORMEM_ALLOCATOR` or
+    /// [`select`](Self::select)) is not registered, listing the registered names;
+    /// [`RegistryError::Empty`] when nothing is registered; the first startup registration
+    /// error of the global registry, if any.
+    pub fn try_get(&self) -> Result<Arc<dyn Allocator>, RegistryError> {
+        let inner = self.inner.read();
+        if let Some(e) = inner.startup_errors.first() {
+            return Err(e.clone());
+        }
+        if let Some((name, origin)) = &inner.selected {
+            return Self::by_name(&inner, name).ok_or_else(|| Self::unknown(&inner, name, *origin));
+        }
+        let mut best: Option<&RegistryEntry> = None;
+        for e in &inner.entries {
+            if best.is_none_or(|b| e.priority > b.priority) {
+                best = Some(e);
+            }
+        }
+        best.map(|e| Arc::clone(&e.allocator)).ok_or(RegistryError::Empty)
+    }
+
+    /// The allocator registered under `name` (the highest priority one if the name was
+    /// registered at several priorities), or `None`.
+    pub fn get_by_name(&self, name: &str) -> Option<Arc<dyn Allocator>> {
+        Self::by_name(&self.inner.read(), name)
+    }
+
+    /// Chooses the allocator [`get`](Self::get) returns by name, whatever the priorities;
+    /// `None` goes back to choosing by priority.
+    ///
+    /// # Errors
+    /// [`RegistryError::UnknownAllocator`] if `name` is not registered; the choice is unchanged.
+    pub fn select(&self, name: Option<&str>) -> Result<(), RegistryError> {
+        let mut inner = self.inner.write();
+        match name {
+            None => inner.selected = None,
+            Some(name) => {
+                if Self::by_name(&inner, name).is_none() {
+                    return Err(Self::unknown(&inner, name, SelectionOrigin::Code));
+                }
+                inner.selected = Some((name.to_owned(), SelectionOrigin::Code));
+            }
+        }
+        Ok(())
+    }
+
+    /// The name chosen by [`select`](Self::select) or `TENSORMEM_ALLOCATOR`, if any.
+    pub fn selected(&self) -> Option<String> {
+        self.inner.read().selected.as_ref().map(|(n, _)| n.clone())
+    }
+
+    /// Every registration, in registration order.
+    pub fn entries(&self) -> Vec<RegistryEntry> {
+        self.inner.read().entries.clone()
+    }
+
+    fn by_name(inner: &Inner, name: &str) -> Option<Arc<dyn Allocator>> {
+        let mut best: Option<&RegistryEntry> = None;
+        for e in inner.entries.iter().filter(|e| e.name == name) {
+            if best.is_none_or(|b| e.priority > b.priority) {
+                best = Some(e);
+            }
+        }
+        best.map(|e| Arc::clone(&e.allocator))
+    }
+
+    fn unknown(inner: &Inner, name: &str, origin: SelectionOrigin) -> RegistryError {
+        let mut entries: Vec<&RegistryEntry> = inner.entries.iter().collect();
+        entries.sort_by_key(|e| std::cmp::Reverse(e.priority));
+        let mut registered: Vec<String> = Vec::new();
+        for e in entries {
+            if !registered.contains(&e.name) {
+                registered.push(e.name.clone());
+            }
+        }
+        RegistryError::UnknownAllocator { requested: name.to_owned(), origin, registered }
+    }
+}
+
+// Every mutation under the lock completes before any user code (an allocator's `name()`) can
+// panic, so a caught panic never leaves the registry half-updated.
+impl std::panic::RefUnwindSafe for AllocatorRegistry {}
+impl std::panic::UnwindSafe for AllocatorRegistry {}
+
+impl Default for AllocatorRegistry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
