@@ -178,6 +178,13 @@ fn subjects() -> Vec<(&'static str, Box<dyn Pair>)> {
             Box::new(Ours(MutexTracker { inner: sys(), state: Mutex::default() })),
         ));
     }
+    // Create every per-thread structure (and any first-use heap allocation) before measuring, so
+    // that the heap layout the raw allocators see does not change half-way through.
+    for (_, subject) in &v {
+        for (size, _) in SIZES {
+            subject.pair(Layout::from_size_align(size, 16).unwrap());
+        }
+    }
     v
 }
 

@@ -43,3 +43,8 @@ pub use wrapper::AllocatorWrapper;
 pub mod __private {
     pub use inventory;
 }
+
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

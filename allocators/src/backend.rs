@@ -11,33 +11,56 @@ use crate::{AllocError, AllocErrorKind, BackendOptions, Fill, StatsCounters, dan
 pub(crate) struct Backend {
     pub(crate) options: BackendOptions,
     pub(crate) counters: StatsCounters,
+    /// No limit and no fill: the fast path applies.
+    plain: bool,
 }
 
 impl Backend {
     pub(crate) fn new(options: BackendOptions) -> Self {
-        Self { counters: StatsCounters::new(options.bytes_limit), options }
+        Self {
+            counters: StatsCounters::new(options.bytes_limit),
+            plain: options.bytes_limit.is_none() && options.fill == Fill::None,
+            options,
+        }
     }
 
     /// Allocates through `raw(layout, zeroed)`, which returns null on failure.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn allocate(
         &self,
         layout: Layout,
-        raw: impl FnOnce(Layout, bool) -> *mut u8,
+        raw: impl Fn(Layout, bool) -> *mut u8,
     ) -> Result<NonNull<u8>, AllocError> {
         let size = layout.size();
         if size == 0 {
             return Ok(dangling(layout));
         }
+        if self.plain {
+            if let Some(ptr) = NonNull::new(raw(layout, false)) {
+                self.counters.record_alloc(size);
+                return Ok(ptr);
+            }
+            return Err(self.out_of_memory(layout));
+        }
+        self.allocate_general(layout, &raw)
+    }
+
+    /// The path with a limit or a fill.
+    #[inline(never)]
+    fn allocate_general(
+        &self,
+        layout: Layout,
+        raw: &dyn Fn(Layout, bool) -> *mut u8,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let size = layout.size();
         if let Err(hit) = self.counters.try_reserve(size) {
             self.counters.record_oom();
-            return Err(self.error(AllocErrorKind::LimitExceeded, layout).with_usage(hit.in_use, Some(hit.limit)));
+            return Err(AllocError::new(AllocErrorKind::LimitExceeded, layout, &self.options.name)
+                .with_usage(hit.in_use, Some(hit.limit)));
         }
         let Some(ptr) = NonNull::new(raw(layout, self.options.fill == Fill::Zero)) else {
             self.counters.cancel_reservation(size);
-            self.counters.record_oom();
-            let in_use = self.counters.snapshot().bytes_in_use;
-            return Err(self.error(AllocErrorKind::OutOfMemory, layout).with_usage(in_use, self.counters.limit()));
+            return Err(self.out_of_memory(layout));
         };
         if self.options.fill == Fill::Junk {
             // SAFETY: the backend just returned `ptr` valid for `size` bytes.
@@ -47,20 +70,25 @@ impl Backend {
         Ok(ptr)
     }
 
+    #[cold]
+    #[inline(never)]
+    fn out_of_memory(&self, layout: Layout) -> AllocError {
+        self.counters.record_oom();
+        let in_use = self.counters.snapshot().bytes_in_use;
+        AllocError::new(AllocErrorKind::OutOfMemory, layout, &self.options.name)
+            .with_usage(in_use, self.counters.limit())
+    }
+
     /// Frees through `raw(ptr, layout)`.
     ///
     /// # Safety
     /// `ptr` must be currently allocated by this backend with `layout`.
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout, raw: impl FnOnce(*mut u8, Layout)) {
         if layout.size() == 0 {
             return;
         }
         self.counters.record_free(layout.size());
         raw(ptr.as_ptr(), layout);
-    }
-
-    fn error(&self, kind: AllocErrorKind, layout: Layout) -> AllocError {
-        AllocError::new(kind, layout, &self.options.name)
     }
 }

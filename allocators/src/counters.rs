@@ -23,35 +23,17 @@
 //! A thread that exits hands its shard back (its delta flushed into the shared total) for the next
 //! new thread to adopt, so the number of shards stays at the most threads ever alive at once.
 
-use core::cell::{Cell, RefCell};
-use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Weak};
+use core::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
 use crate::AllocatorStats;
+use crate::per_thread::{PerThread, ThreadValue};
 
 /// How far a thread's unflushed in-use delta may drift before it is added to the shared total.
 pub const FLUSH_BYTES: i64 = 4 << 20;
 
-/// Number of direct-mapped per-thread cache slots mapping a counter set to its shard.
-const CACHE_SLOTS: usize = 16;
-
-/// A source of unique counter-set ids; 0 means "empty cache slot".
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// Hot-path cache: `(counter set id, its shard for this thread)`. No destructor, so it is
-    /// usable at any point of the thread's life.
-    static CACHE: [Cell<(u64, *const Shard)>; CACHE_SLOTS] =
-        const { [const { Cell::new((0, ptr::null())) }; CACHE_SLOTS] };
-    /// Every shard this thread owns; dropping it (thread exit) hands the shards back.
-    static OWNED: RefCell<OwnedShards> = const { RefCell::new(OwnedShards(Vec::new())) };
-}
-
-/// One thread's counters. Written only by its owner thread (or, for the orphan shard, with
-/// atomic read-modify-writes by anyone).
+/// One thread's counters, written only by its owner thread with plain loads and stores.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 struct Shard {
@@ -60,18 +42,17 @@ struct Shard {
     bytes_allocated: AtomicU64,
     /// In-use bytes not yet flushed into `Shared::in_use`.
     delta: AtomicI64,
+    /// `Shared::in_use` as this thread last saw it (at its last flush or cache refill).
+    base: AtomicI64,
     /// Highest in-use total this shard has seen, in epoch `epoch`.
     high: AtomicU64,
     /// Largest allocation this shard has seen, in epoch `epoch`.
     largest: AtomicU64,
     epoch: AtomicU64,
-    /// Set when the owner thread has exited; the shard is free for adoption.
-    retired: AtomicBool,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Shared {
-    id: u64,
     limit: Option<u64>,
     /// Flushed in-use bytes (exact in-use bytes when there is a limit).
     in_use: AtomicI64,
@@ -82,8 +63,7 @@ struct Shared {
     num_ooms: AtomicU64,
     num_retries: AtomicU64,
     /// Used, with read-modify-writes, by threads whose thread-locals are already destroyed.
-    orphan: Shard,
-    shards: Mutex<Vec<Arc<Shard>>>,
+    orphan: Orphan,
     baseline: Mutex<Baseline>,
 }
 
@@ -93,6 +73,82 @@ struct Baseline {
     allocs: u64,
     frees: u64,
     peak_floor: u64,
+}
+
+#[derive(Debug, Default)]
+struct Orphan {
+    allocs: AtomicU64,
+    frees: AtomicU64,
+    bytes_allocated: AtomicU64,
+    largest: AtomicU64,
+}
+
+impl ThreadValue for Shard {
+    type Shared = Shared;
+
+    fn retire(&self, shared: &Shared) {
+        let delta = self.delta.swap(0, Relaxed);
+        if delta != 0 {
+            shared.in_use.fetch_add(delta, Relaxed);
+        }
+    }
+
+    fn refresh(&self, shared: &Shared) {
+        let epoch = shared.epoch.load(Relaxed);
+        if self.epoch.load(Relaxed) != epoch {
+            self.high.store(0, Relaxed);
+            self.largest.store(0, Relaxed);
+            self.epoch.store(epoch, Relaxed);
+        }
+        self.base.store(shared.in_use.load(Relaxed), Relaxed);
+    }
+}
+
+impl Shard {
+    #[inline(always)]
+    fn alloc(&self, bytes: u64, shared: &Shared, limited: bool) {
+        bump(&self.allocs, 1);
+        bump(&self.bytes_allocated, bytes);
+        let in_use = if limited {
+            shared.in_use.load(Relaxed)
+        } else {
+            let delta = self.delta.load(Relaxed) + bytes as i64;
+            if delta <= FLUSH_BYTES {
+                self.delta.store(delta, Relaxed);
+                self.base.load(Relaxed) + delta
+            } else {
+                self.flush(delta, shared)
+            }
+        };
+        raise(&self.high, in_use.max(0) as u64);
+        raise(&self.largest, bytes);
+    }
+
+    #[inline(always)]
+    fn free(&self, bytes: u64, shared: &Shared, limited: bool) {
+        bump(&self.frees, 1);
+        if !limited {
+            let delta = self.delta.load(Relaxed) - bytes as i64;
+            if delta >= -FLUSH_BYTES {
+                self.delta.store(delta, Relaxed);
+            } else {
+                self.flush(delta, shared);
+            }
+        }
+    }
+
+    /// Adds the delta to the shared total; returns the new total.
+    #[cold]
+    #[inline(never)]
+    fn flush(&self, delta: i64, shared: &Shared) -> i64 {
+        let now = shared.in_use.fetch_add(delta, Relaxed) + delta;
+        self.delta.store(0, Relaxed);
+        self.base.store(now, Relaxed);
+        if now > 0 {
+            shared.peak.fetch_max(now as u64, Relaxed);
+        }
+        now
+    }
 }
 
 /// The counters behind an allocator's [`AllocatorStats`]: allocations, frees, bytes in use,
@@ -118,7 +174,9 @@ struct Baseline {
 /// ```
 #[derive(Debug)]
 pub struct StatsCounters {
-    shared: Arc<Shared>,
+    /// Copy of `Shared::limit.is_some()`, read on every call.
+    limited: bool,
+    shards: PerThread<Shard>,
 }
 
 /// A request would take the counters over their limit.
@@ -154,25 +212,17 @@ pub struct CounterSnapshot {
 impl StatsCounters {
     /// Counters with an optional byte limit on the bytes in use.
     pub fn new(limit: Option<u64>) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                id: NEXT_ID.fetch_add(1, Relaxed),
-                limit,
-                in_use: AtomicI64::new(0),
-                peak: AtomicU64::new(0),
-                epoch: AtomicU64::new(0),
-                num_ooms: AtomicU64::new(0),
-                num_retries: AtomicU64::new(0),
-                orphan: Shard::default(),
-                shards: Mutex::new(Vec::new()),
-                baseline: Mutex::new(Baseline::default()),
-            }),
-        }
+        Self { limited: limit.is_some(), shards: PerThread::new(Shared { limit, ..Shared::default() }) }
+    }
+
+    #[inline(always)]
+    fn shared(&self) -> &Shared {
+        self.shards.shared()
     }
 
     /// The byte limit, if any.
     pub fn limit(&self) -> Option<u64> {
-        self.shared.limit
+        self.shared().limit
     }
 
     /// Reserves `bytes` against the limit before the backend is asked for memory. Without a
@@ -180,20 +230,23 @@ impl StatsCounters {
     ///
     /// # Errors
     /// [`LimitHit`] when in-use plus `bytes` would exceed the limit; nothing is reserved then.
-    #[inline]
+    #[inline(always)]
     pub fn try_reserve(&self, bytes: usize) -> Result<(), LimitHit> {
-        let Some(limit) = self.shared.limit else {
-            return Ok(());
-        };
-        let bytes = bytes as i64;
-        let prev = self.shared.in_use.fetch_add(bytes, Relaxed);
+        if self.limited { self.reserve_limited(bytes) } else { Ok(()) }
+    }
+
+    fn reserve_limited(&self, bytes: usize) -> Result<(), LimitHit> {
+        let shared = self.shared();
+        let limit = shared.limit.unwrap_or(u64::MAX);
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        let prev = shared.in_use.fetch_add(bytes, Relaxed);
         let now = prev.saturating_add(bytes);
-        if bytes < 0 || now as u64 > limit {
-            self.shared.in_use.fetch_sub(bytes, Relaxed);
+        if now as u64 > limit || bytes == i64::MAX {
+            shared.in_use.fetch_sub(bytes, Relaxed);
             return Err(LimitHit { in_use: prev.max(0) as u64, limit });
         }
-        if now as u64 > self.shared.peak.load(Relaxed) {
-            self.shared.peak.fetch_max(now as u64, Relaxed);
+        if now as u64 > shared.peak.load(Relaxed) {
+            shared.peak.fetch_max(now as u64, Relaxed);
         }
         Ok(())
     }
@@ -201,58 +254,87 @@ impl StatsCounters {
     /// Gives back a reservation whose allocation then failed in the backend.
     #[inline]
     pub fn cancel_reservation(&self, bytes: usize) {
-        if self.shared.limit.is_some() {
-            self.shared.in_use.fetch_sub(bytes as i64, Relaxed);
+        if self.limited {
+            self.shared().in_use.fetch_sub(bytes as i64, Relaxed);
         }
     }
 
     /// Records a granted allocation of `bytes` (reserved first with `try_reserve`).
-    #[inline]
+    #[inline(always)]
     pub fn record_alloc(&self, bytes: usize) {
-        self.with_shard(|shard, exclusive| self.alloc_in(shard, exclusive, bytes as u64));
+        let limited = self.limited;
+        if self.shards.with(|shard, shared| shard.alloc(bytes as u64, shared, limited)).is_none() {
+            self.orphan_alloc(bytes as u64);
+        }
     }
 
     /// Records the free of an allocation of `bytes`.
-    #[inline]
+    #[inline(always)]
     pub fn record_free(&self, bytes: usize) {
-        if self.shared.limit.is_some() {
-            self.shared.in_use.fetch_sub(bytes as i64, Relaxed);
-            self.with_shard(|shard, exclusive| add(&shard.frees, 1, exclusive));
+        let limited = self.limited;
+        if limited {
+            self.shared().in_use.fetch_sub(bytes as i64, Relaxed);
+        }
+        if self.shards.with(|shard, shared| shard.free(bytes as u64, shared, limited)).is_none() {
+            self.orphan_free(bytes as u64);
+        }
+    }
+
+    #[cold]
+    fn orphan_alloc(&self, bytes: u64) {
+        let shared = self.shared();
+        shared.orphan.allocs.fetch_add(1, Relaxed);
+        shared.orphan.bytes_allocated.fetch_add(bytes, Relaxed);
+        shared.orphan.largest.fetch_max(bytes, Relaxed);
+        let now = if self.limited {
+            shared.in_use.load(Relaxed)
         } else {
-            self.with_shard(|shard, exclusive| {
-                add(&shard.frees, 1, exclusive);
-                self.move_delta(shard, exclusive, -(bytes as i64));
-            });
+            shared.in_use.fetch_add(bytes as i64, Relaxed) + bytes as i64
+        };
+        shared.peak.fetch_max(now.max(0) as u64, Relaxed);
+    }
+
+    #[cold]
+    fn orphan_free(&self, bytes: u64) {
+        let shared = self.shared();
+        shared.orphan.frees.fetch_add(1, Relaxed);
+        if !self.limited {
+            shared.in_use.fetch_sub(bytes as i64, Relaxed);
         }
     }
 
     /// Records an allocation refused for lack of memory or for the limit.
     pub fn record_oom(&self) {
-        self.shared.num_ooms.fetch_add(1, Relaxed);
+        self.shared().num_ooms.fetch_add(1, Relaxed);
     }
 
     /// Records an allocation that waited for memory and tried again.
     pub fn record_retry(&self) {
-        self.shared.num_retries.fetch_add(1, Relaxed);
+        self.shared().num_retries.fetch_add(1, Relaxed);
     }
 
     /// Restarts the windowed figures as TensorFlow's `ClearStats` does: peak := in use,
     /// allocation and free counts := 0, largest allocation := 0. Totals, OOMs and retries stay.
     pub fn clear(&self) {
-        let mut base = self.shared.baseline.lock();
+        let shared = self.shared();
+        let mut base = shared.baseline.lock();
         let now = self.sum_shards();
         base.allocs = now.allocs;
         base.frees = now.frees;
         base.peak_floor = now.in_use;
-        self.shared.peak.store(now.in_use, Relaxed);
-        self.shared.epoch.fetch_add(1, Relaxed);
+        shared.peak.store(now.in_use, Relaxed);
+        shared.orphan.largest.store(0, Relaxed);
+        shared.epoch.fetch_add(1, Relaxed);
+        // Each thread resets its shard's high and largest on its next call.
+        self.shards.invalidate_caches();
     }
 
     /// The current figures.
     pub fn snapshot(&self) -> CounterSnapshot {
-        let base = self.shared.baseline.lock();
+        let shared = self.shared();
+        let base = shared.baseline.lock();
         let sum = self.sum_shards();
-        let peak = sum.high.max(self.shared.peak.load(Relaxed)).max(base.peak_floor).max(sum.in_use);
+        let peak = sum.high.max(shared.peak.load(Relaxed)).max(base.peak_floor).max(sum.in_use);
         CounterSnapshot {
             num_allocs: sum.allocs.saturating_sub(base.allocs),
             num_frees: sum.frees.saturating_sub(base.frees),
@@ -260,8 +342,8 @@ impl StatsCounters {
             peak_bytes_in_use: peak,
             largest_alloc_size: sum.largest,
             total_bytes_allocated: sum.bytes_allocated,
-            num_ooms: self.shared.num_ooms.load(Relaxed),
-            num_alloc_retries: self.shared.num_retries.load(Relaxed),
+            num_ooms: shared.num_ooms.load(Relaxed),
+            num_alloc_retries: shared.num_retries.load(Relaxed),
         }
     }
 
@@ -274,127 +356,41 @@ impl StatsCounters {
             bytes_in_use: s.bytes_in_use,
             peak_bytes_in_use: s.peak_bytes_in_use,
             largest_alloc_size: s.largest_alloc_size,
-            bytes_limit: self.shared.limit,
+            bytes_limit: self.shared().limit,
             num_alloc_retries: s.num_alloc_retries,
             num_ooms: s.num_ooms,
             ..AllocatorStats::default()
         }
     }
 
-    #[inline]
-    fn alloc_in(&self, shard: &Shard, exclusive: bool, bytes: u64) {
-        let epoch = self.shared.epoch.load(Relaxed);
-        if shard.epoch.load(Relaxed) != epoch {
-            self.new_epoch(shard, exclusive, epoch);
-        }
-        add(&shard.allocs, 1, exclusive);
-        add(&shard.bytes_allocated, bytes, exclusive);
-        let in_use = if self.shared.limit.is_some() {
-            self.shared.in_use.load(Relaxed)
-        } else {
-            self.move_delta(shard, exclusive, bytes as i64)
-        };
-        max(&shard.high, in_use.max(0) as u64, exclusive);
-        max(&shard.largest, bytes, exclusive);
-    }
-
-    #[cold]
-    fn new_epoch(&self, shard: &Shard, exclusive: bool, epoch: u64) {
-        if exclusive {
-            shard.high.store(0, Relaxed);
-            shard.largest.store(0, Relaxed);
-            shard.epoch.store(epoch, Relaxed);
-        } else {
-            // The orphan shard is shared: its highs may keep one stale value; they stay bounded
-            // by the true figures of the previous epoch.
-            shard.epoch.store(epoch, Relaxed);
-        }
-    }
-
-    /// Moves the shard's in-use delta by `by`, flushing it when it passes the threshold.
-    /// Returns this thread's view of the total bytes in use.
-    #[inline]
-    fn move_delta(&self, shard: &Shard, exclusive: bool, by: i64) -> i64 {
-        if !exclusive {
-            let now = self.shared.in_use.fetch_add(by, Relaxed) + by;
-            if now > 0 && now as u64 > self.shared.peak.load(Relaxed) {
-                self.shared.peak.fetch_max(now as u64, Relaxed);
-            }
-            return now;
-        }
-        let delta = shard.delta.load(Relaxed) + by;
-        if (-FLUSH_BYTES..=FLUSH_BYTES).contains(&delta) {
-            shard.delta.store(delta, Relaxed);
-            self.shared.in_use.load(Relaxed) + delta
-        } else {
-            self.flush(shard, delta)
-        }
-    }
-
-    #[cold]
-    fn flush(&self, shard: &Shard, delta: i64) -> i64 {
-        let now = self.shared.in_use.fetch_add(delta, Relaxed) + delta;
-        shard.delta.store(0, Relaxed);
-        if now > 0 {
-            self.shared.peak.fetch_max(now as u64, Relaxed);
-        }
-        now
-    }
-
-    /// Runs `f` on this thread's shard (`exclusive == true`) or, when thread-locals are gone,
-    /// on the shared orphan shard (`exclusive == false`, read-modify-write updates).
-    #[inline]
-    fn with_shard<R>(&self, f: impl FnOnce(&Shard, bool) -> R) -> R {
-        let id = self.shared.id;
-        let cached = CACHE.with(|slots| {
-            let (slot_id, shard) = slots[id as usize % CACHE_SLOTS].get();
-            if slot_id == id { shard } else { ptr::null() }
-        });
-        if !cached.is_null() {
-            // SAFETY: the cache holds, for our id only, a pointer to a shard this thread owns and
-            // that `self.shared.shards` keeps alive (an `Arc`) for as long as `self` lives; the
-            // entry is cleared before the shard is handed back at thread exit, so no other thread
-            // writes it while we do.
-            return f(unsafe { &*cached }, true);
-        }
-        self.with_shard_slow(f)
-    }
-
-    #[cold]
-    fn with_shard_slow<R>(&self, f: impl FnOnce(&Shard, bool) -> R) -> R {
-        let shard = OWNED
-            .try_with(|owned| {
-                let mut owned = owned.try_borrow_mut().ok()?;
-                Some(owned.shard_for(&self.shared))
-            })
-            .ok()
-            .flatten();
-        match shard {
-            Some(shard) => {
-                let p = Arc::as_ptr(&shard);
-                CACHE.with(|slots| slots[self.shared.id as usize % CACHE_SLOTS].set((self.shared.id, p)));
-                f(&shard, true)
-            }
-            None => f(&self.shared.orphan, false),
-        }
+    /// How many per-thread shards exist (the most threads that used the counters at once).
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
     }
 
     fn sum_shards(&self) -> Sums {
-        let shards = self.shared.shards.lock();
-        let epoch = self.shared.epoch.load(Relaxed);
-        let mut sum = Sums::default();
-        let mut delta = self.shared.in_use.load(Relaxed);
-        for shard in shards.iter().map(|s| &**s).chain([&self.shared.orphan]) {
+        let shared = self.shared();
+        let epoch = shared.epoch.load(Relaxed);
+        let o = &shared.orphan;
+        let mut sum = Sums {
+            allocs: o.allocs.load(Relaxed),
+            frees: o.frees.load(Relaxed),
+            bytes_allocated: o.bytes_allocated.load(Relaxed),
+            largest: o.largest.load(Relaxed),
+            ..Sums::default()
+        };
+        let mut in_use = shared.in_use.load(Relaxed);
+        self.shards.for_each(|shard| {
             sum.allocs += shard.allocs.load(Relaxed);
             sum.frees += shard.frees.load(Relaxed);
             sum.bytes_allocated += shard.bytes_allocated.load(Relaxed);
-            delta += shard.delta.load(Relaxed);
+            in_use += shard.delta.load(Relaxed);
             if shard.epoch.load(Relaxed) == epoch {
                 sum.high = sum.high.max(shard.high.load(Relaxed));
                 sum.largest = sum.largest.max(shard.largest.load(Relaxed));
             }
-        }
-        sum.in_use = delta.max(0) as u64;
+        });
+        sum.in_use = in_use.max(0) as u64;
         sum
     }
 }
@@ -416,68 +412,16 @@ struct Sums {
     largest: u64,
 }
 
-/// Adds with a plain load and store when the shard is ours alone, else with `fetch_add`.
-#[inline]
-fn add(a: &AtomicU64, v: u64, exclusive: bool) {
-    if exclusive {
-        a.store(a.load(Relaxed).wrapping_add(v), Relaxed);
-    } else {
-        a.fetch_add(v, Relaxed);
-    }
+/// Adds to a value only this thread writes: a plain load and store, no locked instruction.
+#[inline(always)]
+fn bump(a: &AtomicU64, v: u64) {
+    a.store(a.load(Relaxed).wrapping_add(v), Relaxed);
 }
 
-#[inline]
-fn max(a: &AtomicU64, v: u64, exclusive: bool) {
+/// Raises a value only this thread writes.
+#[inline(always)]
+fn raise(a: &AtomicU64, v: u64) {
     if v > a.load(Relaxed) {
-        if exclusive {
-            a.store(v, Relaxed);
-        } else {
-            a.fetch_max(v, Relaxed);
-        }
-    }
-}
-
-/// This thread's shards, one per counter set it has touched.
-struct OwnedShards(Vec<(Weak<Shared>, Arc<Shard>)>);
-
-impl OwnedShards {
-    fn shard_for(&mut self, shared: &Arc<Shared>) -> Arc<Shard> {
-        // Forget shards of counter sets that are gone.
-        self.0.retain(|(w, _)| w.strong_count() > 0);
-        if let Some((_, shard)) = self.0.iter().find(|(w, _)| ptr::eq(w.as_ptr(), Arc::as_ptr(shared))) {
-            return Arc::clone(shard);
-        }
-        let shard = {
-            let mut shards = shared.shards.lock();
-            match shards.iter().find(|s| s.retired.load(Relaxed)) {
-                Some(s) => {
-                    s.retired.store(false, Relaxed);
-                    Arc::clone(s)
-                }
-                None => {
-                    let s = Arc::new(Shard { epoch: AtomicU64::new(shared.epoch.load(Relaxed)), ..Shard::default() });
-                    shards.push(Arc::clone(&s));
-                    s
-                }
-            }
-        };
-        self.0.push((Arc::downgrade(shared), Arc::clone(&shard)));
-        shard
-    }
-}
-
-impl Drop for OwnedShards {
-    fn drop(&mut self) {
-        // Stop the hot path from using shards we are about to hand back.
-        let _ = CACHE.try_with(|slots| slots.iter().for_each(|s| s.set((0, ptr::null()))));
-        for (weak, shard) in self.0.drain(..) {
-            let Some(shared) = weak.upgrade() else { continue };
-            let _guard = shared.shards.lock();
-            let delta = shard.delta.swap(0, Relaxed);
-            if shared.limit.is_none() && delta != 0 {
-                shared.in_use.fetch_add(delta, Relaxed);
-            }
-            shard.retired.store(true, Relaxed);
-        }
+        a.store(v, Relaxed);
     }
 }

@@ -30,6 +30,7 @@ mod error;
 mod format;
 #[cfg(feature = "jemalloc")]
 mod jemalloc;
+mod per_thread;
 mod stats;
 mod system;
 
@@ -41,5 +42,6 @@ pub use error::{AllocError, AllocErrorKind, BuildError};
 pub use format::ByteSize;
 #[cfg(feature = "jemalloc")]
 pub use jemalloc::{JemallocAllocator, JemallocStats, JemallocStatsError};
+pub use per_thread::{PerThread, ThreadValue};
 pub use stats::AllocatorStats;
 pub use system::SystemAllocator;

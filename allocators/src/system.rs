@@ -74,7 +74,7 @@ unsafe impl Allocator for SystemAllocator {
         &self.backend.options.name
     }
 
-    #[inline]
+    #[inline(always)]
     fn allocate_raw(&self, layout: Layout, _attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
         self.backend.allocate(layout, |layout, zeroed| {
             // SAFETY: `Backend::allocate` only calls this with a non-zero size.
@@ -82,7 +82,7 @@ unsafe impl Allocator for SystemAllocator {
         })
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn deallocate_raw(&self, ptr: NonNull<u8>, layout: Layout) {
         // SAFETY: the caller promises `ptr` is currently allocated here with `layout`, i.e. it
         // came from `System.alloc(layout)` (non-zero size; zero sizes never reach `raw`).

@@ -1,0 +1,246 @@
+//! [`PerThread`]: one value per (object, thread), reached from the hot path with one
+//! thread-local compare and no locked instruction.
+//!
+//! The statistics counters and the tracking allocator's chunk tables are built on it: each
+//! thread writes only its own value with plain relaxed loads and stores, and readers visit all
+//! values. A locked read-modify-write costs about as much as a whole small malloc/free pair, so
+//! this is what keeps always-on bookkeeping cheap.
+//!
+//! When a thread exits, its values are handed back ([`ThreadValue::retire`]) and the next new
+//! thread that needs one adopts it, so an object never holds more values than the most threads
+//! that used it at once.
+
+use core::any::Any;
+use core::cell::{Cell, RefCell};
+use core::fmt;
+use core::ptr;
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+/// Direct-mapped thread-local cache slots, indexed by cache id.
+const CACHE_SLOTS: usize = 32;
+
+/// Unique ids: 0 marks an empty cache slot.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// `(cache id, pointer to this thread's value)`. No destructor, so usable at any point of the
+    /// thread's life, even while other thread-locals are being destroyed.
+    static CACHE: [Cell<(u64, *const ())>; CACHE_SLOTS] =
+        const { [const { Cell::new((0, ptr::null())) }; CACHE_SLOTS] };
+    /// The values this thread owns; dropped at thread exit, which hands them back.
+    static OWNED: RefCell<Owned> = const { RefCell::new(Owned(Vec::new())) };
+}
+
+/// What a per-thread value must do when its thread stops or another thread takes it over.
+pub trait ThreadValue: Default + Send + Sync + 'static {
+    /// State shared by all threads' values of one object.
+    type Shared: Send + Sync + 'static;
+
+    /// The owner thread is exiting: fold whatever must not stay thread-private into `shared`.
+    /// Runs under the object's lock, before the value becomes adoptable.
+    fn retire(&self, shared: &Self::Shared) {
+        let _ = shared;
+    }
+
+    /// The thread's cache entry for this value was invalidated (see
+    /// [`PerThread::invalidate_caches`]) and is being refilled by the owner thread.
+    fn refresh(&self, shared: &Self::Shared) {
+        let _ = shared;
+    }
+}
+
+struct Slot<T> {
+    value: T,
+    /// The owner thread has exited; the slot may be adopted.
+    retired: AtomicBool,
+}
+
+struct Inner<T: ThreadValue> {
+    uid: u64,
+    shared: T::Shared,
+    slots: Mutex<Vec<Arc<Slot<T>>>>,
+}
+
+/// One `T` per thread that touches this object, plus a `T::Shared` for all of them.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+/// use tensormem_allocators::{PerThread, ThreadValue};
+///
+/// #[derive(Default)]
+/// struct Count(AtomicU64);
+/// impl ThreadValue for Count {
+///     type Shared = ();
+/// }
+///
+/// let counts: PerThread<Count> = PerThread::new(());
+/// std::thread::scope(|s| {
+///     for _ in 0..4 {
+///         s.spawn(|| {
+///             for _ in 0..1000 {
+///                 // Only this thread writes its own value: a plain load and store is enough.
+///                 counts.with(|c, _| c.0.store(c.0.load(Relaxed) + 1, Relaxed));
+///             }
+///         });
+///     }
+/// });
+/// let mut total = 0;
+/// counts.for_each(|c| total += c.0.load(Relaxed));
+/// assert_eq!(total, 4000);
+/// ```
+pub struct PerThread<T: ThreadValue> {
+    /// The thread-local cache key; replaced by `invalidate_caches`.
+    cache_id: AtomicU64,
+    inner: Arc<Inner<T>>,
+}
+
+impl<T: ThreadValue> PerThread<T> {
+    /// An object with no per-thread values yet and the given shared state.
+    pub fn new(shared: T::Shared) -> Self {
+        Self {
+            cache_id: AtomicU64::new(NEXT_ID.fetch_add(1, Relaxed)),
+            inner: Arc::new(Inner { uid: NEXT_ID.fetch_add(1, Relaxed), shared, slots: Mutex::new(Vec::new()) }),
+        }
+    }
+
+    /// The state shared by all threads.
+    #[inline(always)]
+    pub fn shared(&self) -> &T::Shared {
+        &self.inner.shared
+    }
+
+    /// Runs `f` with this thread's value, which no other thread writes while `f` runs, and the
+    /// shared state. Returns `None` (without running `f`) when the thread's thread-locals are
+    /// already destroyed, i.e. during thread exit; the caller then needs a shared fallback.
+    #[inline(always)]
+    pub fn with<R>(&self, f: impl FnOnce(&T, &T::Shared) -> R) -> Option<R> {
+        let id = self.cache_id.load(Relaxed);
+        let (slot_id, p) = CACHE.with(|c| c[id as usize % CACHE_SLOTS].get());
+        if slot_id == id {
+            // SAFETY: a cache entry with our current id points at a slot this thread owns, kept
+            // alive by `self.inner.slots` (an `Arc`) for as long as `self` lives. Entries are
+            // cleared before the thread hands its slots back, so no other thread writes it now.
+            let slot = unsafe { &*p.cast::<Slot<T>>() };
+            return Some(f(&slot.value, &self.inner.shared));
+        }
+        self.with_slow(id, f)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn with_slow<R>(&self, id: u64, f: impl FnOnce(&T, &T::Shared) -> R) -> Option<R> {
+        let slot = OWNED.try_with(|owned| owned.try_borrow_mut().ok().map(|mut o| o.slot_for(&self.inner))).ok()??;
+        slot.value.refresh(&self.inner.shared);
+        let p = Arc::as_ptr(&slot).cast::<()>();
+        CACHE.with(|c| c[id as usize % CACHE_SLOTS].set((id, p)));
+        Some(f(&slot.value, &self.inner.shared))
+    }
+
+    /// Makes every thread take the slow path once more on its next [`with`](Self::with), which
+    /// calls [`ThreadValue::refresh`] on its value.
+    pub fn invalidate_caches(&self) {
+        self.cache_id.store(NEXT_ID.fetch_add(1, Relaxed), Relaxed);
+    }
+
+    /// Visits every thread's value (retired ones included) under the object's lock. Values may
+    /// change while they are visited.
+    pub fn for_each(&self, mut f: impl FnMut(&T)) {
+        for slot in self.inner.slots.lock().iter() {
+            f(&slot.value);
+        }
+    }
+
+    /// How many values exist (live and retired threads).
+    pub fn len(&self) -> usize {
+        self.inner.slots.lock().len()
+    }
+
+    /// True when no thread has touched the object yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<T: ThreadValue> fmt::Debug for PerThread<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PerThread").field("type", &core::any::type_name::<T>()).field("values", &self.len()).finish()
+    }
+}
+
+/// A value owned by this thread, type-erased so one thread-local list holds all kinds.
+trait OwnedEntry {
+    fn uid(&self) -> u64;
+    fn alive(&self) -> bool;
+    fn slot(&self) -> &dyn Any;
+    fn retire(&self);
+}
+
+struct Entry<T: ThreadValue> {
+    uid: u64,
+    inner: Weak<Inner<T>>,
+    slot: Arc<Slot<T>>,
+}
+
+impl<T: ThreadValue> OwnedEntry for Entry<T> {
+    fn uid(&self) -> u64 {
+        self.uid
+    }
+
+    fn alive(&self) -> bool {
+        self.inner.strong_count() > 0
+    }
+
+    fn slot(&self) -> &dyn Any {
+        &self.slot
+    }
+
+    fn retire(&self) {
+        if let Some(inner) = self.inner.upgrade() {
+            let _slots = inner.slots.lock();
+            self.slot.value.retire(&inner.shared);
+            self.slot.retired.store(true, Relaxed);
+        }
+    }
+}
+
+struct Owned(Vec<Box<dyn OwnedEntry>>);
+
+impl Owned {
+    fn slot_for<T: ThreadValue>(&mut self, inner: &Arc<Inner<T>>) -> Arc<Slot<T>> {
+        self.0.retain(|e| e.alive());
+        if let Some(e) = self.0.iter().find(|e| e.uid() == inner.uid) {
+            if let Some(slot) = e.slot().downcast_ref::<Arc<Slot<T>>>() {
+                return Arc::clone(slot);
+            }
+        }
+        let slot = {
+            let mut slots = inner.slots.lock();
+            match slots.iter().find(|s| s.retired.load(Relaxed)) {
+                Some(s) => {
+                    s.retired.store(false, Relaxed);
+                    Arc::clone(s)
+                }
+                None => {
+                    let s = Arc::new(Slot { value: T::default(), retired: AtomicBool::new(false) });
+                    slots.push(Arc::clone(&s));
+                    s
+                }
+            }
+        };
+        self.0.push(Box::new(Entry { uid: inner.uid, inner: Arc::downgrade(inner), slot: Arc::clone(&slot) }));
+        slot
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        // Stop the hot path from reaching slots we are about to hand back.
+        let _ = CACHE.try_with(|c| c.iter().for_each(|s| s.set((0, ptr::null()))));
+        for e in self.0.drain(..) {
+            e.retire();
+        }
+    }
+}
