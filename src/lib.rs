@@ -23,6 +23,7 @@
 
 pub use tensormem_allocators as allocators;
 
+mod chunk_table;
 mod registration;
 mod registry;
 mod tracking;

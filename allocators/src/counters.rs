@@ -379,16 +379,20 @@ impl StatsCounters {
             largest: o.largest.load(Relaxed),
             ..Sums::default()
         };
-        let mut in_use = shared.in_use.load(Relaxed);
-        self.shards.for_each(|shard| {
-            sum.allocs += shard.allocs.load(Relaxed);
-            sum.frees += shard.frees.load(Relaxed);
-            sum.bytes_allocated += shard.bytes_allocated.load(Relaxed);
-            in_use += shard.delta.load(Relaxed);
-            if shard.epoch.load(Relaxed) == epoch {
-                sum.high = sum.high.max(shard.high.load(Relaxed));
-                sum.largest = sum.largest.max(shard.largest.load(Relaxed));
+        // Under the lock a retiring thread takes to fold its delta into `in_use`.
+        let in_use = self.shards.visit(|shards| {
+            let mut in_use = shared.in_use.load(Relaxed);
+            for shard in shards {
+                sum.allocs += shard.allocs.load(Relaxed);
+                sum.frees += shard.frees.load(Relaxed);
+                sum.bytes_allocated += shard.bytes_allocated.load(Relaxed);
+                in_use += shard.delta.load(Relaxed);
+                if shard.epoch.load(Relaxed) == epoch {
+                    sum.high = sum.high.max(shard.high.load(Relaxed));
+                    sum.largest = sum.largest.max(shard.largest.load(Relaxed));
+                }
             }
+            in_use
         });
         sum.in_use = in_use.max(0) as u64;
         sum

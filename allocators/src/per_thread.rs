@@ -129,6 +129,20 @@ impl<T: ThreadValue> PerThread<T> {
         self.with_slow(id, f)
     }
 
+    /// Like [`with`](Self::with), but runs `fallback` instead of returning `None`, so that small
+    /// results come back in registers.
+    #[inline(always)]
+    pub fn with_or<R>(&self, fallback: impl FnOnce() -> R, f: impl FnOnce(&T, &T::Shared) -> R) -> R {
+        let id = self.cache_id.load(Relaxed);
+        let (slot_id, p) = CACHE.with(|c| c[id as usize % CACHE_SLOTS].get());
+        if slot_id == id {
+            // SAFETY: as in `with`.
+            let slot = unsafe { &*p.cast::<Slot<T>>() };
+            return f(&slot.value, &self.inner.shared);
+        }
+        self.with_slow(id, f).unwrap_or_else(fallback)
+    }
+
     #[cold]
     #[inline(never)]
     fn with_slow<R>(&self, id: u64, f: impl FnOnce(&T, &T::Shared) -> R) -> Option<R> {
@@ -148,9 +162,15 @@ impl<T: ThreadValue> PerThread<T> {
     /// Visits every thread's value (retired ones included) under the object's lock. Values may
     /// change while they are visited.
     pub fn for_each(&self, mut f: impl FnMut(&T)) {
-        for slot in self.inner.slots.lock().iter() {
-            f(&slot.value);
-        }
+        self.visit(|values| values.for_each(&mut f));
+    }
+
+    /// Runs `f` over every thread's value while holding the object's lock, which
+    /// [`ThreadValue::retire`] also holds: whatever `f` reads of the shared state is consistent
+    /// with the values, even while a thread is exiting.
+    pub fn visit<R>(&self, f: impl FnOnce(&mut dyn Iterator<Item = &T>) -> R) -> R {
+        let slots = self.inner.slots.lock();
+        f(&mut slots.iter().map(|s| &s.value))
     }
 
     /// How many values exist (live and retired threads).

@@ -122,11 +122,12 @@ fn counters_flush_large_deltas_and_survive_thread_exit() {
 
 #[test]
 fn exited_threads_shards_are_reused() {
-    let c = StatsCounters::new(None);
+    let c = std::sync::Arc::new(StatsCounters::new(None));
     for _ in 0..100 {
-        std::thread::scope(|s| {
-            s.spawn(|| c.record_alloc(8));
-        });
+        // `join` (unlike the end of `thread::scope`) waits until the thread's thread-local
+        // destructors, which hand its shard back, have run.
+        let c = c.clone();
+        std::thread::spawn(move || c.record_alloc(8)).join().unwrap();
     }
     assert_eq!(c.snapshot().num_allocs, 100);
     assert_eq!(c.snapshot().bytes_in_use, 800);
