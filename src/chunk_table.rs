@@ -64,10 +64,17 @@ impl Slot {
 
     /// A consistent `(key, record)` snapshot.
     fn read(&self) -> (usize, Record) {
+        let mut spins = 0u32;
         loop {
             let before = self.seq.load(Acquire);
             if before % 2 == 1 {
-                std::hint::spin_loop();
+                // The owner is rewriting the slot; if it was descheduled mid-write, let it run.
+                spins += 1;
+                if spins % 64 == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 continue;
             }
             let key = self.key.load(Relaxed);

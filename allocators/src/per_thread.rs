@@ -120,9 +120,11 @@ impl<T: ThreadValue> PerThread<T> {
         let id = self.cache_id.load(Relaxed);
         let (slot_id, p) = CACHE.with(|c| c[id as usize % CACHE_SLOTS].get());
         if slot_id == id {
-            // SAFETY: a cache entry with our current id points at a slot this thread owns, kept
-            // alive by `self.inner.slots` (an `Arc`) for as long as `self` lives. Entries are
-            // cleared before the thread hands its slots back, so no other thread writes it now.
+            // SAFETY: cache ids are unique across all `PerThread` objects and never reused, so an
+            // entry with our current id was stored by this object and points at one of its
+            // `Slot<T>`s, owned by this thread and kept alive by `self.inner.slots` (an `Arc`) for
+            // as long as `self` lives. Entries are cleared before the thread hands its slots back,
+            // so no other thread writes the slot now.
             let slot = unsafe { &*p.cast::<Slot<T>>() };
             return Some(f(&slot.value, &self.inner.shared));
         }
