@@ -154,14 +154,18 @@ impl AllocatorRegistry {
     fn with_defaults() -> Self {
         let registry = Self::new();
         let mut errors = Vec::new();
-        let mut builtin: Vec<(&str, i32, Arc<dyn Allocator>)> = vec![("cpu", 0, Arc::new(SystemAllocator::new()))];
         #[cfg(feature = "jemalloc")]
-        builtin.push(("jemalloc", 50, Arc::new(crate::allocators::JemallocAllocator::new())));
+        let jemalloc: Option<(&str, i32, Arc<dyn Allocator>)> =
+            Some(("jemalloc", 50, Arc::new(crate::allocators::JemallocAllocator::new())));
+        #[cfg(not(feature = "jemalloc"))]
+        let jemalloc = None;
+        let cpu: (&str, i32, Arc<dyn Allocator>) = ("cpu", 0, Arc::new(SystemAllocator::new()));
+        let builtin = std::iter::once(cpu).chain(jemalloc);
         let mut factories: Vec<&AllocatorFactory> = inventory::iter::<AllocatorFactory>().collect();
         // Link order is arbitrary; registering in name order keeps tie-breaks reproducible.
         factories.sort_by_key(|f| (f.name, f.priority));
         let made = factories.iter().map(|f| (f.name, f.priority, (f.make)()));
-        for (name, priority, allocator) in builtin.into_iter().chain(made) {
+        for (name, priority, allocator) in builtin.chain(made) {
             if let Err(e) = registry.register(name, priority, allocator) {
                 errors.push(e);
             }
