@@ -98,6 +98,7 @@ pub struct AllocError {
     request: Request,
     allocator: InlineName,
     rounded: u64,
+    max_align: u64,
     in_use: u64,
     limit: u64,
     largest_free: u64,
@@ -113,6 +114,7 @@ impl AllocError {
             request: Request::Layout(layout),
             allocator: InlineName::new(allocator),
             rounded: NONE,
+            max_align: NONE,
             in_use: NONE,
             limit: NONE,
             largest_free: NONE,
@@ -141,6 +143,19 @@ impl AllocError {
     pub fn with_rounded_size(mut self, rounded: u64) -> Self {
         self.rounded = rounded.min(NONE - 1);
         self
+    }
+
+    /// Adds the largest alignment the allocator supports (for
+    /// [`AllocErrorKind::UnsupportedLayout`]).
+    #[must_use]
+    pub fn with_max_alignment(mut self, align: u64) -> Self {
+        self.max_align = align.min(NONE - 1);
+        self
+    }
+
+    /// The largest alignment the allocator supports, if it said.
+    pub fn max_alignment(&self) -> Option<u64> {
+        opt(self.max_align)
     }
 
     /// Adds the largest free block the allocator had when the request failed.
@@ -208,6 +223,7 @@ impl fmt::Debug for AllocError {
         };
         for (name, v) in [
             ("rounded", self.rounded),
+            ("max_alignment", self.max_align),
             ("in_use", self.in_use),
             ("limit", self.limit),
             ("largest_free_block", self.largest_free),
@@ -238,6 +254,9 @@ impl fmt::Display for AllocError {
         }
         if !matches!(self.request, Request::Array { .. }) {
             write!(f, ": {}", self.kind)?;
+        }
+        if let Some(a) = self.max_alignment() {
+            write!(f, ": this allocator aligns to at most {a} bytes")?;
         }
         match (self.in_use(), self.limit()) {
             (Some(u), Some(l)) => write!(f, ": {} in use of a {} limit", Bytes(u), Bytes(l))?,
@@ -273,4 +292,34 @@ pub enum BuildError {
     /// The name is empty.
     #[error("an allocator name must not be empty")]
     EmptyName,
+    /// A required option was not given.
+    #[error("allocator '{allocator}': the option {option} is required")]
+    MissingOption {
+        /// The allocator being built.
+        allocator: String,
+        /// The missing option.
+        option: &'static str,
+    },
+    /// The limit cannot hold a single chunk.
+    #[error("allocator '{allocator}': a memory limit of {limit} bytes is smaller than one chunk ({minimum} bytes)")]
+    LimitTooSmall {
+        /// The allocator being built.
+        allocator: String,
+        /// The limit given.
+        limit: u64,
+        /// The smallest usable limit.
+        minimum: u64,
+    },
+    /// The sub-allocator cannot align regions as the allocator needs.
+    #[error(
+        "allocator '{allocator}': its sub-allocator aligns regions to at most {alignment} bytes, but {required} are needed"
+    )]
+    UnsupportedSubAllocator {
+        /// The allocator being built.
+        allocator: String,
+        /// The sub-allocator's largest alignment.
+        alignment: u64,
+        /// The alignment needed.
+        required: u64,
+    },
 }

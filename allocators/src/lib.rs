@@ -8,6 +8,8 @@
 //! - [`SystemAllocator`]: the system allocator with exact, lock-free statistics.
 //! - `JemallocAllocator` (feature `jemalloc`, on by default): jemalloc with the same statistics
 //!   and jemalloc's own arena figures.
+//! - [`BfcAllocator`]: TensorFlow's best-fit-with-coalescing arena over a [`SubAllocator`], with
+//!   a memory limit, fragmentation figures and memory dumps.
 //!
 //! ```
 //! use tensormem_allocators::{Allocator, AllocatorExt, SystemAllocator};
@@ -23,6 +25,7 @@
 mod allocator;
 mod attributes;
 mod backend;
+mod bfc;
 mod builder;
 mod conformance;
 mod counters;
@@ -32,10 +35,15 @@ mod format;
 mod jemalloc;
 mod per_thread;
 mod stats;
+mod sub_allocator;
 mod system;
 
 pub use allocator::{Allocator, AllocatorExt, dangling};
 pub use attributes::{AllocationAttributes, AllocatorAttributes};
+pub use bfc::{
+    BFC_DUMP_ON_OOM_ENV, BfcAllocator, BfcBuilder, BinSummary, ChunkInfo, DEFAULT_MAX_INTERNAL_FRAGMENTATION,
+    MIN_ALLOCATION_SIZE, MemoryDump, NUM_BINS, RegionInfo,
+};
 pub use builder::{AllocatorBuilder, BackendOptions, Fill, FromOptions, JUNK_PATTERN};
 pub use counters::{CounterSnapshot, FLUSH_BYTES, LimitHit, StatsCounters};
 pub use error::{AllocError, AllocErrorKind, BuildError};
@@ -44,4 +52,5 @@ pub use format::ByteSize;
 pub use jemalloc::{JemallocAllocator, JemallocStats, JemallocStatsError};
 pub use per_thread::{PerThread, ThreadValue};
 pub use stats::AllocatorStats;
+pub use sub_allocator::{OsSubAllocator, SubAllocator};
 pub use system::SystemAllocator;

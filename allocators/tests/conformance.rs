@@ -21,3 +21,12 @@ mod jemalloc_backends {
     allocator_conformance_tests!(jemalloc_limited, JemallocAllocator::builder().bytes_limit(1 << 40).build().unwrap());
     allocator_conformance_tests!(jemalloc_zero_fill, JemallocAllocator::builder().zero_fill().build().unwrap());
 }
+
+allocator_conformance_tests!(
+    bfc_growing,
+    tensormem_allocators::BfcAllocator::builder().memory_limit(1 << 30).allow_growth(true).build().unwrap()
+);
+allocator_conformance_tests!(
+    bfc_whole_limit,
+    tensormem_allocators::BfcAllocator::builder().memory_limit(256 << 20).build().unwrap()
+);
