@@ -105,7 +105,9 @@ fn zero_fill_zeroes_and_junk_fill_writes_the_nan_pattern() {
 fn errors_are_small_copy_and_debug_shows_the_kind() {
     fn assert_copy<T: Copy + std::error::Error + Send + Sync + 'static>() {}
     assert_copy::<AllocError>();
-    assert!(core::mem::size_of::<AllocError>() <= 96, "{}", core::mem::size_of::<AllocError>());
+    // Small enough to build on the stack when an allocation fails; the success path of a
+    // `Result<NonNull<u8>, AllocError>` writes only the tag and the pointer whatever this size.
+    assert!(core::mem::size_of::<AllocError>() <= 112, "{}", core::mem::size_of::<AllocError>());
     let e = AllocError::new(
         AllocErrorKind::OutOfMemory,
         Layout::new::<[u8; 10]>(),
