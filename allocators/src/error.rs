@@ -300,6 +300,16 @@ pub enum BuildError {
         /// The missing option.
         option: &'static str,
     },
+    /// An option has a value that cannot work.
+    #[error("allocator '{allocator}': invalid {option}: {reason}")]
+    InvalidOption {
+        /// The allocator being built.
+        allocator: String,
+        /// The option.
+        option: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The limit cannot hold a single chunk.
     #[error("allocator '{allocator}': a memory limit of {limit} bytes is smaller than one chunk ({minimum} bytes)")]
     LimitTooSmall {

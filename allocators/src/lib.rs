@@ -10,6 +10,8 @@
 //!   and jemalloc's own arena figures.
 //! - [`BfcAllocator`]: TensorFlow's best-fit-with-coalescing arena over a [`SubAllocator`], with
 //!   a memory limit, fragmentation figures and memory dumps.
+//! - [`PoolAllocator`]: free lists by rounded size over any allocator, LRU eviction past a size
+//!   limit, TensorFlow's auto-resize.
 //!
 //! ```
 //! use tensormem_allocators::{Allocator, AllocatorExt, SystemAllocator};
@@ -34,6 +36,7 @@ mod format;
 #[cfg(feature = "jemalloc")]
 mod jemalloc;
 mod per_thread;
+mod pool;
 mod stats;
 mod sub_allocator;
 mod system;
@@ -51,6 +54,7 @@ pub use format::ByteSize;
 #[cfg(feature = "jemalloc")]
 pub use jemalloc::{JemallocAllocator, JemallocStats, JemallocStatsError};
 pub use per_thread::{PerThread, ThreadValue};
+pub use pool::{PoolAllocator, PoolBuilder, PoolStats, SizeRounding};
 pub use stats::AllocatorStats;
 pub use sub_allocator::{OsSubAllocator, SubAllocator};
 pub use system::SystemAllocator;

@@ -30,3 +30,14 @@ allocator_conformance_tests!(
     bfc_whole_limit,
     tensormem_allocators::BfcAllocator::builder().memory_limit(256 << 20).build().unwrap()
 );
+allocator_conformance_tests!(
+    pool_over_system,
+    tensormem_allocators::PoolAllocator::builder(Arc::new(SystemAllocator::new()))
+        .size_limit(64 << 20)
+        .build()
+        .unwrap()
+);
+allocator_conformance_tests!(
+    pool_without_caching,
+    tensormem_allocators::PoolAllocator::builder(Arc::new(SystemAllocator::new())).size_limit(0).build().unwrap()
+);

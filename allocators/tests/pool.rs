@@ -1,0 +1,211 @@
+//! PoolAllocator: free lists by rounded size, LRU eviction, auto-resize, bad frees.
+
+use std::alloc::Layout;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use tensormem_allocators::{
+    AllocationAttributes, Allocator, AllocatorExt, BuildError, PoolAllocator, PoolStats, SizeRounding, SystemAllocator,
+};
+
+fn pool(limit: u64) -> (Arc<SystemAllocator>, PoolAllocator) {
+    let inner = Arc::new(SystemAllocator::new());
+    let p = PoolAllocator::builder(inner.clone()).size_limit(limit).auto_resize(false).build().unwrap();
+    (inner, p)
+}
+
+#[test]
+fn freed_buffers_are_reused_by_rounded_size() {
+    let (inner, p) = pool(1 << 20);
+    let a = p.allocate::<u8>(600).unwrap();
+    assert_eq!(p.allocated_size(a), Some(1024));
+    // SAFETY: freed once with its count.
+    unsafe { p.deallocate(a, 600) };
+    let b = p.allocate::<u8>(1000).unwrap();
+    assert_eq!(a, b, "same 1 KiB class");
+    let c = p.allocate::<u8>(1100).unwrap();
+    assert_ne!(c, b, "a 2 KiB class buffer is new");
+    let s = p.pool_stats();
+    assert_eq!((s.hits, s.misses, s.puts, s.cached_buffers), (1, 2, 1, 0));
+    assert_eq!(inner.stats().unwrap().num_allocs, 2);
+    // SAFETY: freed once with their counts.
+    unsafe {
+        p.deallocate(b, 1000);
+        p.deallocate(c, 1100);
+    }
+    let st = p.stats().unwrap();
+    assert_eq!((st.bytes_in_use, st.bytes_reserved, st.largest_free_block_bytes), (0, 3072, Some(2048)));
+    assert_eq!(inner.stats().unwrap().bytes_in_use, 3072, "cached buffers stay allocated in the inner allocator");
+    p.trim();
+    assert_eq!(inner.stats().unwrap().bytes_in_use, 0);
+    assert_eq!(p.pool_stats().cached_bytes, 0);
+}
+
+#[test]
+fn alignment_is_part_of_the_class() {
+    let (_, p) = pool(1 << 20);
+    let l8 = Layout::from_size_align(512, 8).unwrap();
+    let l4k = Layout::from_size_align(512, 4096).unwrap();
+    let a = p.allocate_raw(l8, &AllocationAttributes::default()).unwrap();
+    // SAFETY: freed once with its layout.
+    unsafe { p.deallocate_raw(a, l8) };
+    let b = p.allocate_raw(l4k, &AllocationAttributes::default()).unwrap();
+    assert_eq!(b.as_ptr() as usize % 4096, 0);
+    assert_eq!(p.pool_stats().hits, 0, "an 8-aligned buffer must not serve a 4096-aligned request");
+    // SAFETY: freed once with its layout.
+    unsafe { p.deallocate_raw(b, l4k) };
+}
+
+#[test]
+fn least_recently_freed_buffers_are_evicted_past_the_limit() {
+    let (inner, p) = pool(8192);
+    let bufs: Vec<NonNull<u8>> = (0..4).map(|_| p.allocate::<u8>(4096).unwrap()).collect();
+    for &b in &bufs {
+        // SAFETY: freed once with its count.
+        unsafe { p.deallocate(b, 4096) };
+    }
+    let s = p.pool_stats();
+    assert_eq!((s.cached_buffers, s.cached_bytes, s.evictions), (2, 8192, 2));
+    assert_eq!(inner.stats().unwrap().bytes_in_use, 8192);
+    // The two most recently freed stay: reusing them gives back bufs[3] then bufs[2].
+    let x = p.allocate::<u8>(4096).unwrap();
+    let y = p.allocate::<u8>(4096).unwrap();
+    assert_eq!((x, y), (bufs[3], bufs[2]));
+    // A buffer larger than the whole limit is not cached at all.
+    let big = p.allocate::<u8>(16384).unwrap();
+    // SAFETY: freed once with their counts.
+    unsafe {
+        p.deallocate(big, 16384);
+        p.deallocate(x, 4096);
+        p.deallocate(y, 4096);
+    }
+    assert_eq!(p.pool_stats().cached_bytes, 8192);
+}
+
+#[test]
+fn frequent_evictions_grow_the_limit() {
+    let inner = Arc::new(SystemAllocator::new());
+    let p = PoolAllocator::builder(inner).size_limit(4096).build().unwrap();
+    // Working set of 4 x 4 KiB against a 4 KiB pool: every round evicts.
+    for _ in 0..200 {
+        let bufs: Vec<NonNull<u8>> = (0..4).map(|_| p.allocate::<u8>(4096).unwrap()).collect();
+        for b in bufs {
+            // SAFETY: freed once with its count.
+            unsafe { p.deallocate(b, 4096) };
+        }
+    }
+    let s = p.pool_stats();
+    assert!(s.size_limit >= 16384, "the limit did not grow: {s:?}");
+    assert!(s.hits > 0);
+    // Once it grew, the working set fits and the pool stops evicting.
+    let evictions = s.evictions;
+    for _ in 0..50 {
+        let bufs: Vec<NonNull<u8>> = (0..4).map(|_| p.allocate::<u8>(4096).unwrap()).collect();
+        for b in bufs {
+            // SAFETY: freed once with its count.
+            unsafe { p.deallocate(b, 4096) };
+        }
+    }
+    assert_eq!(p.pool_stats().evictions, evictions);
+}
+
+#[test]
+fn other_roundings_and_bad_options() {
+    let inner: Arc<dyn Allocator> = Arc::new(SystemAllocator::new());
+    let m = PoolAllocator::builder(inner.clone()).rounding(SizeRounding::Multiple(256)).build().unwrap();
+    let a = m.allocate::<u8>(300).unwrap();
+    assert_eq!(m.allocated_size(a), Some(512));
+    // SAFETY: freed once with its count.
+    unsafe { m.deallocate(a, 300) };
+    let e = PoolAllocator::builder(inner.clone()).rounding(SizeRounding::Exact).build().unwrap();
+    let b = e.allocate::<u8>(300).unwrap();
+    assert_eq!(e.allocated_size(b), Some(300));
+    // SAFETY: freed once with its count.
+    unsafe { e.deallocate(b, 300) };
+    let err = PoolAllocator::builder(inner).rounding(SizeRounding::Multiple(0)).build().unwrap_err();
+    assert!(matches!(err, BuildError::InvalidOption { option: "rounding", .. }));
+    assert_eq!(err.to_string(), "allocator 'pool': invalid rounding: a multiple of 0 bytes");
+}
+
+#[test]
+fn bad_frees_panic_and_leave_the_pool_intact() {
+    let (inner, p) = pool(1 << 20);
+    let a = p.allocate::<u8>(100).unwrap();
+    let msg = |f: &dyn Fn()| {
+        let e = catch_unwind(AssertUnwindSafe(f)).unwrap_err();
+        e.downcast_ref::<String>().cloned().unwrap_or_default()
+    };
+    // SAFETY: deliberately the wrong count; refused.
+    let m = msg(&|| unsafe { p.deallocate(a, 99) });
+    assert!(m.contains("allocated with 100 bytes"), "{m}");
+    // SAFETY: the right free.
+    unsafe { p.deallocate(a, 100) };
+    // SAFETY: deliberately a double free; refused.
+    let m = msg(&|| unsafe { p.deallocate(a, 100) });
+    assert!(m.contains("PoolAllocator 'pool'") && m.contains(&format!("{a:p}")) && m.contains("already freed"), "{m}");
+    assert_eq!(p.pool_stats().cached_buffers, 1, "the double free did not cache the buffer twice");
+    p.trim();
+    assert_eq!(inner.stats().unwrap().bytes_in_use, 0);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc(usize),
+    Free(usize),
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_sequences_match_the_model(
+        ops in prop::collection::vec(prop_oneof![(1usize..70_000).prop_map(Op::Alloc), any::<usize>().prop_map(Op::Free)], 1..300),
+        limit in 0u64..(1 << 18),
+    ) {
+        let inner = Arc::new(SystemAllocator::new());
+        let p = PoolAllocator::builder(inner.clone()).size_limit(limit).build().unwrap();
+        let mut live: Vec<(NonNull<u8>, usize)> = Vec::new();
+        let mut peak = 0u64;
+        for op in ops {
+            match op {
+                Op::Alloc(n) => {
+                    let q = p.allocate::<u8>(n).unwrap();
+                    // SAFETY: `q` holds `n` bytes.
+                    unsafe { q.as_ptr().write_bytes(0x5A, n) };
+                    live.push((q, n));
+                }
+                Op::Free(i) if !live.is_empty() => {
+                    let (q, n) = live.swap_remove(i % live.len());
+                    // SAFETY: nobody else wrote it; freed once with its count.
+                    unsafe {
+                        prop_assert_eq!(q.as_ptr().add(n - 1).read(), 0x5A);
+                        p.deallocate(q, n);
+                    }
+                }
+                Op::Free(_) => {}
+            }
+            let in_use: u64 = live.iter().map(|&(_, n)| n.next_power_of_two() as u64).sum();
+            peak = peak.max(in_use);
+            let s = p.stats().unwrap();
+            let ps: PoolStats = p.pool_stats();
+            prop_assert_eq!(s.bytes_in_use, in_use);
+            prop_assert_eq!(s.peak_bytes_in_use, peak);
+            prop_assert!(ps.cached_bytes <= ps.size_limit);
+            prop_assert_eq!(s.bytes_reserved, in_use + ps.cached_bytes);
+            prop_assert_eq!(inner.stats().unwrap().bytes_in_use, s.bytes_reserved);
+            let mut spans: Vec<(usize, usize)> = live.iter().map(|&(q, n)| (q.as_ptr() as usize, n)).collect();
+            spans.sort();
+            for w in spans.windows(2) {
+                prop_assert!(w[0].0 + w[0].1 <= w[1].0, "live buffers overlap");
+            }
+        }
+        for (q, n) in live {
+            // SAFETY: freed once with its count.
+            unsafe { p.deallocate(q, n) };
+        }
+        drop(p);
+        prop_assert_eq!(inner.stats().unwrap().bytes_in_use, 0, "dropping the pool returned everything");
+    }
+}
