@@ -26,17 +26,20 @@ pub use tensormem_allocators as allocators;
 mod chunk_table;
 mod registration;
 mod registry;
+mod retry;
 mod tracking;
 mod wrapper;
 
 pub use allocators::{
     AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorAttributes, AllocatorExt, AllocatorStats,
-    BuildError, ByteSize, SystemAllocator,
+    BfcAllocator, BuildError, ByteSize, MemoryDump, PoolAllocator, PoolStats, SizeRounding, SubAllocator,
+    SystemAllocator,
 };
 #[cfg(feature = "jemalloc")]
 pub use allocators::{JemallocAllocator, JemallocStats};
 pub use registration::AllocatorFactory;
 pub use registry::{ALLOCATOR_ENV, AllocatorRegistry, RegistryEntry, RegistryError, SelectionOrigin};
+pub use retry::{DEFAULT_MAX_RETRY_WAIT, RetryAllocator};
 pub use tracking::{Chunk, LiveChunk, TrackingAllocator, TrackingSizes};
 pub use wrapper::AllocatorWrapper;
 

@@ -1,0 +1,200 @@
+//! [`RetryAllocator`]: when memory is short, wait for frees and try again (TensorFlow's
+//! `AllocatorRetry`).
+
+use core::alloc::Layout;
+use core::fmt;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::allocators::{AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorStats};
+
+/// TensorFlow's default: give up after waiting 10 seconds for memory.
+pub const DEFAULT_MAX_RETRY_WAIT: Duration = Duration::from_secs(10);
+
+/// Wraps an allocator so that an allocation failing for lack of memory (out of memory, or over
+/// the limit) waits until some memory is freed through this allocator and tries again, for up to
+/// a maximum wait (10 s by default). Requests with `retry_on_failure = false` fail at once.
+///
+/// A free costs one extra load when nobody waits. Its stats are the inner allocator's, with
+/// `num_alloc_retries` (attempts after the first) and `num_ooms` (requests that finally failed)
+/// counted here.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use tensormem::{AllocationAttributes, Allocator, BfcAllocator, RetryAllocator};
+/// use core::alloc::Layout;
+///
+/// let bfc = Arc::new(BfcAllocator::builder().memory_limit(1 << 20).build()?);
+/// let retry = Arc::new(RetryAllocator::new(bfc).with_max_wait(Duration::from_secs(5)));
+/// let big = Layout::from_size_align(768 << 10, 8)?;
+/// let held = retry.allocate_raw(big, &AllocationAttributes::default())?;
+///
+/// // Without retry: fails at once.
+/// assert!(retry.allocate_raw(big, &AllocationAttributes::NO_RETRY).is_err());
+///
+/// // With retry: waits until another thread frees.
+/// let freer = {
+///     let (retry, held) = (Arc::clone(&retry), held.as_ptr() as usize);
+///     std::thread::spawn(move || {
+///         std::thread::sleep(Duration::from_millis(50));
+///         // SAFETY: `held` was allocated with `big` and is freed once.
+///         unsafe { retry.deallocate_raw(std::ptr::NonNull::new(held as *mut u8).unwrap(), big) };
+///     })
+/// };
+/// let p = retry.allocate_raw(big, &AllocationAttributes::default())?;
+/// freer.join().unwrap();
+/// assert!(retry.stats().unwrap().num_alloc_retries >= 1);
+/// // SAFETY: `p` was allocated with `big` and is freed once.
+/// unsafe { retry.deallocate_raw(p, big) };
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct RetryAllocator {
+    inner: Arc<dyn Allocator>,
+    max_wait: Duration,
+    /// Counts frees seen while someone waits.
+    frees: Mutex<u64>,
+    freed: Condvar,
+    waiters: AtomicUsize,
+    retries: AtomicU64,
+    ooms: AtomicU64,
+}
+
+impl RetryAllocator {
+    /// Retries on `inner` for up to [`DEFAULT_MAX_RETRY_WAIT`].
+    pub fn new(inner: Arc<dyn Allocator>) -> Self {
+        Self {
+            inner,
+            max_wait: DEFAULT_MAX_RETRY_WAIT,
+            frees: Mutex::new(0),
+            freed: Condvar::new(),
+            waiters: AtomicUsize::new(0),
+            retries: AtomicU64::new(0),
+            ooms: AtomicU64::new(0),
+        }
+    }
+
+    /// Sets the longest time one allocation waits for memory before failing.
+    #[must_use]
+    pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// The allocator it retries on.
+    pub fn wrapped(&self) -> &Arc<dyn Allocator> {
+        &self.inner
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn wait_and_retry(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
+        let deadline = Instant::now() + self.max_wait;
+        let mut frees = self.frees.lock();
+        // Registered before the next attempt: any free from now on notifies us.
+        self.waiters.fetch_add(1, SeqCst);
+        let mut last;
+        let result = loop {
+            let seen = *frees;
+            drop(frees);
+            self.retries.fetch_add(1, Relaxed);
+            match self.inner.allocate_raw(layout, attrs) {
+                Ok(p) => break Ok(p),
+                Err(e) => last = e,
+            }
+            frees = self.frees.lock();
+            if Instant::now() >= deadline {
+                drop(frees);
+                break Err(last);
+            }
+            // Sleep only if nothing was freed since the attempt began; then try again.
+            if *frees == seen {
+                let _ = self.freed.wait_until(&mut frees, deadline);
+            }
+        };
+        self.waiters.fetch_sub(1, SeqCst);
+        result
+    }
+}
+
+// SAFETY: allocation and free are forwarded to `inner`, which keeps the contract; this type only
+// waits and repeats requests.
+unsafe impl Allocator for RetryAllocator {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    #[inline]
+    fn allocate_raw(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
+        match self.inner.allocate_raw(layout, attrs) {
+            Ok(p) => Ok(p),
+            Err(e) => {
+                let short = matches!(e.kind(), AllocErrorKind::OutOfMemory | AllocErrorKind::LimitExceeded);
+                let result = if short && attrs.retry_on_failure && !self.max_wait.is_zero() {
+                    self.wait_and_retry(layout, attrs)
+                } else {
+                    Err(e)
+                };
+                if result.is_err() {
+                    self.ooms.fetch_add(1, Relaxed);
+                }
+                result
+            }
+        }
+    }
+
+    #[inline]
+    unsafe fn deallocate_raw(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: blocks of this allocator are blocks of `inner`; the caller's promise carries over.
+        unsafe { self.inner.deallocate_raw(ptr, layout) };
+        if self.waiters.load(SeqCst) > 0 {
+            *self.frees.lock() += 1;
+            self.freed.notify_all();
+        }
+    }
+
+    fn tracks_allocation_sizes(&self) -> bool {
+        self.inner.tracks_allocation_sizes()
+    }
+
+    fn requested_size(&self, ptr: NonNull<u8>) -> Option<usize> {
+        self.inner.requested_size(ptr)
+    }
+
+    fn allocated_size(&self, ptr: NonNull<u8>) -> Option<usize> {
+        self.inner.allocated_size(ptr)
+    }
+
+    fn allocation_id(&self, ptr: NonNull<u8>) -> Option<u64> {
+        self.inner.allocation_id(ptr)
+    }
+
+    fn allocated_size_slow(&self, ptr: NonNull<u8>) -> Option<usize> {
+        self.inner.allocated_size_slow(ptr)
+    }
+
+    fn stats(&self) -> Option<AllocatorStats> {
+        let mut s = self.inner.stats().unwrap_or_default();
+        s.num_alloc_retries += self.retries.load(Relaxed);
+        s.num_ooms = self.ooms.load(Relaxed);
+        Some(s)
+    }
+
+    fn clear_stats(&self) -> bool {
+        self.inner.clear_stats()
+    }
+}
+
+impl fmt::Debug for RetryAllocator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryAllocator")
+            .field("inner", &self.inner)
+            .field("max_wait", &self.max_wait)
+            .field("waiters", &self.waiters.load(Relaxed))
+            .finish()
+    }
+}
