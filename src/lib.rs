@@ -24,6 +24,7 @@
 pub use tensormem_allocators as allocators;
 
 mod chunk_table;
+mod config;
 mod registration;
 mod registry;
 mod retry;
@@ -37,8 +38,11 @@ pub use allocators::{
 };
 #[cfg(feature = "jemalloc")]
 pub use allocators::{JemallocAllocator, JemallocStats};
+pub use config::{ALLOC_CONF_ENV, AllocConf, ConfigError, KEYS as ALLOC_CONF_KEYS, parse_size};
 pub use registration::AllocatorFactory;
-pub use registry::{ALLOCATOR_ENV, AllocatorRegistry, RegistryEntry, RegistryError, SelectionOrigin};
+pub use registry::{
+    ALLOCATOR_ENV, AllocatorRegistry, CONFIGURED_PRIORITY, RegistryEntry, RegistryError, SelectionOrigin,
+};
 pub use retry::{DEFAULT_MAX_RETRY_WAIT, RetryAllocator};
 pub use tracking::{Chunk, LiveChunk, TrackingAllocator, TrackingSizes};
 pub use wrapper::AllocatorWrapper;

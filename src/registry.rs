@@ -7,10 +7,15 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::RwLock;
 
 use crate::allocators::{Allocator, SystemAllocator};
+use crate::config::{AllocConf, ConfigError};
 use crate::registration::AllocatorFactory;
 
 /// The environment variable that picks the global registry's allocator by name.
 pub const ALLOCATOR_ENV: &str = "TENSORMEM_ALLOCATOR";
+
+/// The priority of the `bfc` and `pool` allocators in the global registry: below `cpu`, so they
+/// serve only when chosen by name (`TENSORMEM_ALLOCATOR=bfc`).
+pub const CONFIGURED_PRIORITY: i32 = -10;
 
 /// A registered allocator with its name and priority, as listed by
 /// [`AllocatorRegistry::entries`].
@@ -63,6 +68,9 @@ pub enum RegistryError {
     /// The registry has no allocator to give.
     #[error("no allocator is registered")]
     Empty,
+    /// `TENSORMEM_ALLOC_CONF` is wrong, or the allocator it configures refused the values.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// A registration used an empty name.
     #[error("an allocator must be registered under a non-empty name (priority {priority})")]
     EmptyName {
@@ -111,8 +119,11 @@ struct Inner {
 /// the `TENSORMEM_ALLOCATOR` environment variable) overrides the priorities.
 ///
 /// The [`global`](Self::global) registry starts with `cpu` (a [`SystemAllocator`], priority 0),
-/// `jemalloc` (a `JemallocAllocator`, priority 50, with the `jemalloc` feature), and every
-/// allocator registered with [`register_allocator!`](crate::register_allocator).
+/// `jemalloc` (a `JemallocAllocator`, priority 50, with the `jemalloc` feature), `pool` (a
+/// `PoolAllocator` over the default backend, priority -10), `bfc` (a `BfcAllocator`, priority
+/// -10) when `TENSORMEM_ALLOC_CONF` sets `bfc.memory_limit`, and every allocator registered with
+/// [`register_allocator!`](crate::register_allocator). `pool` and `bfc` are configured from
+/// `TENSORMEM_ALLOC_CONF` (see [`AllocConf`](crate::AllocConf)).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -154,26 +165,43 @@ impl AllocatorRegistry {
     fn with_defaults() -> Self {
         let registry = Self::new();
         let mut errors = Vec::new();
-        #[cfg(feature = "jemalloc")]
-        let jemalloc: Option<(&str, i32, Arc<dyn Allocator>)> =
-            Some(("jemalloc", 50, Arc::new(crate::allocators::JemallocAllocator::new())));
-        #[cfg(not(feature = "jemalloc"))]
-        let jemalloc = None;
-        let cpu: (&str, i32, Arc<dyn Allocator>) = ("cpu", 0, Arc::new(SystemAllocator::new()));
-        let builtin = std::iter::once(cpu).chain(jemalloc);
-        let mut factories: Vec<&AllocatorFactory> = inventory::iter::<AllocatorFactory>().collect();
-        // Link order is arbitrary; registering in name order keeps tie-breaks reproducible.
-        factories.sort_by_key(|f| (f.name, f.priority));
-        let made = factories.iter().map(|f| (f.name, f.priority, (f.make)()));
-        for (name, priority, allocator) in builtin.chain(made) {
-            if let Err(e) = registry.register(name, priority, allocator) {
-                errors.push(e);
-            }
-        }
         let selected = match env::var_os(ALLOCATOR_ENV) {
             Some(v) if !v.is_empty() => Some(v.to_string_lossy().trim().to_owned()),
             _ => None,
         };
+        let cpu: Arc<dyn Allocator> = Arc::new(SystemAllocator::new());
+        #[cfg(feature = "jemalloc")]
+        let default_backend: Arc<dyn Allocator> = Arc::new(crate::allocators::JemallocAllocator::new());
+        #[cfg(not(feature = "jemalloc"))]
+        let default_backend: Arc<dyn Allocator> = Arc::clone(&cpu);
+        let mut builtin: Vec<(&str, i32, Arc<dyn Allocator>)> = vec![("cpu", 0, cpu)];
+        if cfg!(feature = "jemalloc") {
+            builtin.push(("jemalloc", 50, Arc::clone(&default_backend)));
+        }
+        match AllocConf::from_env() {
+            Err(e) => errors.push(RegistryError::Config(e)),
+            Ok(conf) => {
+                match conf.build_pool(default_backend) {
+                    Ok(pool) => builtin.push(("pool", CONFIGURED_PRIORITY, Arc::new(pool))),
+                    Err(e) => errors.push(RegistryError::Config(e)),
+                }
+                if conf.configures_bfc() || selected.as_deref() == Some("bfc") {
+                    match conf.build_bfc() {
+                        Ok(bfc) => builtin.push(("bfc", CONFIGURED_PRIORITY, Arc::new(bfc))),
+                        Err(e) => errors.push(RegistryError::Config(e)),
+                    }
+                }
+            }
+        }
+        let mut factories: Vec<&AllocatorFactory> = inventory::iter::<AllocatorFactory>().collect();
+        // Link order is arbitrary; registering in name order keeps tie-breaks reproducible.
+        factories.sort_by_key(|f| (f.name, f.priority));
+        let made = factories.iter().map(|f| (f.name, f.priority, (f.make)()));
+        for (name, priority, allocator) in builtin.into_iter().chain(made) {
+            if let Err(e) = registry.register(name, priority, allocator) {
+                errors.push(e);
+            }
+        }
         let mut inner = registry.inner.write();
         inner.startup_errors = errors;
         inner.selected = selected.map(|name| (name, SelectionOrigin::Environment));

@@ -12,28 +12,51 @@ fn main() -> ExitCode {
         return child();
     }
     let default = if cfg!(feature = "jemalloc") { "jemalloc" } else { "cpu" };
-    let cases: [(&str, Option<&str>, Result<&str, &str>); 4] = [
-        ("unset chooses by priority", None, Ok(default)),
-        ("empty counts as unset", Some(""), Ok(default)),
-        ("a registered name wins over priorities", Some("cpu"), Ok("cpu")),
+    let registered = if cfg!(feature = "jemalloc") { "jemalloc, cpu, pool" } else { "cpu, pool" };
+    let unknown = format!(
+        "TENSORMEM_ALLOCATOR selects allocator 'tpu', but no allocator of that name is registered (registered: {registered})"
+    );
+    let cases: Vec<(&str, Option<&str>, Option<&str>, Result<&str, &str>)> = vec![
+        ("unset chooses by priority", None, None, Ok(default)),
+        ("empty counts as unset", Some(""), None, Ok(default)),
+        ("a registered name wins over priorities", Some("cpu"), None, Ok("cpu")),
+        ("an unknown name is an error listing the registered names", Some("tpu"), None, Err(&unknown)),
+        ("the pool is always there", Some("pool"), None, Ok("pool")),
+        ("bfc is there once configured", Some("bfc"), Some("bfc.memory_limit=64MiB,bfc.allow_growth=true"), Ok("bfc")),
         (
-            "an unknown name is an error listing the registered names",
-            Some("tpu"),
-            Err(if cfg!(feature = "jemalloc") {
-                "TENSORMEM_ALLOCATOR selects allocator 'tpu', but no allocator of that name is registered (registered: jemalloc, cpu)"
-            } else {
-                "TENSORMEM_ALLOCATOR selects allocator 'tpu', but no allocator of that name is registered (registered: cpu)"
-            }),
+            "choosing bfc without its limit names the key",
+            Some("bfc"),
+            None,
+            Err("TENSORMEM_ALLOC_CONF: bfc.memory_limit is required to use the bfc allocator"),
+        ),
+        (
+            "a misspelt key is reported, not ignored",
+            None,
+            Some("bfc.memory_limt=1GiB"),
+            Err(
+                "TENSORMEM_ALLOC_CONF: unknown key 'bfc.memory_limt' (known keys: bfc.memory_limit, bfc.allow_growth, \
+                 bfc.garbage_collection, bfc.max_internal_fragmentation, pool.size_limit, pool.rounding, pool.auto_resize)",
+            ),
+        ),
+        (
+            "a bad size is reported with its key",
+            Some("pool"),
+            Some("pool.size_limit=1.5GiB"),
+            Err("TENSORMEM_ALLOC_CONF: bad value '1.5GiB' for pool.size_limit: expected a size such as 256MiB"),
         ),
     ];
     let exe = std::env::current_exe().expect("the test binary's path");
     let (mut passed, mut failed) = (0, 0);
-    for (what, value, expected) in cases {
+    for (what, value, conf, expected) in cases {
         let mut cmd = Command::new(&exe);
         cmd.env(CHILD, "1");
         match value {
             Some(v) => cmd.env("TENSORMEM_ALLOCATOR", v),
             None => cmd.env_remove("TENSORMEM_ALLOCATOR"),
+        };
+        match conf {
+            Some(v) => cmd.env("TENSORMEM_ALLOC_CONF", v),
+            None => cmd.env_remove("TENSORMEM_ALLOC_CONF"),
         };
         let out = cmd.output().expect("running the child");
         let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
@@ -62,7 +85,7 @@ fn child() -> ExitCode {
             println!("ok {}", a.name());
         }
         Err(e) => {
-            assert!(matches!(e, RegistryError::UnknownAllocator { .. }), "{e:?}");
+            assert!(matches!(e, RegistryError::UnknownAllocator { .. } | RegistryError::Config(_)), "{e:?}");
             println!("err {e}");
             std::panic::set_hook(Box::new(|_| {}));
             let panic = std::panic::catch_unwind(|| g.get()).expect_err("get() must panic");

@@ -1,0 +1,227 @@
+//! [`AllocConf`]: the `TENSORMEM_ALLOC_CONF` startup configuration of the `bfc` and `pool`
+//! allocators, in the spirit of `PYTORCH_CUDA_ALLOC_CONF`.
+
+use std::sync::Arc;
+
+use crate::allocators::{Allocator, BfcAllocator, BuildError, PoolAllocator, SizeRounding};
+
+/// The environment variable holding the configuration.
+pub const ALLOC_CONF_ENV: &str = "TENSORMEM_ALLOC_CONF";
+
+/// Every key `TENSORMEM_ALLOC_CONF` accepts, with what its value must be.
+pub const KEYS: [(&str, &str); 7] = [
+    ("bfc.memory_limit", "a size such as 4GiB (required to use bfc)"),
+    ("bfc.allow_growth", "true or false"),
+    ("bfc.garbage_collection", "true or false"),
+    ("bfc.max_internal_fragmentation", "a size such as 128MiB"),
+    ("pool.size_limit", "a size such as 256MiB"),
+    ("pool.rounding", "power_of_two, exact, or multiple:<size>"),
+    ("pool.auto_resize", "true or false"),
+];
+
+/// What is wrong with a configuration; every variant names the key.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A key that is not one of [`KEYS`].
+    #[error("{ALLOC_CONF_ENV}: unknown key '{key}' (known keys: {})", KEYS.map(|k| k.0).join(", "))]
+    UnknownKey {
+        /// The key as written.
+        key: String,
+    },
+    /// A value that does not parse.
+    #[error("{ALLOC_CONF_ENV}: bad value '{value}' for {key}: expected {expected}")]
+    BadValue {
+        /// The key.
+        key: &'static str,
+        /// The value as written.
+        value: String,
+        /// What the value must look like.
+        expected: &'static str,
+    },
+    /// An item without `=`.
+    #[error("{ALLOC_CONF_ENV}: '{item}' is not of the form key=value")]
+    Malformed {
+        /// The item as written.
+        item: String,
+    },
+    /// The same key twice.
+    #[error("{ALLOC_CONF_ENV}: {key} is given twice")]
+    Duplicate {
+        /// The key.
+        key: &'static str,
+    },
+    /// A key needed for what was asked is missing.
+    #[error("{ALLOC_CONF_ENV}: {key} is required {why}")]
+    Missing {
+        /// The missing key.
+        key: &'static str,
+        /// What needs it.
+        why: &'static str,
+    },
+    /// The values parse but the allocator refuses them.
+    #[error("{ALLOC_CONF_ENV}: {0}")]
+    Build(BuildError),
+}
+
+/// The parsed configuration. Unset options keep the allocators' defaults.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllocConf {
+    /// `bfc.memory_limit`.
+    pub bfc_memory_limit: Option<u64>,
+    /// `bfc.allow_growth`.
+    pub bfc_allow_growth: Option<bool>,
+    /// `bfc.garbage_collection`.
+    pub bfc_garbage_collection: Option<bool>,
+    /// `bfc.max_internal_fragmentation`.
+    pub bfc_max_internal_fragmentation: Option<u64>,
+    /// `pool.size_limit`.
+    pub pool_size_limit: Option<u64>,
+    /// `pool.rounding`.
+    pub pool_rounding: Option<SizeRounding>,
+    /// `pool.auto_resize`.
+    pub pool_auto_resize: Option<bool>,
+}
+
+impl AllocConf {
+    /// Parses `key=value` items separated by commas (spaces around items are ignored).
+    ///
+    /// ```
+    /// use tensormem::AllocConf;
+    /// let c = AllocConf::parse("bfc.memory_limit=4GiB, bfc.allow_growth=true,pool.size_limit=256MiB")?;
+    /// assert_eq!(c.bfc_memory_limit, Some(4 << 30));
+    /// assert_eq!(c.pool_size_limit, Some(256 << 20));
+    /// let err = AllocConf::parse("bfc.memory_limt=1GiB").unwrap_err();
+    /// assert!(err.to_string().contains("unknown key 'bfc.memory_limt'"));
+    /// # Ok::<(), tensormem::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the first bad key or item.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let mut conf = Self::default();
+        let mut seen: Vec<&'static str> = Vec::new();
+        for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (key, value) = item.split_once('=').ok_or_else(|| ConfigError::Malformed { item: item.to_owned() })?;
+            let (key, value) = (key.trim(), value.trim());
+            let (key, expected) =
+                *KEYS.iter().find(|k| k.0 == key).ok_or_else(|| ConfigError::UnknownKey { key: key.to_owned() })?;
+            if seen.contains(&key) {
+                return Err(ConfigError::Duplicate { key });
+            }
+            seen.push(key);
+            let bad = || ConfigError::BadValue { key, value: value.to_owned(), expected };
+            match key {
+                "bfc.memory_limit" => conf.bfc_memory_limit = Some(parse_size(value).ok_or_else(bad)?),
+                "bfc.allow_growth" => conf.bfc_allow_growth = Some(parse_bool(value).ok_or_else(bad)?),
+                "bfc.garbage_collection" => conf.bfc_garbage_collection = Some(parse_bool(value).ok_or_else(bad)?),
+                "bfc.max_internal_fragmentation" => {
+                    conf.bfc_max_internal_fragmentation = Some(parse_size(value).ok_or_else(bad)?);
+                }
+                "pool.size_limit" => conf.pool_size_limit = Some(parse_size(value).ok_or_else(bad)?),
+                "pool.rounding" => conf.pool_rounding = Some(parse_rounding(value).ok_or_else(bad)?),
+                _ => conf.pool_auto_resize = Some(parse_bool(value).ok_or_else(bad)?),
+            }
+        }
+        Ok(conf)
+    }
+
+    /// Parses `TENSORMEM_ALLOC_CONF` (unset or empty: the defaults).
+    ///
+    /// # Errors
+    /// As [`parse`](Self::parse); a value that is not UTF-8 is malformed.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        match std::env::var(ALLOC_CONF_ENV) {
+            Ok(v) => Self::parse(&v),
+            Err(std::env::VarError::NotPresent) => Ok(Self::default()),
+            Err(std::env::VarError::NotUnicode(v)) => {
+                Err(ConfigError::Malformed { item: v.to_string_lossy().into_owned() })
+            }
+        }
+    }
+
+    /// Whether any `bfc.*` key is set.
+    pub fn configures_bfc(&self) -> bool {
+        self.bfc_memory_limit.is_some()
+            || self.bfc_allow_growth.is_some()
+            || self.bfc_garbage_collection.is_some()
+            || self.bfc_max_internal_fragmentation.is_some()
+    }
+
+    /// Builds the `bfc` allocator.
+    ///
+    /// # Errors
+    /// [`ConfigError::Missing`] without `bfc.memory_limit`; [`ConfigError::Build`] when the
+    /// allocator refuses the values (e.g. a limit of 0).
+    pub fn build_bfc(&self) -> Result<BfcAllocator, ConfigError> {
+        let limit = self
+            .bfc_memory_limit
+            .ok_or(ConfigError::Missing { key: "bfc.memory_limit", why: "to use the bfc allocator" })?;
+        let mut b = BfcAllocator::builder().memory_limit(limit);
+        if let Some(v) = self.bfc_allow_growth {
+            b = b.allow_growth(v);
+        }
+        if let Some(v) = self.bfc_garbage_collection {
+            b = b.garbage_collection(v);
+        }
+        if let Some(v) = self.bfc_max_internal_fragmentation {
+            b = b.max_internal_fragmentation_bytes(v);
+        }
+        b.build().map_err(ConfigError::Build)
+    }
+
+    /// Builds the `pool` allocator over `inner`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Build`] when the pool refuses the values.
+    pub fn build_pool(&self, inner: Arc<dyn Allocator>) -> Result<PoolAllocator, ConfigError> {
+        let mut b = PoolAllocator::builder(inner);
+        if let Some(v) = self.pool_size_limit {
+            b = b.size_limit(v);
+        }
+        if let Some(v) = self.pool_rounding {
+            b = b.rounding(v);
+        }
+        if let Some(v) = self.pool_auto_resize {
+            b = b.auto_resize(v);
+        }
+        b.build().map_err(ConfigError::Build)
+    }
+}
+
+/// `123`, `123B`, `4KiB`, `256MiB`, `4GiB`, `1TiB` (units case-insensitive; decimal units such
+/// as `MB` are refused rather than guessed).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "kib" => 10,
+        "mib" => 20,
+        "gib" => 30,
+        "tib" => 40,
+        _ => return None,
+    };
+    n.checked_mul(1u64 << shift)
+}
+
+fn parse_bool(s: &str) -> Option<bool> {
+    match s.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Some(true),
+        "false" | "0" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+fn parse_rounding(s: &str) -> Option<SizeRounding> {
+    match s {
+        "power_of_two" => Some(SizeRounding::PowerOfTwo),
+        "exact" => Some(SizeRounding::Exact),
+        _ => {
+            let m = parse_size(s.strip_prefix("multiple:")?)?;
+            (m > 0).then(|| SizeRounding::Multiple(usize::try_from(m).unwrap_or(usize::MAX)))
+        }
+    }
+}

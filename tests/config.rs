@@ -1,0 +1,92 @@
+//! TENSORMEM_ALLOC_CONF parsing: sizes, flags, and errors that name the key.
+
+use tensormem::{AllocConf, Allocator, BuildError, ConfigError, SizeRounding, SystemAllocator, parse_size};
+
+#[test]
+fn the_documented_example_parses() {
+    let c = AllocConf::parse("bfc.memory_limit=4GiB,bfc.allow_growth=true,pool.size_limit=256MiB").unwrap();
+    assert_eq!(
+        c,
+        AllocConf {
+            bfc_memory_limit: Some(4 << 30),
+            bfc_allow_growth: Some(true),
+            pool_size_limit: Some(256 << 20),
+            ..AllocConf::default()
+        }
+    );
+    assert!(c.configures_bfc());
+    assert_eq!(AllocConf::parse("").unwrap(), AllocConf::default());
+    assert_eq!(AllocConf::parse(" , ").unwrap(), AllocConf::default());
+}
+
+#[test]
+fn every_key_and_unit() {
+    let c = AllocConf::parse(
+        " bfc.memory_limit = 512MiB , bfc.garbage_collection=off, bfc.max_internal_fragmentation=1KiB, \
+         pool.rounding=multiple:4KiB, pool.auto_resize=false",
+    )
+    .unwrap();
+    assert_eq!(c.bfc_memory_limit, Some(512 << 20));
+    assert_eq!(c.bfc_garbage_collection, Some(false));
+    assert_eq!(c.bfc_max_internal_fragmentation, Some(1024));
+    assert_eq!(c.pool_rounding, Some(SizeRounding::Multiple(4096)));
+    assert_eq!(c.pool_auto_resize, Some(false));
+    for (text, bytes) in [("17", 17), ("17B", 17), ("3kib", 3072), ("2GiB", 2 << 30), ("1TiB", 1 << 40)] {
+        assert_eq!(parse_size(text), Some(bytes), "{text}");
+    }
+    for bad in ["", "MiB", "1.5GiB", "4GB", "4 MB", "-1", "99999999999999999999", "16777216TiB"] {
+        assert_eq!(parse_size(bad), None, "{bad}");
+    }
+    assert_eq!(AllocConf::parse("pool.rounding=exact").unwrap().pool_rounding, Some(SizeRounding::Exact));
+}
+
+#[test]
+fn an_unknown_key_is_named_with_the_known_ones() {
+    let err = AllocConf::parse("bfc.memory_limit=1GiB,bfc.memory_limt=2GiB").unwrap_err();
+    assert_eq!(err, ConfigError::UnknownKey { key: "bfc.memory_limt".into() });
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("TENSORMEM_ALLOC_CONF: unknown key 'bfc.memory_limt' (known keys: bfc.memory_limit,"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_bad_value_names_the_key_and_what_was_expected() {
+    let err = AllocConf::parse("pool.size_limit=256MB").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "TENSORMEM_ALLOC_CONF: bad value '256MB' for pool.size_limit: expected a size such as 256MiB"
+    );
+    let err = AllocConf::parse("bfc.allow_growth=maybe").unwrap_err();
+    assert!(matches!(err, ConfigError::BadValue { key: "bfc.allow_growth", .. }), "{err}");
+    let err = AllocConf::parse("pool.rounding=multiple:0").unwrap_err();
+    assert!(matches!(err, ConfigError::BadValue { key: "pool.rounding", .. }), "{err}");
+}
+
+#[test]
+fn malformed_and_duplicate_items_are_refused() {
+    assert_eq!(
+        AllocConf::parse("bfc.memory_limit").unwrap_err().to_string(),
+        "TENSORMEM_ALLOC_CONF: 'bfc.memory_limit' is not of the form key=value"
+    );
+    assert_eq!(
+        AllocConf::parse("pool.size_limit=1MiB,pool.size_limit=2MiB").unwrap_err(),
+        ConfigError::Duplicate { key: "pool.size_limit" }
+    );
+}
+
+#[test]
+fn building_names_the_missing_or_refused_key() {
+    let err = AllocConf::parse("bfc.allow_growth=true").unwrap().build_bfc().unwrap_err();
+    assert_eq!(err.to_string(), "TENSORMEM_ALLOC_CONF: bfc.memory_limit is required to use the bfc allocator");
+    let err = AllocConf::parse("bfc.memory_limit=0").unwrap().build_bfc().unwrap_err();
+    assert_eq!(err, ConfigError::Build(BuildError::ZeroLimit { allocator: "bfc".into() }));
+    let bfc = AllocConf::parse("bfc.memory_limit=8MiB").unwrap().build_bfc().unwrap();
+    assert_eq!(bfc.stats().unwrap().bytes_limit, Some(8 << 20));
+    let pool = AllocConf::parse("pool.size_limit=1MiB")
+        .unwrap()
+        .build_pool(std::sync::Arc::new(SystemAllocator::new()))
+        .unwrap();
+    assert_eq!(pool.pool_stats().size_limit, 1 << 20);
+}
