@@ -7,6 +7,10 @@ use tensormem::{AllocatorRegistry, RegistryError};
 
 const CHILD: &str = "TENSORMEM_TEST_CHILD";
 
+/// What is checked, `TENSORMEM_ALLOCATOR`, `TENSORMEM_ALLOC_CONF`, and the allocator chosen or
+/// the error expected.
+type Case<'a> = (&'a str, Option<&'a str>, Option<&'a str>, Result<&'a str, &'a str>);
+
 fn main() -> ExitCode {
     if std::env::var_os(CHILD).is_some() {
         return child();
@@ -16,7 +20,7 @@ fn main() -> ExitCode {
     let unknown = format!(
         "TENSORMEM_ALLOCATOR selects allocator 'tpu', but no allocator of that name is registered (registered: {registered})"
     );
-    let cases: Vec<(&str, Option<&str>, Option<&str>, Result<&str, &str>)> = vec![
+    let cases: Vec<Case<'_>> = vec![
         ("unset chooses by priority", None, None, Ok(default)),
         ("empty counts as unset", Some(""), None, Ok(default)),
         ("a registered name wins over priorities", Some("cpu"), None, Ok("cpu")),
