@@ -46,3 +46,30 @@ rows = [
 for label, t, a, b in rows:
     vals = [ratio(f"pair_{s}_{t}t", a, b) for s in ("64B", "4KiB", "1MiB")]
     print(f"| {label} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in vals) + " |")
+
+# --- benches/bfc.rs ------------------------------------------------------------------------
+def mean(group, subject):
+    return mean_ns(group, subject)
+
+if (root / "replay_transformer").is_dir():
+    print()
+    print("| replay of the transformer trace | time per replay | ns per operation |")
+    print("|---|---:|---:|")
+    ops = 72770
+    for s in ("system", "jemalloc", "bfc", "pool"):
+        m = mean("replay_transformer", s)
+        if m is not None:
+            print(f"| {s} | {m / 1e6:.2f} ms | {m / ops:.1f} |")
+    rows = [
+        ("BFC / jemalloc time per operation on the trace (target <= 1.5)", "replay_transformer", "bfc", "replay_transformer", "jemalloc"),
+        ("pool hit / JemallocAllocator pair, 64 B (target <= 1.0)", "pool_hit_pair_64B", "pool_hit", "pool_hit_pair_64B", "jemalloc_allocator"),
+        ("pool hit / JemallocAllocator pair, 4 KiB (target <= 1.0)", "pool_hit_pair_4KiB", "pool_hit", "pool_hit_pair_4KiB", "jemalloc_allocator"),
+        ("16 MiB allocate-write-free: system / BFC time", "fresh_pages_16MiB", "system", "fresh_pages_16MiB", "bfc"),
+    ]
+    print()
+    print("| ratio | value | figures |")
+    print("|---|---:|---|")
+    for label, ga, a, gb, b in rows:
+        x, y = mean(ga, a), mean(gb, b)
+        if x is not None and y is not None:
+            print(f"| {label} | {x / y:.2f} | {x:.1f} ns vs {y:.1f} ns |")

@@ -28,6 +28,7 @@ mod config;
 mod registration;
 mod registry;
 mod retry;
+mod trace;
 mod tracking;
 mod wrapper;
 
@@ -44,6 +45,9 @@ pub use registry::{
     ALLOCATOR_ENV, AllocatorRegistry, CONFIGURED_PRIORITY, RegistryEntry, RegistryError, SelectionOrigin,
 };
 pub use retry::{DEFAULT_MAX_RETRY_WAIT, RetryAllocator};
+pub use trace::{
+    AllocationTrace, PreparedTrace, ReplayReport, TRACE_VERSION, TraceError, TraceEvent, TraceRecorder, replay,
+};
 pub use tracking::{Chunk, LiveChunk, TrackingAllocator, TrackingSizes};
 pub use wrapper::AllocatorWrapper;
 

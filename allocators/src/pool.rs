@@ -5,6 +5,7 @@ use core::alloc::Layout;
 use core::fmt;
 use core::ptr::NonNull;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -72,6 +73,29 @@ struct Cached {
 
 const NIL: usize = usize::MAX;
 
+/// FxHash-style word hasher: addresses and size classes are already well spread, and SipHash
+/// would cost more than the pool operation itself.
+#[derive(Default)]
+struct WordHasher(u64);
+
+impl Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_usize(b as usize);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (self.0.rotate_left(5) ^ n as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<WordHasher>>;
+
 #[derive(Debug, Default)]
 struct Pool {
     entries: Vec<Cached>,
@@ -79,9 +103,9 @@ struct Pool {
     /// Most and least recently freed.
     newest: usize,
     oldest: usize,
-    classes: HashMap<(usize, usize), Vec<usize>>,
+    classes: FastMap<(usize, usize), Vec<usize>>,
     /// Live buffers: address -> (requested, rounded, align).
-    live: HashMap<usize, (usize, usize, usize)>,
+    live: FastMap<usize, (usize, usize, usize)>,
     size_limit: usize,
     stats: PoolStats,
     num_allocs: u64,
@@ -325,15 +349,15 @@ unsafe impl Allocator for PoolAllocator {
         }
         let mut pool = self.pool.lock();
         let key = ptr.as_ptr() as usize;
-        let Some(&(requested, size, align)) = pool.live.get(&key) else {
+        let Some((requested, size, align)) = pool.live.remove(&key) else {
             drop(pool);
             self.refuse_free(ptr, layout, "it was never handed out by this pool, or was already freed");
         };
         if requested != layout.size() {
+            pool.live.insert(key, (requested, size, align));
             drop(pool);
             self.refuse_free(ptr, layout, &format!("it was allocated with {requested} bytes"));
         }
-        pool.live.remove(&key);
         pool.num_frees += 1;
         pool.in_use -= size;
         if size > pool.size_limit {

@@ -1,0 +1,108 @@
+//! Caching allocators on the shipped transformer trace, pool hits, and fresh-page faulting.
+//!
+//! - `replay_transformer/*`: one replay of `benches/traces/transformer_inference.json` per
+//!   iteration (throughput in operations), on the system allocator, jemalloc, BFC and the pool.
+//! - `pool_hit_pair/*`: a warm pool hit (alloc+free of a cached size) against a
+//!   `JemallocAllocator` pair of the same size.
+//! - `fresh_pages_16MiB/*`: allocate 16 MiB, write every 4 KiB page, free; the system allocator
+//!   maps and unmaps it each time (page faults), BFC keeps its region.
+//!
+//! Memory figures (peak reserved / peak in use): `cargo run --release --example replay`.
+
+// criterion_group! generates an undocumented `pub fn benches()`.
+#![allow(missing_docs)]
+
+use std::alloc::Layout;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tensormem::{
+    AllocationAttributes, AllocationTrace, Allocator, BfcAllocator, PoolAllocator, PreparedTrace, SystemAllocator,
+};
+
+fn trace() -> PreparedTrace {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/traces/transformer_inference.json");
+    let json = std::fs::read_to_string(path).expect("the shipped trace");
+    PreparedTrace::new(&AllocationTrace::from_json(&json).expect("a valid trace"))
+}
+
+fn subjects() -> Vec<(&'static str, Arc<dyn Allocator>)> {
+    let system: Arc<dyn Allocator> = Arc::new(SystemAllocator::new());
+    let mut v: Vec<(&'static str, Arc<dyn Allocator>)> = vec![("system", Arc::clone(&system))];
+    #[cfg(feature = "jemalloc")]
+    v.push(("jemalloc", Arc::new(tensormem::JemallocAllocator::new())));
+    v.push(("bfc", Arc::new(BfcAllocator::builder().memory_limit(2 << 30).allow_growth(true).build().unwrap())));
+    v.push(("pool", Arc::new(PoolAllocator::builder(system).size_limit(256 << 20).build().unwrap())));
+    v
+}
+
+fn replay_transformer(c: &mut Criterion) {
+    let trace = trace();
+    let mut group = c.benchmark_group("replay_transformer");
+    group.throughput(Throughput::Elements(trace.len() as u64));
+    group.sample_size(20);
+    for (name, a) in subjects() {
+        trace.run_timed(&*a); // warm: caching allocators keep their memory between runs
+        group.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter_custom(|iters| (0..iters).map(|_| trace.run_timed(&*a)).sum())
+        });
+    }
+    group.finish();
+}
+
+fn pair(a: &dyn Allocator, layout: Layout) {
+    let p = a.allocate_raw(layout, &AllocationAttributes::DEFAULT).unwrap();
+    // SAFETY: `p` was just allocated with `layout`.
+    unsafe { a.deallocate_raw(black_box(p), layout) };
+}
+
+fn pool_hit_pair(c: &mut Criterion) {
+    for (size, label) in [(64usize, "64B"), (4096, "4KiB")] {
+        let layout = Layout::from_size_align(size, 16).unwrap();
+        let mut group = c.benchmark_group(format!("pool_hit_pair_{label}"));
+        group.throughput(Throughput::Elements(1));
+        #[cfg(feature = "jemalloc")]
+        {
+            let je: Arc<dyn Allocator> = Arc::new(tensormem::JemallocAllocator::new());
+            group.bench_function("jemalloc_allocator", |b| b.iter(|| pair(&*je, layout)));
+            let pool = PoolAllocator::builder(je).build().unwrap();
+            pair(&pool, layout); // now cached: every pair below is a hit
+            group.bench_function("pool_hit", |b| b.iter(|| pair(&pool, layout)));
+        }
+        group.finish();
+    }
+}
+
+fn fresh_pages(c: &mut Criterion) {
+    const SIZE: usize = 16 << 20;
+    let layout = Layout::from_size_align(SIZE, 256).unwrap();
+    let mut group = c.benchmark_group("fresh_pages_16MiB");
+    group.throughput(Throughput::Bytes(SIZE as u64));
+    let subjects: [(&str, Arc<dyn Allocator>); 2] = [
+        ("system", Arc::new(SystemAllocator::new())),
+        ("bfc", Arc::new(BfcAllocator::builder().memory_limit(64 << 20).allow_growth(true).build().unwrap())),
+    ];
+    for (name, a) in subjects {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let p = a.allocate_raw(layout, &AllocationAttributes::DEFAULT).unwrap();
+                for page in (0..SIZE).step_by(4096) {
+                    // SAFETY: `p` is valid for SIZE bytes.
+                    unsafe { p.as_ptr().add(page).write(1) };
+                }
+                // SAFETY: `p` was just allocated with `layout`.
+                unsafe { a.deallocate_raw(black_box(p), layout) };
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    targets = replay_transformer, pool_hit_pair, fresh_pages
+}
+criterion_main!(benches);

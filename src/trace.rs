@@ -1,0 +1,450 @@
+//! Allocation traces: [`TraceRecorder`] records every allocation and free of an allocator into an
+//! [`AllocationTrace`]; [`replay`] runs a trace against any allocator and reports peak memory,
+//! fragmentation at the peak, failures and time per operation.
+//!
+//! # File format
+//! JSON, compact enough to ship realistic traces:
+//!
+//! ```json
+//! {"version":1,"description":"...","events":[[0,1,4096,64],[12,2,256,16],[30,1]]}
+//! ```
+//!
+//! Each event is an array: `[t_us, id, size, align]` allocates `size` bytes aligned to `align`
+//! under a new `id`; `[t_us, id]` frees the allocation `id`. `t_us` is microseconds since the
+//! start of the trace and never decreases. Ids are unique; an id is freed at most once, after
+//! its allocation. [`AllocationTrace::from_json`] checks all of this.
+
+use core::alloc::Layout;
+use core::fmt;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::allocators::{AllocError, AllocationAttributes, Allocator, AllocatorStats};
+
+/// The format version written and read.
+pub const TRACE_VERSION: u32 = 1;
+
+/// One event of a trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+pub enum TraceEvent {
+    /// `[t_us, id, size, align]`.
+    Alloc(u64, u64, usize, usize),
+    /// `[t_us, id]`.
+    Free(u64, u64),
+}
+
+impl TraceEvent {
+    /// Microseconds since the start of the trace.
+    pub fn time_us(&self) -> u64 {
+        match *self {
+            Self::Alloc(t, ..) | Self::Free(t, _) => t,
+        }
+    }
+}
+
+/// A recorded sequence of allocations and frees (see the module docs for the format).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AllocationTrace {
+    /// [`TRACE_VERSION`].
+    pub version: u32,
+    /// What was recorded.
+    pub description: String,
+    /// The events, in order.
+    pub events: Vec<TraceEvent>,
+}
+
+/// Why a trace cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TraceError {
+    /// Not JSON of the trace's shape (including a file cut short).
+    #[error("the trace is not valid JSON of the expected shape (a file cut short?): {0}")]
+    Json(#[from] serde_json::Error),
+    /// A version this code does not read.
+    #[error("trace version {found} is not supported (this reads version {TRACE_VERSION})")]
+    Version {
+        /// The version in the file.
+        found: u32,
+    },
+    /// An event breaks the format's rules.
+    #[error("event {index} ({event:?}) is invalid: {reason}")]
+    Event {
+        /// Its position, from 0.
+        index: usize,
+        /// The event.
+        event: TraceEvent,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
+}
+
+impl AllocationTrace {
+    /// Reads and checks a trace.
+    ///
+    /// # Errors
+    /// [`TraceError::Json`] for malformed or truncated JSON, [`TraceError::Version`], or
+    /// [`TraceError::Event`] naming the first event that breaks a rule.
+    pub fn from_json(json: &str) -> Result<Self, TraceError> {
+        let trace: Self = serde_json::from_str(json)?;
+        trace.validate()?;
+        Ok(trace)
+    }
+
+    /// The trace as compact JSON.
+    pub fn to_json(&self) -> String {
+        // Serialising plain numbers and strings cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Checks the format's rules.
+    ///
+    /// # Errors
+    /// As [`from_json`](Self::from_json).
+    pub fn validate(&self) -> Result<(), TraceError> {
+        if self.version != TRACE_VERSION {
+            return Err(TraceError::Version { found: self.version });
+        }
+        let mut live: HashMap<u64, bool> = HashMap::new();
+        let mut last_t = 0;
+        for (index, &event) in self.events.iter().enumerate() {
+            let bad = |reason| Err(TraceError::Event { index, event, reason });
+            if event.time_us() < last_t {
+                return bad("its time is earlier than the event before");
+            }
+            last_t = event.time_us();
+            match event {
+                TraceEvent::Alloc(_, id, size, align) => {
+                    if Layout::from_size_align(size, align).is_err() {
+                        return bad("the alignment is not a power of two, or the size overflows");
+                    }
+                    if live.insert(id, true).is_some() {
+                        return bad("the id was allocated before");
+                    }
+                }
+                TraceEvent::Free(_, id) => match live.get_mut(&id) {
+                    Some(alive @ true) => *alive = false,
+                    Some(false) => return bad("the id was freed before"),
+                    None => return bad("the id was never allocated"),
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of allocations.
+    pub fn allocations(&self) -> usize {
+        self.events.iter().filter(|e| matches!(e, TraceEvent::Alloc(..))).count()
+    }
+}
+
+/// Wraps an allocator and records every allocation and free made through it.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tensormem::{AllocatorExt, SystemAllocator, TraceRecorder, TraceEvent};
+///
+/// let rec = TraceRecorder::new(Arc::new(SystemAllocator::new()), "example");
+/// let p = rec.allocate::<u32>(16)?;
+/// // SAFETY: `p` came from `allocate::<u32>(16)` on `rec`.
+/// unsafe { rec.deallocate(p, 16) };
+/// let trace = rec.trace();
+/// assert!(matches!(trace.events[..], [TraceEvent::Alloc(_, 1, 64, 4), TraceEvent::Free(_, 1)]));
+/// # Ok::<(), tensormem::AllocError>(())
+/// ```
+pub struct TraceRecorder {
+    inner: Arc<dyn Allocator>,
+    start: Instant,
+    description: String,
+    next_id: AtomicU64,
+    state: Mutex<Recording>,
+}
+
+#[derive(Default)]
+struct Recording {
+    events: Vec<TraceEvent>,
+    live: HashMap<usize, u64>,
+}
+
+impl TraceRecorder {
+    /// Records allocations on `inner`; `description` goes into the trace.
+    pub fn new(inner: Arc<dyn Allocator>, description: impl Into<String>) -> Self {
+        Self {
+            inner,
+            start: Instant::now(),
+            description: description.into(),
+            next_id: AtomicU64::new(1),
+            state: Mutex::new(Recording::default()),
+        }
+    }
+
+    /// The trace so far.
+    pub fn trace(&self) -> AllocationTrace {
+        AllocationTrace {
+            version: TRACE_VERSION,
+            description: self.description.clone(),
+            events: self.state.lock().events.clone(),
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
+// SAFETY: allocation and free are forwarded to `inner`, which keeps the contract; this type only
+// records them.
+unsafe impl Allocator for TraceRecorder {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn allocate_raw(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
+        let p = self.inner.allocate_raw(layout, attrs)?;
+        if layout.size() > 0 {
+            let id = self.next_id.fetch_add(1, Relaxed);
+            let mut s = self.state.lock();
+            let t = self.now_us();
+            s.events.push(TraceEvent::Alloc(t, id, layout.size(), layout.align()));
+            s.live.insert(p.as_ptr() as usize, id);
+        }
+        Ok(p)
+    }
+
+    unsafe fn deallocate_raw(&self, ptr: NonNull<u8>, layout: Layout) {
+        if layout.size() > 0 {
+            let mut s = self.state.lock();
+            if let Some(id) = s.live.remove(&(ptr.as_ptr() as usize)) {
+                let t = self.now_us();
+                s.events.push(TraceEvent::Free(t, id));
+            }
+        }
+        // SAFETY: blocks of this allocator are blocks of `inner`; the caller's promise carries over.
+        unsafe { self.inner.deallocate_raw(ptr, layout) }
+    }
+
+    fn tracks_allocation_sizes(&self) -> bool {
+        self.inner.tracks_allocation_sizes()
+    }
+
+    fn requested_size(&self, ptr: NonNull<u8>) -> Option<usize> {
+        self.inner.requested_size(ptr)
+    }
+
+    fn allocated_size(&self, ptr: NonNull<u8>) -> Option<usize> {
+        self.inner.allocated_size(ptr)
+    }
+
+    fn allocation_id(&self, ptr: NonNull<u8>) -> Option<u64> {
+        self.inner.allocation_id(ptr)
+    }
+
+    fn stats(&self) -> Option<AllocatorStats> {
+        self.inner.stats()
+    }
+
+    fn clear_stats(&self) -> bool {
+        self.inner.clear_stats()
+    }
+}
+
+impl fmt::Debug for TraceRecorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TraceRecorder")
+            .field("inner", &self.inner)
+            .field("events", &self.state.lock().events.len())
+            .finish()
+    }
+}
+
+/// What a [`replay`] found.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ReplayReport {
+    /// Allocations plus frees replayed.
+    pub operations: usize,
+    /// Allocations the allocator refused (their frees are skipped).
+    pub failed_allocations: usize,
+    /// The most bytes in use at once, as the allocator counts them (its rounding included).
+    pub peak_in_use: u64,
+    /// The most bytes the allocator held from its backing memory (0 if it does not say).
+    pub peak_reserved: u64,
+    /// The allocator's fragmentation when in-use bytes peaked, if it reports one.
+    pub fragmentation_at_peak: Option<f64>,
+    /// The requested bytes live at the peak (what a perfect allocator would need).
+    pub peak_requested: u64,
+    /// Wall time of the timed pass.
+    pub elapsed: Duration,
+    /// `elapsed / operations`, in nanoseconds.
+    pub ns_per_operation: f64,
+    /// Minor page faults of the process during the timed pass (fresh pages touched), on Unix.
+    pub minor_page_faults: Option<u64>,
+}
+
+/// Minor page faults of this process so far.
+fn minor_faults() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let mut usage = core::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: `getrusage` writes a `rusage` into the valid, writable buffer it is given.
+        let ok = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) } == 0;
+        // SAFETY: the call succeeded, so the struct is initialised (it was zeroed anyway).
+        ok.then(|| unsafe { usage.assume_init() }.ru_minflt as u64)
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// A trace turned into operations on dense slots, so that replaying it costs no lookups.
+#[derive(Clone, Debug)]
+pub struct PreparedTrace {
+    ops: Vec<Op>,
+    slots: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Alloc { slot: usize, layout: Layout },
+    Free { slot: usize },
+}
+
+impl PreparedTrace {
+    /// Prepares a (validated) trace; events that break the format are skipped.
+    pub fn new(trace: &AllocationTrace) -> Self {
+        let mut slot_of: HashMap<u64, usize> = HashMap::new();
+        let mut ops = Vec::with_capacity(trace.events.len());
+        for &event in &trace.events {
+            match event {
+                TraceEvent::Alloc(_, id, size, align) => {
+                    if let Ok(layout) = Layout::from_size_align(size, align) {
+                        let slot = slot_of.len();
+                        slot_of.insert(id, slot);
+                        ops.push(Op::Alloc { slot, layout });
+                    }
+                }
+                TraceEvent::Free(_, id) => {
+                    if let Some(&slot) = slot_of.get(&id) {
+                        ops.push(Op::Free { slot });
+                    }
+                }
+            }
+        }
+        Self { ops, slots: slot_of.len() }
+    }
+
+    /// Number of operations.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// True when there is nothing to replay.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Replays once and returns the wall time of the replay loop (blocks the trace leaves live are
+    /// freed afterwards, outside the timing).
+    pub fn run_timed(&self, allocator: &dyn Allocator) -> Duration {
+        let mut live = vec![None; self.slots];
+        let start = Instant::now();
+        self.run(allocator, &mut live, |_, _| {}, |_| {});
+        let elapsed = start.elapsed();
+        free_rest(allocator, &mut live, |_| {});
+        elapsed
+    }
+
+    /// Runs the operations; `after_alloc(layout, granted)` after each allocation, `on_free(size)`
+    /// after each free of a granted block.
+    fn run(
+        &self,
+        allocator: &dyn Allocator,
+        live: &mut [Option<(NonNull<u8>, Layout)>],
+        mut after_alloc: impl FnMut(Layout, bool),
+        mut on_free: impl FnMut(usize),
+    ) {
+        for &op in &self.ops {
+            match op {
+                Op::Alloc { slot, layout } => match allocator.allocate_raw(layout, &AllocationAttributes::NO_RETRY) {
+                    Ok(p) => {
+                        if layout.size() > 0 {
+                            // SAFETY: `p` is valid for `layout.size()` > 0 bytes.
+                            unsafe { p.as_ptr().write(1) };
+                        }
+                        live[slot] = Some((p, layout));
+                        after_alloc(layout, true);
+                    }
+                    Err(_) => after_alloc(layout, false),
+                },
+                Op::Free { slot } => {
+                    if let Some((p, layout)) = live[slot].take() {
+                        // SAFETY: `p` was allocated above with `layout` and is freed once.
+                        unsafe { allocator.deallocate_raw(p, layout) };
+                        on_free(layout.size());
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn free_rest(allocator: &dyn Allocator, live: &mut [Option<(NonNull<u8>, Layout)>], mut on_free: impl FnMut(usize)) {
+    for (p, layout) in live.iter_mut().filter_map(Option::take) {
+        // SAFETY: each block was allocated with `layout` and is freed once.
+        unsafe { allocator.deallocate_raw(p, layout) };
+        on_free(layout.size());
+    }
+}
+
+/// Replays `trace` on `allocator` twice: a measured pass (reading the stats after every
+/// allocation, for the peaks and the fragmentation at the peak), then a timed pass with nothing
+/// else in the loop, counting the page faults it causes (the second pass shows what an allocator
+/// that keeps its memory saves). Every block is written once (its first byte) so the memory is really used.
+/// Everything allocated is freed by the end. The allocator's stats are cleared first.
+pub fn replay(trace: &AllocationTrace, allocator: &dyn Allocator) -> ReplayReport {
+    let prepared = PreparedTrace::new(trace);
+    allocator.clear_stats();
+    let mut report = ReplayReport {
+        operations: prepared.len(),
+        failed_allocations: 0,
+        peak_in_use: 0,
+        peak_reserved: 0,
+        fragmentation_at_peak: None,
+        peak_requested: 0,
+        elapsed: Duration::ZERO,
+        ns_per_operation: 0.0,
+        minor_page_faults: None,
+    };
+    let requested = core::cell::Cell::new(0u64);
+    let mut live = vec![None; prepared.slots];
+    prepared.run(
+        allocator,
+        &mut live,
+        |layout, granted| {
+            if !granted {
+                report.failed_allocations += 1;
+                return;
+            }
+            requested.set(requested.get() + layout.size() as u64);
+            report.peak_requested = report.peak_requested.max(requested.get());
+            let s = allocator.stats().unwrap_or_default();
+            if s.bytes_in_use > report.peak_in_use {
+                report.peak_in_use = s.bytes_in_use;
+                report.fragmentation_at_peak = s.fragmentation;
+            }
+            report.peak_reserved = report.peak_reserved.max(s.bytes_reserved);
+        },
+        |size| requested.set(requested.get() - size as u64),
+    );
+    free_rest(allocator, &mut live, |_| {});
+    let faults_before = minor_faults();
+    report.elapsed = prepared.run_timed(allocator);
+    report.minor_page_faults = faults_before.zip(minor_faults()).map(|(a, b)| b.saturating_sub(a));
+    report.ns_per_operation = report.elapsed.as_nanos() as f64 / report.operations.max(1) as f64;
+    report
+}
