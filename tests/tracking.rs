@@ -302,3 +302,16 @@ fn pointers_of_exited_threads_stay_tracked_and_freeable() {
     assert_eq!(inner.stats().unwrap().bytes_in_use, 0);
     assert!(format!("{t:?}").contains("threads: 1"), "{t:?}");
 }
+
+#[test]
+fn a_tracker_over_a_pool_catches_the_double_free_the_pool_cannot() {
+    let pool = Arc::new(tensormem::PoolAllocator::builder(Arc::new(SystemAllocator::new())).build().unwrap());
+    let t = TrackingAllocator::new(pool.clone());
+    let p = t.allocate::<u8>(100).unwrap();
+    // SAFETY: first free.
+    unsafe { t.deallocate(p, 100) };
+    // SAFETY: deliberately a double free; the tracker refuses it before the pool sees it.
+    let msg = panic_message(|| unsafe { t.deallocate(p, 100) });
+    assert!(msg.contains("already freed"), "{msg}");
+    assert_eq!(pool.pool_stats().thread_cached_buffers, 1, "the pool holds the buffer once, not twice");
+}

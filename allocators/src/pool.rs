@@ -4,13 +4,17 @@
 use core::alloc::Layout;
 use core::fmt;
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::{AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorStats, BuildError, dangling};
+use crate::{
+    AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorStats, BuildError, PerThread, StatsCounters,
+    ThreadValue, dangling,
+};
 
 /// How a request's size is rounded to pick its free list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -52,10 +56,14 @@ pub struct PoolStats {
     pub puts: u64,
     /// Buffers returned to the inner allocator to stay under the size limit.
     pub evictions: u64,
-    /// Bytes held in free lists.
+    /// Bytes held in the shared pool's free lists (bounded by `size_limit`).
     pub cached_bytes: u64,
-    /// Buffers held in free lists.
+    /// Buffers held in the shared pool's free lists.
     pub cached_buffers: u64,
+    /// Bytes held in the threads' caches (outside `size_limit`).
+    pub thread_cached_bytes: u64,
+    /// Buffers held in the threads' caches.
+    pub thread_cached_buffers: u64,
     /// The current size limit on cached bytes (grown by auto-resize).
     pub size_limit: u64,
 }
@@ -104,16 +112,11 @@ struct Pool {
     newest: usize,
     oldest: usize,
     classes: FastMap<(usize, usize), Vec<usize>>,
-    /// Live buffers: address -> (requested, rounded, align).
-    live: FastMap<usize, (usize, usize, usize)>,
     size_limit: usize,
     stats: PoolStats,
-    num_allocs: u64,
-    num_frees: u64,
-    in_use: usize,
-    peak_in_use: usize,
-    largest: usize,
-    peak_reserved: usize,
+    /// Bytes currently held from the inner allocator (in use, in the pool, in thread caches).
+    held: u64,
+    peak_held: u64,
     num_ooms: u64,
 }
 
@@ -202,9 +205,154 @@ impl Pool {
             self.stats.size_limit = self.size_limit as u64;
         }
     }
+}
 
-    fn reserved(&self) -> usize {
-        self.in_use + self.stats.cached_bytes as usize
+/// Size classes a thread cache holds at once.
+const MAGAZINE_CLASSES: usize = 8;
+/// Buffers a thread cache holds per class.
+const MAGAZINE_DEPTH: usize = 16;
+/// Rounded sizes above this skip the thread caches and go straight to the shared pool.
+pub const THREAD_CACHE_MAX_CLASS: usize = 64 << 10;
+
+/// Up to `MAGAZINE_DEPTH` cached buffers of one class, written only by the owner thread.
+#[derive(Debug, Default)]
+struct Magazine {
+    /// Rounded size of the class (0: unused).
+    size: AtomicUsize,
+    align: AtomicUsize,
+    len: AtomicUsize,
+    ptrs: [AtomicUsize; MAGAZINE_DEPTH],
+}
+
+/// One thread's magazines and hit count.
+#[derive(Debug, Default)]
+struct ThreadCache {
+    mags: [Magazine; MAGAZINE_CLASSES],
+    hits: AtomicU64,
+    /// Next magazine to give back when all are taken by other classes.
+    victim: AtomicUsize,
+}
+
+impl ThreadCache {
+    #[inline(always)]
+    fn find(&self, (size, align): (usize, usize)) -> Option<&Magazine> {
+        self.mags.iter().find(|m| m.size.load(Relaxed) == size && m.align.load(Relaxed) == align)
+    }
+
+    /// Owner only: a cached buffer of `class`, if any.
+    #[inline(always)]
+    fn pop(&self, class: (usize, usize)) -> Option<usize> {
+        let m = self.find(class)?;
+        let len = m.len.load(Relaxed);
+        if len == 0 {
+            return None;
+        }
+        m.len.store(len - 1, Relaxed);
+        bump(&self.hits);
+        Some(m.ptrs[len - 1].load(Relaxed))
+    }
+
+    /// Owner only: keeps `ptr`; false when its magazine is full.
+    #[inline(always)]
+    fn push(&self, ptr: usize, class: (usize, usize), core: &Core) -> bool {
+        let m = match self.find(class) {
+            Some(m) => m,
+            None => self.claim(class, core),
+        };
+        let len = m.len.load(Relaxed);
+        if len == MAGAZINE_DEPTH {
+            return false;
+        }
+        m.ptrs[len].store(ptr, Relaxed);
+        m.len.store(len + 1, Relaxed);
+        true
+    }
+
+    /// Owner only: a magazine for `class`, emptying another class's into the shared pool if
+    /// they are all taken.
+    #[cold]
+    fn claim(&self, (size, align): (usize, usize), core: &Core) -> &Magazine {
+        let m = match self.mags.iter().find(|m| m.len.load(Relaxed) == 0) {
+            Some(m) => m,
+            None => {
+                let i = self.victim.load(Relaxed) % MAGAZINE_CLASSES;
+                self.victim.store(i + 1, Relaxed);
+                core.absorb(&self.mags[i]);
+                &self.mags[i]
+            }
+        };
+        m.size.store(size, Relaxed);
+        m.align.store(align, Relaxed);
+        m
+    }
+
+    fn cached(&self) -> (u64, u64) {
+        self.mags.iter().fold((0, 0), |(bytes, n), m| {
+            let len = m.len.load(Relaxed) as u64;
+            (bytes + len * m.size.load(Relaxed) as u64, n + len)
+        })
+    }
+}
+
+fn bump(a: &AtomicU64) {
+    a.store(a.load(Relaxed) + 1, Relaxed);
+}
+
+impl ThreadValue for ThreadCache {
+    type Shared = Core;
+
+    /// The exiting thread's buffers go to the shared pool.
+    fn retire(&self, core: &Core) {
+        for m in &self.mags {
+            core.absorb(m);
+        }
+    }
+}
+
+/// What all threads share: the inner allocator and the LRU pool behind the thread caches.
+#[derive(Debug)]
+struct Core {
+    inner: Arc<dyn Allocator>,
+    pool: Mutex<Pool>,
+    auto_resize: bool,
+}
+
+impl Core {
+    /// Puts a freed buffer in the shared pool, evicting past the limit.
+    fn put(&self, ptr: usize, class: (usize, usize)) {
+        let mut pool = self.pool.lock();
+        if class.0 > pool.size_limit {
+            pool.held -= class.0 as u64;
+            drop(pool);
+            return self.release(ptr, class);
+        }
+        pool.put(ptr, class);
+        while pool.stats.cached_bytes as usize > pool.size_limit {
+            let Some((p, c)) = pool.evict_one() else { break };
+            pool.held -= c.0 as u64;
+            self.release(p, c);
+            if self.auto_resize {
+                pool.maybe_grow();
+            }
+        }
+    }
+
+    /// Moves a magazine's buffers to the shared pool.
+    fn absorb(&self, m: &Magazine) {
+        let class = (m.size.load(Relaxed), m.align.load(Relaxed));
+        let len = m.len.load(Relaxed);
+        m.len.store(0, Relaxed);
+        for slot in &m.ptrs[..len] {
+            self.put(slot.load(Relaxed), class);
+        }
+    }
+
+    fn release(&self, ptr: usize, (size, align): (usize, usize)) {
+        if let (Some(p), Ok(layout)) = (NonNull::new(ptr as *mut u8), Layout::from_size_align(size, align)) {
+            // SAFETY: the buffer was allocated from `inner` with exactly this layout, was freed
+            // into the pool by its user, and has just been removed from the pool.
+            unsafe { self.inner.deallocate_raw(p, layout) };
+        }
     }
 }
 
@@ -214,8 +362,16 @@ impl Pool {
 /// allocator; with auto-resize the limit doubles when that happens often while requests still
 /// miss the pool.
 ///
-/// Stats count rounded sizes: `bytes_in_use` is what is handed out, `bytes_reserved` that plus
-/// what is cached; [`pool_stats`](Self::pool_stats) adds hits, misses and evictions.
+/// In front of the shared pool, each thread keeps a small cache (8 classes of up to 16 buffers,
+/// for rounded sizes up to [`THREAD_CACHE_MAX_CLASS`]), so a hit of a small size takes no lock;
+/// a thread's cache goes back to the shared pool when the thread exits. These caches are outside
+/// `size_limit` (at most 8 MiB per thread) and [`trim`](Self::trim) does not reach them.
+///
+/// Stats count rounded sizes: `bytes_in_use` is what is handed out, `bytes_reserved` all that is
+/// held from the inner allocator; [`pool_stats`](Self::pool_stats) adds hits, misses and
+/// evictions. Like TensorFlow's pool it keeps no per-pointer records: freeing a pointer it did
+/// not hand out, or with another layout, breaks the [`Allocator`] contract; wrap it in a
+/// tracking allocator to have such frees caught.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -235,10 +391,11 @@ impl Pool {
 /// ```
 pub struct PoolAllocator {
     name: String,
-    inner: Arc<dyn Allocator>,
     rounding: SizeRounding,
-    auto_resize: bool,
-    pool: Mutex<Pool>,
+    /// Whether small classes go through the thread caches (not when caching is off).
+    thread_caches: bool,
+    caches: PerThread<ThreadCache>,
+    counters: StatsCounters,
 }
 
 impl PoolAllocator {
@@ -253,171 +410,163 @@ impl PoolAllocator {
         }
     }
 
+    fn core(&self) -> &Core {
+        self.caches.shared()
+    }
+
     /// Hits, misses, evictions and what is cached.
     pub fn pool_stats(&self) -> PoolStats {
-        self.pool.lock().stats
+        let mut stats = self.core().pool.lock().stats;
+        self.caches.for_each(|c| {
+            let (bytes, n) = c.cached();
+            stats.hits += c.hits.load(Relaxed);
+            stats.thread_cached_bytes += bytes;
+            stats.thread_cached_buffers += n;
+        });
+        stats
     }
 
-    /// Returns every cached buffer to the inner allocator.
+    /// Returns every buffer cached in the shared pool and in this thread's cache to the inner
+    /// allocator (other threads' caches go back when those threads exit or the pool is dropped).
     pub fn trim(&self) {
-        let mut pool = self.pool.lock();
+        let core = self.core();
+        self.caches.with_or(|| (), |cache, core| cache.mags.iter().for_each(|m| core.absorb(m)));
+        let mut pool = core.pool.lock();
         while let Some((ptr, class)) = pool.evict_one() {
             pool.stats.evictions -= 1;
-            self.release(ptr, class);
+            pool.held -= class.0 as u64;
+            core.release(ptr, class);
         }
     }
 
-    fn release(&self, ptr: usize, (size, align): (usize, usize)) {
-        if let (Some(p), Ok(layout)) = (NonNull::new(ptr as *mut u8), Layout::from_size_align(size, align)) {
-            // SAFETY: the buffer was allocated from `inner` with exactly this layout, was freed
-            // into the pool by its user, and has just been removed from the pool.
-            unsafe { self.inner.deallocate_raw(p, layout) };
-        }
+    #[inline(always)]
+    fn class(&self, layout: Layout) -> Option<(usize, usize)> {
+        let size = self.rounding.round(layout.size())?;
+        Layout::from_size_align(size, layout.align()).ok()?;
+        Some((size, layout.align()))
     }
 
-    #[cold]
-    #[track_caller]
-    fn refuse_free(&self, ptr: NonNull<u8>, layout: Layout, why: &str) -> ! {
-        panic!(
-            "PoolAllocator '{}': refusing to free {ptr:p} ({} bytes, align {}): {why}",
-            self.name,
-            layout.size(),
-            layout.align()
-        )
+    /// A buffer from the shared pool or, on a miss, from the inner allocator.
+    #[inline(never)]
+    fn allocate_shared(
+        &self,
+        layout: Layout,
+        class: (usize, usize),
+        attrs: &AllocationAttributes,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let core = self.core();
+        let mut pool = core.pool.lock();
+        if let Some(p) = pool.take(class) {
+            pool.stats.hits += 1;
+            drop(pool);
+            return NonNull::new(p as *mut u8)
+                .ok_or_else(|| AllocError::new(AllocErrorKind::OutOfMemory, layout, &self.name));
+        }
+        pool.stats.misses += 1;
+        drop(pool);
+        // `class` was checked to make a valid layout.
+        let rounded = Layout::from_size_align(class.0, class.1)
+            .map_err(|_| AllocError::new(AllocErrorKind::SizeOverflow, layout, &self.name))?;
+        let got = match core.inner.allocate_raw(rounded, attrs) {
+            Err(_) if core.pool.lock().stats.cached_buffers > 0 => {
+                // Out of memory with buffers cached: give them back and try once more.
+                self.trim();
+                core.inner.allocate_raw(rounded, attrs)
+            }
+            other => other,
+        };
+        let mut pool = core.pool.lock();
+        match got {
+            Ok(p) => {
+                pool.held += class.0 as u64;
+                pool.peak_held = pool.peak_held.max(pool.held);
+                Ok(p)
+            }
+            Err(e) => {
+                pool.num_ooms += 1;
+                Err(e)
+            }
+        }
     }
 }
 
 // SAFETY: buffers come from `inner` (which keeps the memory contract) with a layout at least as
-// large and as aligned as the request; a buffer is handed out only when it is not live, and goes
-// back to `inner` only from the pool (never while live). Peak >= in use by construction.
+// large and as aligned as the request, and a cached buffer is handed out only after its user
+// freed it (the caller's promise under the `Allocator` contract); buffers go back to `inner` only
+// from the caches. Peak >= in use: the stats come from `StatsCounters`.
 unsafe impl Allocator for PoolAllocator {
     fn name(&self) -> &str {
         &self.name
     }
 
+    #[inline]
     fn allocate_raw(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
         if layout.size() == 0 {
             return Ok(dangling(layout));
         }
-        let rounded = self
-            .rounding
-            .round(layout.size())
-            .and_then(|n| Layout::from_size_align(n, layout.align()).ok())
-            .ok_or_else(|| AllocError::new(AllocErrorKind::SizeOverflow, layout, &self.name))?;
-        let class = (rounded.size(), rounded.align());
-        let mut pool = self.pool.lock();
-        let ptr = match pool.take(class) {
-            Some(p) => {
-                pool.stats.hits += 1;
-                p
-            }
-            None => {
-                pool.stats.misses += 1;
-                let got = match self.inner.allocate_raw(rounded, attrs) {
-                    Ok(p) => Ok(p),
-                    // Out of memory with buffers cached: give them back and try once more.
-                    Err(_) if pool.stats.cached_buffers > 0 => {
-                        while let Some((p, c)) = pool.evict_one() {
-                            self.release(p, c);
-                        }
-                        self.inner.allocate_raw(rounded, attrs)
-                    }
-                    Err(e) => Err(e),
-                };
-                match got {
-                    Ok(p) => p.as_ptr() as usize,
-                    Err(e) => {
-                        pool.num_ooms += 1;
-                        return Err(e);
-                    }
-                }
-            }
+        let class =
+            self.class(layout).ok_or_else(|| AllocError::new(AllocErrorKind::SizeOverflow, layout, &self.name))?;
+        let hit = if self.thread_caches && class.0 <= THREAD_CACHE_MAX_CLASS {
+            self.caches.with_or(|| None, |cache, _| cache.pop(class))
+        } else {
+            None
         };
-        pool.live.insert(ptr, (layout.size(), class.0, class.1));
-        pool.num_allocs += 1;
-        pool.in_use += class.0;
-        pool.peak_in_use = pool.peak_in_use.max(pool.in_use);
-        pool.largest = pool.largest.max(layout.size());
-        pool.peak_reserved = pool.peak_reserved.max(pool.reserved());
-        drop(pool);
-        NonNull::new(ptr as *mut u8).ok_or_else(|| AllocError::new(AllocErrorKind::OutOfMemory, layout, &self.name))
+        let ptr = match hit.and_then(|p| NonNull::new(p as *mut u8)) {
+            Some(p) => p,
+            None => self.allocate_shared(layout, class, attrs)?,
+        };
+        self.counters.record_alloc(class.0);
+        Ok(ptr)
     }
 
+    #[inline]
     unsafe fn deallocate_raw(&self, ptr: NonNull<u8>, layout: Layout) {
         if layout.size() == 0 {
             return;
         }
-        let mut pool = self.pool.lock();
+        // The caller promises `layout` is the allocation's, so this is the class it came from.
+        let Some(class) = self.class(layout) else { return };
+        self.counters.record_free(class.0);
         let key = ptr.as_ptr() as usize;
-        let Some((requested, size, align)) = pool.live.remove(&key) else {
-            drop(pool);
-            self.refuse_free(ptr, layout, "it was never handed out by this pool, or was already freed");
-        };
-        if requested != layout.size() {
-            pool.live.insert(key, (requested, size, align));
-            drop(pool);
-            self.refuse_free(ptr, layout, &format!("it was allocated with {requested} bytes"));
+        let kept = self.thread_caches
+            && class.0 <= THREAD_CACHE_MAX_CLASS
+            && self.caches.with_or(|| false, |cache, core| cache.push(key, class, core));
+        if !kept {
+            self.core().put(key, class);
         }
-        pool.num_frees += 1;
-        pool.in_use -= size;
-        if size > pool.size_limit {
-            drop(pool);
-            return self.release(key, (size, align));
-        }
-        pool.put(key, (size, align));
-        while pool.stats.cached_bytes as usize > pool.size_limit {
-            let Some((p, c)) = pool.evict_one() else { break };
-            self.release(p, c);
-            if self.auto_resize {
-                pool.maybe_grow();
-            }
-        }
-    }
-
-    fn tracks_allocation_sizes(&self) -> bool {
-        true
-    }
-
-    fn requested_size(&self, ptr: NonNull<u8>) -> Option<usize> {
-        self.pool.lock().live.get(&(ptr.as_ptr() as usize)).map(|l| l.0)
-    }
-
-    fn allocated_size(&self, ptr: NonNull<u8>) -> Option<usize> {
-        self.pool.lock().live.get(&(ptr.as_ptr() as usize)).map(|l| l.1)
     }
 
     fn stats(&self) -> Option<AllocatorStats> {
-        let pool = self.pool.lock();
-        let largest_cached = pool.classes.iter().filter(|(_, v)| !v.is_empty()).map(|(c, _)| c.0).max();
-        Some(AllocatorStats {
-            num_allocs: pool.num_allocs,
-            num_frees: pool.num_frees,
-            bytes_in_use: pool.in_use as u64,
-            peak_bytes_in_use: pool.peak_in_use as u64,
-            largest_alloc_size: pool.largest as u64,
-            bytes_limit: None,
-            bytes_reserved: pool.reserved() as u64,
-            peak_bytes_reserved: pool.peak_reserved as u64,
-            largest_free_block_bytes: Some(largest_cached.unwrap_or(0) as u64),
-            fragmentation: None,
-            num_alloc_retries: 0,
-            num_ooms: pool.num_ooms,
-        })
+        let mut s = self.counters.stats();
+        let core = self.core();
+        let pool = core.pool.lock();
+        s.bytes_reserved = pool.held;
+        s.peak_bytes_reserved = pool.peak_held;
+        s.num_ooms = pool.num_ooms;
+        let mut largest = pool.classes.iter().filter(|(_, v)| !v.is_empty()).map(|(c, _)| c.0).max().unwrap_or(0);
+        drop(pool);
+        self.caches.for_each(|c| {
+            for m in c.mags.iter().filter(|m| m.len.load(Relaxed) > 0) {
+                largest = largest.max(m.size.load(Relaxed));
+            }
+        });
+        s.largest_free_block_bytes = Some(largest as u64);
+        Some(s)
     }
 
     fn clear_stats(&self) -> bool {
-        let mut pool = self.pool.lock();
-        pool.num_allocs = 0;
-        pool.num_frees = 0;
-        pool.peak_in_use = pool.in_use;
-        pool.largest = 0;
-        pool.peak_reserved = pool.reserved();
+        self.counters.clear();
+        let mut pool = self.core().pool.lock();
+        pool.peak_held = pool.held;
         true
     }
 }
 
 impl Drop for PoolAllocator {
     fn drop(&mut self) {
+        // No thread can be inside a method of the pool now, so every thread cache can be emptied.
+        let core = self.caches.shared();
+        self.caches.for_each(|cache| cache.mags.iter().for_each(|m| core.absorb(m)));
         self.trim();
     }
 }
@@ -426,7 +575,7 @@ impl fmt::Debug for PoolAllocator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PoolAllocator")
             .field("name", &self.name)
-            .field("inner", &self.inner)
+            .field("inner", &self.core().inner)
             .field("rounding", &self.rounding)
             .field("pool", &self.pool_stats())
             .finish()
@@ -444,7 +593,8 @@ pub struct PoolBuilder {
 }
 
 impl PoolBuilder {
-    /// The most bytes kept in free lists (default 256 MiB; 0 turns caching off).
+    /// The most bytes kept in the shared pool's free lists (default 256 MiB; 0 turns caching off,
+    /// thread caches included).
     #[must_use]
     pub fn size_limit(mut self, bytes: u64) -> Self {
         self.size_limit = bytes;
@@ -488,18 +638,19 @@ impl PoolBuilder {
             });
         }
         let size_limit = usize::try_from(self.size_limit).unwrap_or(usize::MAX);
+        let pool = Pool {
+            newest: NIL,
+            oldest: NIL,
+            size_limit,
+            stats: PoolStats { size_limit: self.size_limit, ..PoolStats::default() },
+            ..Pool::default()
+        };
         Ok(PoolAllocator {
             name: self.name,
-            inner: self.inner,
             rounding: self.rounding,
-            auto_resize: self.auto_resize,
-            pool: Mutex::new(Pool {
-                newest: NIL,
-                oldest: NIL,
-                size_limit,
-                stats: PoolStats { size_limit: self.size_limit, ..PoolStats::default() },
-                ..Pool::default()
-            }),
+            thread_caches: size_limit > 0,
+            caches: PerThread::new(Core { inner: self.inner, pool: Mutex::new(pool), auto_resize: self.auto_resize }),
+            counters: StatsCounters::new(None),
         })
     }
 }
