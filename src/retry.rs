@@ -157,25 +157,7 @@ unsafe impl Allocator for RetryAllocator {
         }
     }
 
-    fn tracks_allocation_sizes(&self) -> bool {
-        self.inner.tracks_allocation_sizes()
-    }
-
-    fn requested_size(&self, ptr: NonNull<u8>) -> Option<usize> {
-        self.inner.requested_size(ptr)
-    }
-
-    fn allocated_size(&self, ptr: NonNull<u8>) -> Option<usize> {
-        self.inner.allocated_size(ptr)
-    }
-
-    fn allocation_id(&self, ptr: NonNull<u8>) -> Option<u64> {
-        self.inner.allocation_id(ptr)
-    }
-
-    fn allocated_size_slow(&self, ptr: NonNull<u8>) -> Option<usize> {
-        self.inner.allocated_size_slow(ptr)
-    }
+    crate::wrapper::forward_size_queries!(inner);
 
     fn stats(&self) -> Option<AllocatorStats> {
         let mut s = self.inner.stats().unwrap_or_default();

@@ -1,5 +1,33 @@
 //! [`AllocatorWrapper`]: forwards every call to an inner allocator; the base for decorators.
 
+/// Implements the size-tracking queries of [`Allocator`] (`tracks_allocation_sizes`,
+/// `requested_size`, `allocated_size`, `allocation_id`, `allocated_size_slow`) by forwarding them
+/// to the field `$inner`, for decorators that do not track sizes themselves.
+macro_rules! forward_size_queries {
+    ($inner:ident) => {
+        fn tracks_allocation_sizes(&self) -> bool {
+            self.$inner.tracks_allocation_sizes()
+        }
+
+        fn requested_size(&self, ptr: core::ptr::NonNull<u8>) -> Option<usize> {
+            self.$inner.requested_size(ptr)
+        }
+
+        fn allocated_size(&self, ptr: core::ptr::NonNull<u8>) -> Option<usize> {
+            self.$inner.allocated_size(ptr)
+        }
+
+        fn allocation_id(&self, ptr: core::ptr::NonNull<u8>) -> Option<u64> {
+            self.$inner.allocation_id(ptr)
+        }
+
+        fn allocated_size_slow(&self, ptr: core::ptr::NonNull<u8>) -> Option<usize> {
+            self.$inner.allocated_size_slow(ptr)
+        }
+    };
+}
+pub(crate) use forward_size_queries;
+
 use core::alloc::Layout;
 use core::ptr::NonNull;
 use std::sync::Arc;
@@ -62,25 +90,7 @@ unsafe impl Allocator for AllocatorWrapper {
         unsafe { self.inner.deallocate_raw(ptr, layout) }
     }
 
-    fn tracks_allocation_sizes(&self) -> bool {
-        self.inner.tracks_allocation_sizes()
-    }
-
-    fn requested_size(&self, ptr: NonNull<u8>) -> Option<usize> {
-        self.inner.requested_size(ptr)
-    }
-
-    fn allocated_size(&self, ptr: NonNull<u8>) -> Option<usize> {
-        self.inner.allocated_size(ptr)
-    }
-
-    fn allocation_id(&self, ptr: NonNull<u8>) -> Option<u64> {
-        self.inner.allocation_id(ptr)
-    }
-
-    fn allocated_size_slow(&self, ptr: NonNull<u8>) -> Option<usize> {
-        self.inner.allocated_size_slow(ptr)
-    }
+    forward_size_queries!(inner);
 
     fn stats(&self) -> Option<AllocatorStats> {
         self.inner.stats()

@@ -94,8 +94,15 @@ impl BfcAllocator {
         self.state.lock().check()
     }
 
+    /// The error for a failed allocation, and the memory dump to write if one is wanted.
     #[cold]
-    fn fail(&self, state: &mut State, failure: AllocFailure, layout: Layout, rounded: usize) -> AllocError {
+    fn fail(
+        &self,
+        state: &mut State,
+        failure: AllocFailure,
+        layout: Layout,
+        rounded: usize,
+    ) -> (AllocError, Option<MemoryDump>) {
         state.num_ooms += 1;
         let kind = match failure {
             AllocFailure::OverLimit => AllocErrorKind::LimitExceeded,
@@ -105,16 +112,7 @@ impl BfcAllocator {
             .with_rounded_size(rounded as u64)
             .with_usage(state.in_use() as u64, Some(state.memory_limit() as u64))
             .with_largest_free_block(state.largest_free() as u64);
-        if let Some(path) = &self.dump_on_oom {
-            let dump = state.dump(&self.name);
-            let written = serde_json::to_vec_pretty(&dump)
-                .map_err(std::io::Error::other)
-                .and_then(|json| std::fs::write(path, json));
-            if let Err(e) = written {
-                eprintln!("tensormem: could not write the BFC memory dump to {}: {e}", path.display());
-            }
-        }
-        err
+        (err, self.dump_on_oom.as_ref().map(|_| state.dump(&self.name)))
     }
 
     #[cold]
@@ -148,8 +146,6 @@ unsafe impl Allocator for BfcAllocator {
             return Ok(dangling(layout));
         }
         if layout.align() > self.max_alignment {
-            let mut state = self.state.lock();
-            state.num_ooms += 1;
             return Err(AllocError::new(AllocErrorKind::UnsupportedLayout, layout, &self.name)
                 .with_max_alignment(self.max_alignment as u64));
         }
@@ -159,7 +155,14 @@ unsafe impl Allocator for BfcAllocator {
         match state.allocate(layout.size(), rounded, layout.align(), &*self.sub, self.garbage_collection) {
             // The address lies inside a region the sub-allocator returned non-null.
             Ok(p) => Ok(NonNull::new(p as *mut u8).unwrap_or_else(|| dangling(layout))),
-            Err(failure) => Err(self.fail(&mut state, failure, layout, rounded)),
+            Err(failure) => {
+                let (err, dump) = self.fail(&mut state, failure, layout, rounded);
+                drop(state);
+                if let (Some(path), Some(dump)) = (&self.dump_on_oom, dump) {
+                    write_dump(path, &dump);
+                }
+                Err(err)
+            }
         }
     }
 
@@ -196,6 +199,17 @@ unsafe impl Allocator for BfcAllocator {
     fn clear_stats(&self) -> bool {
         self.state.lock().clear_stats();
         true
+    }
+}
+
+/// Writes a memory dump as JSON; a failure is reported on stderr, since the allocation error it
+/// accompanies cannot carry it.
+#[cold]
+fn write_dump(path: &std::path::Path, dump: &MemoryDump) {
+    let written =
+        serde_json::to_vec_pretty(dump).map_err(std::io::Error::other).and_then(|json| std::fs::write(path, json));
+    if let Err(e) = written {
+        eprintln!("tensormem: could not write the BFC memory dump to {}: {e}", path.display());
     }
 }
 
