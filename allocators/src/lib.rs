@@ -54,7 +54,7 @@ pub use format::ByteSize;
 #[cfg(feature = "jemalloc")]
 pub use jemalloc::{JemallocAllocator, JemallocStats, JemallocStatsError};
 pub use per_thread::{PerThread, ThreadValue};
-pub use pool::{PoolAllocator, PoolBuilder, PoolStats, SizeRounding};
+pub use pool::{PoolAllocator, PoolBuilder, PoolStats, SizeRounding, THREAD_CACHE_MAX_CLASS};
 pub use stats::AllocatorStats;
 pub use sub_allocator::{OsSubAllocator, SubAllocator};
 pub use system::SystemAllocator;
