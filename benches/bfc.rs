@@ -59,18 +59,19 @@ fn pair(a: &dyn Allocator, layout: Layout) {
 }
 
 fn pool_hit_pair(c: &mut Criterion) {
+    #[cfg(feature = "jemalloc")]
+    let (baseline_name, baseline): (&str, Arc<dyn Allocator>) =
+        ("jemalloc_allocator", Arc::new(tensormem::JemallocAllocator::new()));
+    #[cfg(not(feature = "jemalloc"))]
+    let (baseline_name, baseline): (&str, Arc<dyn Allocator>) = ("system_allocator", Arc::new(SystemAllocator::new()));
     for (size, label) in [(64usize, "64B"), (4096, "4KiB")] {
         let layout = Layout::from_size_align(size, 16).unwrap();
         let mut group = c.benchmark_group(format!("pool_hit_pair_{label}"));
         group.throughput(Throughput::Elements(1));
-        #[cfg(feature = "jemalloc")]
-        {
-            let je: Arc<dyn Allocator> = Arc::new(tensormem::JemallocAllocator::new());
-            group.bench_function("jemalloc_allocator", |b| b.iter(|| pair(&*je, layout)));
-            let pool = PoolAllocator::builder(je).build().unwrap();
-            pair(&pool, layout); // now cached: every pair below is a hit
-            group.bench_function("pool_hit", |b| b.iter(|| pair(&pool, layout)));
-        }
+        group.bench_function(baseline_name, |b| b.iter(|| pair(&*baseline, layout)));
+        let pool = PoolAllocator::builder(Arc::clone(&baseline)).build().unwrap();
+        pair(&pool, layout); // now cached: every pair below is a hit
+        group.bench_function("pool_hit", |b| b.iter(|| pair(&pool, layout)));
         group.finish();
     }
 }
