@@ -73,3 +73,19 @@ if (root / "replay_transformer").is_dir():
         x, y = mean(ga, a), mean(gb, b)
         if x is not None and y is not None:
             print(f"| {label} | {x / y:.2f} | {x:.1f} ns vs {y:.1f} ns |")
+
+# --- benches/telemetry.rs ------------------------------------------------------------------
+if (root / "global_alloc_workload").is_dir():
+    print()
+    print("| telemetry | value | figures |")
+    print("|---|---:|---|")
+    x, y = mean("global_alloc_workload", "counting"), mean("global_alloc_workload", "system")
+    if x and y:
+        print(f"| CountingGlobalAlloc / System on 256 allocs + frees (target <= 1.20) | {x / y:.2f} | {x:.0f} ns vs {y:.0f} ns |")
+    p = root / "render_16_allocators" / "new" / "estimates.json"
+    if p.exists():
+        r = json.loads(p.read_text())["mean"]["point_estimate"]
+        print(f"| render() of 16 allocators (target <= 100 us) | {r / 1000:.1f} us | |")
+    x, y = mean("alloc_path_64B", "with_collector"), mean("alloc_path_64B", "without_collector")
+    if x and y:
+        print(f"| allocation path with / without a collector registered (target <= 1.02) | {x / y:.3f} | {x:.2f} ns vs {y:.2f} ns |")

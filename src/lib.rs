@@ -28,6 +28,7 @@ mod config;
 mod registration;
 mod registry;
 mod retry;
+pub mod telemetry;
 mod trace;
 mod tracking;
 mod wrapper;

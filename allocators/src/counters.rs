@@ -334,7 +334,9 @@ impl StatsCounters {
         let shared = self.shared();
         let base = shared.baseline.lock();
         let sum = self.sum_shards();
-        let peak = sum.high.max(shared.peak.load(Relaxed)).max(base.peak_floor).max(sum.in_use);
+        let peak = sum.high.max(base.peak_floor).max(sum.in_use);
+        // Remember what this read saw, so that the peak never goes down between reads.
+        let peak = shared.peak.fetch_max(peak, Relaxed).max(peak);
         CounterSnapshot {
             num_allocs: sum.allocs.saturating_sub(base.allocs),
             num_frees: sum.frees.saturating_sub(base.frees),

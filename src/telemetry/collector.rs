@@ -1,0 +1,256 @@
+//! [`AllocatorCollector`]: a `prometheus` collector that reads every allocator of an
+//! [`AllocatorRegistry`] when Prometheus scrapes, and adds nothing to the allocation path.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+
+use crate::AllocatorRegistry;
+use crate::allocators::AllocatorStats;
+use crate::telemetry::global_alloc;
+
+/// How a family's value is read from the stats; `None` leaves the allocator out of the family.
+type Reader = fn(&AllocatorStats) -> Option<f64>;
+
+/// The per-allocator families: name, help, counter (else gauge), reader.
+const FAMILIES: [(&str, &str, bool, Reader); 12] = [
+    ("tensormem_allocator_in_use_bytes", "Bytes handed out and not yet freed.", false, |s| Some(s.bytes_in_use as f64)),
+    (
+        "tensormem_allocator_peak_in_use_bytes",
+        "Highest bytes in use since start or the last clear_stats.",
+        false,
+        |s| Some(s.peak_bytes_in_use as f64),
+    ),
+    ("tensormem_allocator_reserved_bytes", "Bytes held from backing memory (caching allocators only).", false, |s| {
+        s.largest_free_block_bytes.map(|_| s.bytes_reserved as f64)
+    }),
+    ("tensormem_allocator_peak_reserved_bytes", "Highest bytes reserved (caching allocators only).", false, |s| {
+        s.largest_free_block_bytes.map(|_| s.peak_bytes_reserved as f64)
+    }),
+    ("tensormem_allocator_limit_bytes", "Most bytes the allocator may hand out.", false, |s| {
+        s.bytes_limit.map(|l| l as f64)
+    }),
+    (
+        "tensormem_allocator_largest_allocation_bytes",
+        "Largest single allocation since start or the last clear_stats.",
+        false,
+        |s| Some(s.largest_alloc_size as f64),
+    ),
+    (
+        "tensormem_allocator_largest_free_block_bytes",
+        "Largest block available without taking more backing memory.",
+        false,
+        |s| s.largest_free_block_bytes.map(|b| b as f64),
+    ),
+    (
+        "tensormem_allocator_fragmentation_ratio",
+        "(free bytes - largest free block) / free bytes of the reserved memory.",
+        false,
+        |s| s.fragmentation,
+    ),
+    ("tensormem_allocator_allocations_total", "Allocations granted.", true, |s| Some(s.num_allocs as f64)),
+    ("tensormem_allocator_deallocations_total", "Allocations freed.", true, |s| Some(s.num_frees as f64)),
+    ("tensormem_allocator_retries_total", "Allocations that waited for memory and tried again.", true, |s| {
+        Some(s.num_alloc_retries as f64)
+    }),
+    ("tensormem_allocator_ooms_total", "Allocations refused for lack of memory or for the limit.", true, |s| {
+        Some(s.num_ooms as f64)
+    }),
+];
+
+/// How a jemalloc family's value is read.
+#[cfg(feature = "jemalloc")]
+type JemallocReader = fn(&crate::JemallocStats) -> u64;
+
+/// jemalloc's process-wide families.
+#[cfg(feature = "jemalloc")]
+const JEMALLOC: [(&str, &str, JemallocReader); 6] = [
+    ("tensormem_jemalloc_allocated_bytes", "Bytes allocated by the application from jemalloc.", |s| s.allocated),
+    ("tensormem_jemalloc_active_bytes", "Bytes in jemalloc's active pages.", |s| s.active),
+    ("tensormem_jemalloc_metadata_bytes", "Bytes of jemalloc's own metadata.", |s| s.metadata),
+    ("tensormem_jemalloc_resident_bytes", "Bytes in physically resident pages mapped by jemalloc.", |s| s.resident),
+    ("tensormem_jemalloc_mapped_bytes", "Bytes in active extents mapped by jemalloc.", |s| s.mapped),
+    ("tensormem_jemalloc_retained_bytes", "Bytes of virtual memory jemalloc retains for reuse.", |s| s.retained),
+];
+
+const PANICS: (&str, &str) = (
+    "tensormem_collector_stats_panics_total",
+    "Scrapes in which an allocator's stats() panicked (its figures were left out).",
+);
+
+/// The registry a collector reads.
+#[derive(Clone)]
+enum Source {
+    Global,
+    Shared(Arc<AllocatorRegistry>),
+}
+
+/// Reads every allocator of a registry at scrape time into the `tensormem_allocator_*` metric
+/// families (label `allocator` = the registry name), plus jemalloc's process figures and the
+/// process-wide heap of a [`CountingGlobalAlloc`](crate::telemetry::CountingGlobalAlloc) (as
+/// allocator `global`) when installed.
+///
+/// An allocator whose `stats()` panics is left out of that scrape and counted in
+/// `tensormem_collector_stats_panics_total`; the others are still reported.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tensormem::telemetry::AllocatorCollector;
+/// use tensormem::{AllocatorExt, AllocatorRegistry, SystemAllocator};
+///
+/// let registry = Arc::new(AllocatorRegistry::new());
+/// registry.register("cpu", 0, Arc::new(SystemAllocator::new()))?;
+/// let p = registry.get().allocate::<u8>(4096)?;
+///
+/// let collector = AllocatorCollector::for_registry(Arc::clone(&registry));
+/// let text = collector.render();
+/// assert!(text.contains("tensormem_allocator_in_use_bytes{allocator=\"cpu\"} 4096"));
+///
+/// // Or into your own prometheus::Registry:
+/// let prom = prometheus::Registry::new();
+/// prom.register(Box::new(collector))?;
+/// assert!(prom.gather().iter().any(|f| f.name() == "tensormem_allocator_allocations_total"));
+/// // SAFETY: `p` came from `allocate::<u8>(4096)` on this allocator.
+/// unsafe { registry.get().deallocate(p, 4096) };
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct AllocatorCollector {
+    source: Source,
+    descs: Vec<Desc>,
+    panics: Arc<AtomicU64>,
+}
+
+impl AllocatorCollector {
+    /// A collector of the [global registry](AllocatorRegistry::global).
+    pub fn global() -> Self {
+        Self::new(Source::Global)
+    }
+
+    /// A collector of `registry`.
+    pub fn for_registry(registry: Arc<AllocatorRegistry>) -> Self {
+        Self::new(Source::Shared(registry))
+    }
+
+    fn new(source: Source) -> Self {
+        let mut descs = Vec::new();
+        for (name, help, _, _) in FAMILIES {
+            descs.extend(Desc::new(name.into(), help.into(), vec!["allocator".into()], HashMap::new()));
+        }
+        descs.extend(Desc::new(PANICS.0.into(), PANICS.1.into(), vec![], HashMap::new()));
+        #[cfg(feature = "jemalloc")]
+        for (name, help, _) in JEMALLOC {
+            descs.extend(Desc::new(name.into(), help.into(), vec![], HashMap::new()));
+        }
+        Self { source, descs, panics: Arc::new(AtomicU64::new(0)) }
+    }
+
+    fn registry(&self) -> &AllocatorRegistry {
+        match &self.source {
+            Source::Global => AllocatorRegistry::global(),
+            Source::Shared(r) => r,
+        }
+    }
+
+    /// Every allocator's stats, by registry name (panicking ones left out and counted).
+    fn read(&self) -> Vec<(String, AllocatorStats)> {
+        let mut out = Vec::new();
+        let mut seen = Vec::new();
+        for entry in self.registry().entries() {
+            // A name registered at several priorities is one allocator series: the first wins.
+            if seen.contains(&entry.name) {
+                continue;
+            }
+            seen.push(entry.name.clone());
+            match catch_unwind(AssertUnwindSafe(|| entry.allocator.stats())) {
+                Ok(Some(stats)) => out.push((entry.name, stats)),
+                Ok(None) => {}
+                Err(_) => {
+                    self.panics.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        if let Some(stats) = global_alloc::global_stats() {
+            out.push(("global".to_owned(), stats));
+        }
+        out
+    }
+
+    /// The text exposition (Prometheus format 0.0.4) of this collector's metrics.
+    pub fn render(&self) -> String {
+        let families = self.collect();
+        prometheus::TextEncoder::new().encode_to_string(&families).unwrap_or_default()
+    }
+}
+
+fn label(allocator: &str) -> Vec<LabelPair> {
+    let mut l = LabelPair::default();
+    l.set_name("allocator".to_owned());
+    l.set_value(allocator.to_owned());
+    vec![l]
+}
+
+fn family(name: &str, help: &str, counter: bool, metrics: Vec<Metric>) -> MetricFamily {
+    let mut f = MetricFamily::default();
+    f.set_name(name.to_owned());
+    f.set_help(help.to_owned());
+    f.set_field_type(if counter { MetricType::COUNTER } else { MetricType::GAUGE });
+    f.set_metric(metrics);
+    f
+}
+
+fn sample(labels: Vec<LabelPair>, value: f64, counter: bool) -> Metric {
+    let mut m = Metric::from_label(labels);
+    if counter {
+        let mut c = Counter::default();
+        c.set_value(value);
+        m.set_counter(c);
+    } else {
+        let mut g = Gauge::default();
+        g.set_value(value);
+        m.set_gauge(g);
+    }
+    m
+}
+
+impl Collector for AllocatorCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let stats = self.read();
+        let mut families = Vec::new();
+        for (name, help, counter, read) in FAMILIES {
+            let metrics: Vec<Metric> = stats
+                .iter()
+                .filter_map(|(allocator, s)| read(s).map(|v| sample(label(allocator), v, counter)))
+                .collect();
+            if !metrics.is_empty() {
+                families.push(family(name, help, counter, metrics));
+            }
+        }
+        let panics = self.panics.load(Relaxed) as f64;
+        families.push(family(PANICS.0, PANICS.1, true, vec![sample(vec![], panics, true)]));
+        #[cfg(feature = "jemalloc")]
+        if let Ok(js) = crate::JemallocAllocator::jemalloc_stats() {
+            for (name, help, read) in JEMALLOC {
+                families.push(family(name, help, false, vec![sample(vec![], read(&js) as f64, false)]));
+            }
+        }
+        families
+    }
+}
+
+impl fmt::Debug for AllocatorCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AllocatorCollector")
+            .field("registry", &if matches!(self.source, Source::Global) { "global" } else { "shared" })
+            .field("stats_panics", &self.panics.load(Relaxed))
+            .finish()
+    }
+}

@@ -1,0 +1,213 @@
+//! [`CountingGlobalAlloc`]: counts every Rust heap allocation of the process, for use as
+//! `#[global_allocator]`, with no allocation and no lock inside its hooks.
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::cell::Cell;
+use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+use crate::allocators::AllocatorStats;
+
+/// Threads that get counters of their own; later threads share one.
+const SLOTS: usize = 64;
+/// How far a thread's in-use delta drifts before it is added to the shared total.
+const FLUSH_BYTES: i64 = 4 << 20;
+/// Marks a thread that has not asked for a slot yet.
+const UNASSIGNED: usize = usize::MAX;
+
+/// One thread's counters: written by that thread only (plain loads and stores), except the
+/// shared overflow slot, which is updated with read-modify-writes.
+#[repr(align(128))]
+struct Slot {
+    allocs: AtomicU64,
+    frees: AtomicU64,
+    delta: AtomicI64,
+    base: AtomicI64,
+    high: AtomicU64,
+}
+
+impl Slot {
+    const fn new() -> Self {
+        Self {
+            allocs: AtomicU64::new(0),
+            frees: AtomicU64::new(0),
+            delta: AtomicI64::new(0),
+            base: AtomicI64::new(0),
+            high: AtomicU64::new(0),
+        }
+    }
+}
+
+static SLOT_TABLE: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
+static OVERFLOW: Slot = Slot::new();
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+/// Flushed in-use bytes.
+static IN_USE: AtomicI64 = AtomicI64::new(0);
+static PEAK: AtomicU64 = AtomicU64::new(0);
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// This thread's slot index. Const-initialised with no destructor: reading it never
+    /// allocates, even during thread teardown.
+    static MY_SLOT: Cell<usize> = const { Cell::new(UNASSIGNED) };
+}
+
+/// Wraps a [`GlobalAlloc`] (usually [`std::alloc::System`]) and counts the process's heap: bytes
+/// in use, peak, allocations and frees. The figures appear in
+/// [`AllocatorCollector`](crate::telemetry::AllocatorCollector) as allocator `global`, and in
+/// [`CountingGlobalAlloc::stats`].
+///
+/// Its hooks allocate nothing and take no lock: the first 64 threads each count into a fixed
+/// slot of their own with plain stores; later threads share one slot with atomic adds. Peak is
+/// exact for one thread and within (threads - 1) x 4 MiB otherwise; `realloc` counts as a free
+/// and an allocation.
+///
+/// ```
+/// use tensormem::telemetry::CountingGlobalAlloc;
+///
+/// #[global_allocator]
+/// static GLOBAL: CountingGlobalAlloc<std::alloc::System> = CountingGlobalAlloc::new(std::alloc::System);
+///
+/// let v = vec![0u8; 1 << 20];
+/// let s = CountingGlobalAlloc::<std::alloc::System>::stats().unwrap();
+/// assert!(s.bytes_in_use >= 1 << 20 && s.num_allocs >= 1);
+/// drop(v);
+/// ```
+#[derive(Debug)]
+pub struct CountingGlobalAlloc<A> {
+    inner: A,
+}
+
+impl<A> CountingGlobalAlloc<A> {
+    /// Counts allocations made through `inner`.
+    pub const fn new(inner: A) -> Self {
+        Self { inner }
+    }
+
+    /// The process-wide figures, or `None` if no `CountingGlobalAlloc` has allocated yet (it is
+    /// not installed).
+    pub fn stats() -> Option<AllocatorStats> {
+        global_stats()
+    }
+}
+
+/// The slot of this thread, or `None` for the shared overflow slot.
+#[inline(always)]
+fn my_slot() -> Option<&'static Slot> {
+    let idx = MY_SLOT.with(|s| {
+        let mut idx = s.get();
+        if idx == UNASSIGNED {
+            idx = NEXT_SLOT.fetch_add(1, Relaxed);
+            s.set(idx);
+            INSTALLED.store(true, Relaxed);
+        }
+        idx
+    });
+    SLOT_TABLE.get(idx)
+}
+
+#[inline(always)]
+fn record(bytes: i64, alloc: bool) {
+    match my_slot() {
+        Some(slot) => {
+            let counter = if alloc { &slot.allocs } else { &slot.frees };
+            counter.store(counter.load(Relaxed) + 1, Relaxed);
+            let delta = slot.delta.load(Relaxed) + bytes;
+            if !(-FLUSH_BYTES..=FLUSH_BYTES).contains(&delta) {
+                return flush(slot, delta);
+            }
+            slot.delta.store(delta, Relaxed);
+            if alloc {
+                let now = slot.base.load(Relaxed) + delta;
+                if now > 0 && now as u64 > slot.high.load(Relaxed) {
+                    slot.high.store(now as u64, Relaxed);
+                }
+            }
+        }
+        None => {
+            let counter = if alloc { &OVERFLOW.allocs } else { &OVERFLOW.frees };
+            counter.fetch_add(1, Relaxed);
+            let now = IN_USE.fetch_add(bytes, Relaxed) + bytes;
+            if alloc {
+                PEAK.fetch_max(now.max(0) as u64, Relaxed);
+            }
+        }
+    }
+}
+
+/// Adds a slot's delta to the shared total.
+#[cold]
+#[inline(never)]
+fn flush(slot: &Slot, delta: i64) {
+    let now = IN_USE.fetch_add(delta, Relaxed) + delta;
+    slot.delta.store(0, Relaxed);
+    slot.base.store(now, Relaxed);
+    PEAK.fetch_max(now.max(0) as u64, Relaxed);
+}
+
+/// Sums the slots; `None` when no counting global allocator has been used.
+pub(crate) fn global_stats() -> Option<AllocatorStats> {
+    if !INSTALLED.load(Relaxed) {
+        return None;
+    }
+    let mut in_use = IN_USE.load(Relaxed);
+    let (mut allocs, mut frees, mut high) = (OVERFLOW.allocs.load(Relaxed), OVERFLOW.frees.load(Relaxed), 0u64);
+    for slot in &SLOT_TABLE {
+        allocs += slot.allocs.load(Relaxed);
+        frees += slot.frees.load(Relaxed);
+        in_use += slot.delta.load(Relaxed);
+        high = high.max(slot.high.load(Relaxed));
+    }
+    let in_use = in_use.max(0) as u64;
+    // Remember what this read saw, so that the peak never goes down between reads.
+    let peak = high.max(in_use);
+    let peak = PEAK.fetch_max(peak, Relaxed).max(peak);
+    Some(AllocatorStats {
+        num_allocs: allocs,
+        num_frees: frees,
+        bytes_in_use: in_use,
+        peak_bytes_in_use: peak,
+        ..AllocatorStats::default()
+    })
+}
+
+// SAFETY: every call is forwarded to `inner` with the caller's arguments; the counting around it
+// touches only static atomics and a const thread-local, and never allocates or unwinds.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for CountingGlobalAlloc<A> {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded with the caller's promise (non-zero size).
+        let p = unsafe { self.inner.alloc(layout) };
+        if !p.is_null() {
+            record(layout.size() as i64, true);
+        }
+        p
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded with the caller's promise (non-zero size).
+        let p = unsafe { self.inner.alloc_zeroed(layout) };
+        if !p.is_null() {
+            record(layout.size() as i64, true);
+        }
+        p
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded with the caller's promise (`ptr` allocated here with `layout`).
+        unsafe { self.inner.dealloc(ptr, layout) };
+        record(-(layout.size() as i64), false);
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded with the caller's promise.
+        let p = unsafe { self.inner.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            record(-(layout.size() as i64), false);
+            record(new_size as i64, true);
+        }
+        p
+    }
+}
