@@ -35,7 +35,7 @@ mod wrapper;
 
 pub use allocators::{
     AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorAttributes, AllocatorExt, AllocatorStats,
-    BfcAllocator, BuildError, ByteSize, MemoryDump, PoolAllocator, PoolStats, SizeRounding, SubAllocator,
+    BfcAllocator, BuildError, ByteSize, LiveChunk, MemoryDump, PoolAllocator, PoolStats, SizeRounding, SubAllocator,
     SystemAllocator,
 };
 #[cfg(feature = "jemalloc")]
@@ -49,7 +49,7 @@ pub use retry::{DEFAULT_MAX_RETRY_WAIT, RetryAllocator};
 pub use trace::{
     AllocationTrace, PreparedTrace, ReplayReport, TRACE_VERSION, TraceError, TraceEvent, TraceRecorder, replay,
 };
-pub use tracking::{Chunk, LiveChunk, TrackingAllocator, TrackingSizes};
+pub use tracking::{Chunk, TrackingAllocator, TrackingSizes};
 pub use wrapper::AllocatorWrapper;
 
 #[doc(hidden)]

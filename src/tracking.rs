@@ -12,7 +12,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::allocators::{
-    AllocError, AllocationAttributes, Allocator, AllocatorStats, PerThread, StatsCounters, dangling,
+    AllocError, AllocationAttributes, Allocator, AllocatorStats, LiveChunk, PerThread, StatsCounters, dangling,
 };
 use crate::chunk_table::{ChunkTable, Record};
 
@@ -23,19 +23,6 @@ pub struct Chunk {
     pub requested_size: usize,
     /// The size the inner allocator set aside (its tracked size, or its usable size such as
     /// jemalloc's size class; the requested size when it cannot say).
-    pub allocated_size: usize,
-    /// Unique within the tracker, from 1; see [`TrackingAllocator`] for the order.
-    pub allocation_id: u64,
-}
-
-/// A live allocation and its address, as listed by [`TrackingAllocator::live_chunks`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct LiveChunk {
-    /// The address handed out.
-    pub address: usize,
-    /// The size asked for.
-    pub requested_size: usize,
-    /// The size set aside.
     pub allocated_size: usize,
     /// Unique within the tracker, from 1; see [`TrackingAllocator`] for the order.
     pub allocation_id: u64,
@@ -300,6 +287,10 @@ unsafe impl Allocator for TrackingAllocator {
         self.counters.clear();
         self.inner.clear_stats();
         true
+    }
+
+    fn snapshot_live_chunks(&self) -> Option<Vec<LiveChunk>> {
+        Some(TrackingAllocator::live_chunks(self))
     }
 }
 

@@ -1,8 +1,9 @@
 //! [`AllocatorWrapper`]: forwards every call to an inner allocator; the base for decorators.
 
-/// Implements the size-tracking queries of [`Allocator`] (`tracks_allocation_sizes`,
-/// `requested_size`, `allocated_size`, `allocation_id`, `allocated_size_slow`) by forwarding them
-/// to the field `$inner`, for decorators that do not track sizes themselves.
+/// Implements the tracking queries of [`Allocator`] (`tracks_allocation_sizes`,
+/// `requested_size`, `allocated_size`, `allocation_id`, `allocated_size_slow`,
+/// `snapshot_live_chunks`, `snapshot_memory_dump`) by forwarding them to the field `$inner`, for
+/// decorators that do not track allocations themselves.
 macro_rules! forward_size_queries {
     ($inner:ident) => {
         fn tracks_allocation_sizes(&self) -> bool {
@@ -23,6 +24,14 @@ macro_rules! forward_size_queries {
 
         fn allocated_size_slow(&self, ptr: core::ptr::NonNull<u8>) -> Option<usize> {
             self.$inner.allocated_size_slow(ptr)
+        }
+
+        fn snapshot_live_chunks(&self) -> Option<Vec<$crate::allocators::LiveChunk>> {
+            self.$inner.snapshot_live_chunks()
+        }
+
+        fn snapshot_memory_dump(&self) -> Option<$crate::allocators::MemoryDump> {
+            self.$inner.snapshot_memory_dump()
         }
     };
 }

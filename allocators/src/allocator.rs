@@ -4,7 +4,21 @@ use core::alloc::Layout;
 use core::fmt;
 use core::ptr::{self, NonNull};
 
-use crate::{AllocError, AllocationAttributes, AllocatorStats};
+use crate::{AllocError, AllocationAttributes, AllocatorStats, MemoryDump};
+
+/// A live allocation and its address, as listed by allocators that track every pointer (see
+/// [`Allocator::snapshot_live_chunks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct LiveChunk {
+    /// The address handed out.
+    pub address: usize,
+    /// The size asked for.
+    pub requested_size: usize,
+    /// The size set aside.
+    pub allocated_size: usize,
+    /// The allocation's id (unique within the allocator, from 1).
+    pub allocation_id: u64,
+}
 
 /// A source of raw memory with statistics: TensorFlow's `Allocator`, in Rust.
 ///
@@ -98,6 +112,18 @@ pub unsafe trait Allocator: Send + Sync + fmt::Debug {
     /// := 0, largest := 0). Returns `false` if the allocator keeps no statistics.
     fn clear_stats(&self) -> bool {
         false
+    }
+
+    /// For snapshots: every live allocation, oldest first, if the allocator records them (a
+    /// tracking allocator does); `None` otherwise.
+    fn snapshot_live_chunks(&self) -> Option<Vec<LiveChunk>> {
+        None
+    }
+
+    /// For snapshots: a dump of the allocator's memory (regions, bins, chunks), if it has one
+    /// (BFC does).
+    fn snapshot_memory_dump(&self) -> Option<MemoryDump> {
+        None
     }
 }
 
@@ -210,5 +236,13 @@ unsafe impl<A: Allocator + ?Sized> Allocator for std::sync::Arc<A> {
 
     fn clear_stats(&self) -> bool {
         (**self).clear_stats()
+    }
+
+    fn snapshot_live_chunks(&self) -> Option<Vec<LiveChunk>> {
+        (**self).snapshot_live_chunks()
+    }
+
+    fn snapshot_memory_dump(&self) -> Option<MemoryDump> {
+        (**self).snapshot_memory_dump()
     }
 }

@@ -41,7 +41,7 @@ mod stats;
 mod sub_allocator;
 mod system;
 
-pub use allocator::{Allocator, AllocatorExt, dangling};
+pub use allocator::{Allocator, AllocatorExt, LiveChunk, dangling};
 pub use attributes::{AllocationAttributes, AllocatorAttributes};
 pub use bfc::{
     BFC_DUMP_ON_OOM_ENV, BfcAllocator, BfcBuilder, BinSummary, ChunkInfo, DEFAULT_MAX_INTERNAL_FRAGMENTATION,

@@ -1,10 +1,12 @@
-//! Telemetry: the Prometheus collector of a registry's allocators and the process-wide heap
-//! counter. Stats are read when scraped; nothing here runs on the allocation path.
+//! Telemetry: the Prometheus collector of a registry's allocators, the process-wide heap
+//! counter, and memory snapshots. Stats are read when scraped; nothing here runs on the allocation path.
 
 #[cfg(feature = "prometheus")]
 mod collector;
 mod global_alloc;
+mod snapshot;
 
 #[cfg(feature = "prometheus")]
 pub use collector::AllocatorCollector;
 pub use global_alloc::CountingGlobalAlloc;
+pub use snapshot::{AllocatorSnapshot, MemorySnapshot, snapshot, snapshot_json, snapshot_of};

@@ -200,6 +200,10 @@ unsafe impl Allocator for BfcAllocator {
         self.state.lock().clear_stats();
         true
     }
+
+    fn snapshot_memory_dump(&self) -> Option<MemoryDump> {
+        Some(BfcAllocator::memory_dump(self))
+    }
 }
 
 /// Writes a memory dump as JSON; a failure is reported on stderr, since the allocation error it
