@@ -67,11 +67,12 @@ proptest! {
                         Ok(ptr) => {
                             let allocated = bfc.allocated_size(ptr).unwrap();
                             prop_assert!(allocated >= size && allocated % 256 == 0);
-                            // The memory is really ours: write its ends.
+                            // The memory is really ours: write its ends (the last byte first,
+                            // so that a 1-byte block keeps the first byte's marker).
                             // SAFETY: `ptr` is valid for `size` bytes.
                             unsafe {
-                                ptr.as_ptr().write(0xA5);
                                 ptr.as_ptr().add(size - 1).write(0x5A);
+                                ptr.as_ptr().write(0xA5);
                             }
                             live.push(Live { ptr, layout, allocated });
                             peak = peak.max(live.iter().map(|l| l.allocated as u64).sum());

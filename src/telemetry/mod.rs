@@ -4,9 +4,13 @@
 #[cfg(feature = "prometheus")]
 mod collector;
 mod global_alloc;
+#[cfg(feature = "http")]
+mod server;
 mod snapshot;
 
 #[cfg(feature = "prometheus")]
 pub use collector::AllocatorCollector;
 pub use global_alloc::CountingGlobalAlloc;
+#[cfg(feature = "http")]
+pub use server::{CONTENT_TYPE_TEXT, MetricsServer, ServerError, ServerOptions};
 pub use snapshot::{AllocatorSnapshot, MemorySnapshot, snapshot, snapshot_json, snapshot_of};
