@@ -2,20 +2,19 @@
 //! global registry's allocators in a loop and serves `GET /metrics` on the given port.
 //!
 //! ```text
-//! cargo run --release --features http --example exporter -- 9464 [seconds]
+//! cargo run --release --features http --example exporter -- <port> [seconds] [active_seconds]
 //! ```
 //!
-//! It runs for `seconds` (default: until killed), listens on 127.0.0.1 only, and installs
-//! `CountingGlobalAlloc` so the process heap shows up as allocator `global`.
+//! It runs for `seconds` (default: until killed) and listens on 127.0.0.1 only. The workload
+//! runs for the first `active_seconds` (default: all along) and then holds its memory still, so
+//! that what Prometheus scraped and what the process reports can be compared exactly.
+//! Configure the allocators as usual (`TENSORMEM_ALLOC_CONF=bfc.memory_limit=64MiB` adds `bfc`).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use tensormem::telemetry::{CountingGlobalAlloc, MetricsServer};
+use tensormem::telemetry::MetricsServer;
 use tensormem::{AllocationAttributes, Allocator, AllocatorRegistry};
-
-#[global_allocator]
-static GLOBAL: CountingGlobalAlloc<std::alloc::System> = CountingGlobalAlloc::new(std::alloc::System);
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
@@ -24,6 +23,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let seconds = args.next().and_then(|s| s.parse::<u64>().ok());
+    let active = args.next().and_then(|s| s.parse::<u64>().ok());
     let server = match MetricsServer::start(("127.0.0.1", port)) {
         Ok(s) => s,
         Err(e) => {
@@ -32,12 +32,22 @@ fn main() -> ExitCode {
         }
     };
     println!("serving http://{}/metrics", server.local_addr());
-    let registry = AllocatorRegistry::global();
+    let registry = match AllocatorRegistry::global().try_get() {
+        Ok(_) => AllocatorRegistry::global(),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let allocators: Vec<_> = registry.entries().into_iter().map(|e| e.allocator).collect();
     let start = Instant::now();
     let mut held: Vec<Vec<(std::ptr::NonNull<u8>, std::alloc::Layout)>> = vec![Vec::new(); allocators.len()];
     let mut round: usize = 0;
     while seconds.is_none_or(|s| start.elapsed() < Duration::from_secs(s)) {
+        if active.is_some_and(|a| start.elapsed() >= Duration::from_secs(a)) {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
         for (i, a) in allocators.iter().enumerate() {
             // Keep a working set that breathes: grow for a while, then free half.
             let size = 64 << ((round + i) % 12);
