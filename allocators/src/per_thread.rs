@@ -117,18 +117,7 @@ impl<T: ThreadValue> PerThread<T> {
     /// already destroyed, i.e. during thread exit; the caller then needs a shared fallback.
     #[inline(always)]
     pub fn with<R>(&self, f: impl FnOnce(&T, &T::Shared) -> R) -> Option<R> {
-        let id = self.cache_id.load(Relaxed);
-        let (slot_id, p) = CACHE.with(|c| c[id as usize % CACHE_SLOTS].get());
-        if slot_id == id {
-            // SAFETY: cache ids are unique across all `PerThread` objects and never reused, so an
-            // entry with our current id was stored by this object and points at one of its
-            // `Slot<T>`s, owned by this thread and kept alive by `self.inner.slots` (an `Arc`) for
-            // as long as `self` lives. Entries are cleared before the thread hands its slots back,
-            // so no other thread writes the slot now.
-            let slot = unsafe { &*p.cast::<Slot<T>>() };
-            return Some(f(&slot.value, &self.inner.shared));
-        }
-        self.with_slow(id, f)
+        self.with_or(|| None, |value, shared| Some(f(value, shared)))
     }
 
     /// Like [`with`](Self::with), but runs `fallback` instead of returning `None`, so that small
@@ -138,7 +127,11 @@ impl<T: ThreadValue> PerThread<T> {
         let id = self.cache_id.load(Relaxed);
         let (slot_id, p) = CACHE.with(|c| c[id as usize % CACHE_SLOTS].get());
         if slot_id == id {
-            // SAFETY: as in `with`.
+            // SAFETY: cache ids are unique across all `PerThread` objects and never reused, so an
+            // entry with our current id was stored by this object and points at one of its
+            // `Slot<T>`s, owned by this thread and kept alive by `self.inner.slots` (an `Arc`) for
+            // as long as `self` lives. Entries are cleared before the thread hands its slots back,
+            // so no other thread writes the slot now.
             let slot = unsafe { &*p.cast::<Slot<T>>() };
             return f(&slot.value, &self.inner.shared);
         }

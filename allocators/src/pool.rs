@@ -157,7 +157,8 @@ impl Pool {
         self.stats.puts += 1;
     }
 
-    /// Removes the least recently freed buffer; returns it.
+    /// Removes the least recently freed buffer; returns it. Callers that evict for the limit
+    /// count it.
     fn evict_one(&mut self) -> Option<(usize, (usize, usize))> {
         let idx = self.oldest;
         if idx == NIL {
@@ -173,7 +174,6 @@ impl Pool {
         self.vacant.push(idx);
         self.stats.cached_bytes -= class.0 as u64;
         self.stats.cached_buffers -= 1;
-        self.stats.evictions += 1;
         Some((ptr, class))
     }
 
@@ -329,6 +329,7 @@ impl Core {
         pool.put(ptr, class);
         while pool.stats.cached_bytes as usize > pool.size_limit {
             let Some((p, c)) = pool.evict_one() else { break };
+            pool.stats.evictions += 1;
             pool.held -= c.0 as u64;
             self.release(p, c);
             if self.auto_resize {
@@ -433,7 +434,6 @@ impl PoolAllocator {
         self.caches.with_or(|| (), |cache, core| cache.mags.iter().for_each(|m| core.absorb(m)));
         let mut pool = core.pool.lock();
         while let Some((ptr, class)) = pool.evict_one() {
-            pool.stats.evictions -= 1;
             pool.held -= class.0 as u64;
             core.release(ptr, class);
         }
