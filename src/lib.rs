@@ -29,6 +29,8 @@ mod registration;
 mod registry;
 mod retry;
 pub mod telemetry;
+#[cfg(feature = "tensor")]
+pub mod tensor;
 mod trace;
 mod tracking;
 mod wrapper;

@@ -1,0 +1,235 @@
+//! Constructors: `empty`, `zeros`, `ones`, `full`, `arange`, `rand`, `randn`, `from_vec`,
+//! `from_slice`, and `from_file` (memory-mapped weights).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::allocators::Allocator;
+
+use super::core::{default_allocator, nbytes_of};
+use super::dtype::{match_dtype, match_float};
+use super::options::with_generator;
+use super::shape::{checked_numel, contiguous_strides};
+use super::{DType, Element, Generator, Result, Storage, Tensor, TensorError, TensorOptions};
+
+fn allocator_of(op: &'static str, opts: &TensorOptions) -> Result<Arc<dyn Allocator>> {
+    match opts.get_allocator() {
+        Some(a) => Ok(Arc::clone(a)),
+        None => default_allocator(op),
+    }
+}
+
+impl Tensor {
+    /// A tensor whose storage is allocated on first use (OneFlow's and InferLLM's lazy
+    /// allocation): nothing is asked of the allocator until the first write, read or
+    /// [`materialize`](Tensor::materialize). Unlike PyTorch's `empty`, its elements then read
+    /// as zeros (Rust forbids reading uninitialised memory).
+    ///
+    /// # Errors
+    /// [`TensorError::SizeOverflow`]; [`TensorError::Registry`] without an allocator.
+    ///
+    /// ```
+    /// use tensormem::tensor::{DType, Tensor};
+    ///
+    /// let t = Tensor::empty(&[1024, 1024], DType::F32)?;
+    /// assert!(!t.storage().is_materialized());
+    /// t.set(&[0, 0], 1.0f32)?; // the first write allocates
+    /// assert!(t.storage().is_materialized());
+    /// # Ok::<(), tensormem::tensor::TensorError>(())
+    /// ```
+    pub fn empty(sizes: &[usize], opts: impl Into<TensorOptions>) -> Result<Tensor> {
+        let opts = opts.into();
+        let dtype = opts.get_dtype().unwrap_or(DType::F32);
+        let nbytes = nbytes_of("empty", sizes, dtype)?;
+        let storage = Storage::new_lazy(nbytes, allocator_of("empty", &opts)?)?;
+        Ok(Tensor::from_parts(storage, sizes.to_vec(), contiguous_strides(sizes), 0, dtype))
+    }
+
+    /// A tensor of zeros (lazily allocated, like [`empty`](Tensor::empty)).
+    ///
+    /// # Errors
+    /// As [`empty`](Tensor::empty).
+    pub fn zeros(sizes: &[usize], opts: impl Into<TensorOptions>) -> Result<Tensor> {
+        Tensor::empty(sizes, opts)
+    }
+
+    /// A tensor of ones.
+    ///
+    /// # Errors
+    /// As [`full`](Tensor::full).
+    pub fn ones(sizes: &[usize], opts: impl Into<TensorOptions>) -> Result<Tensor> {
+        Tensor::full(sizes, 1.0, opts)
+    }
+
+    /// A tensor with every element `value` (converted as `to_dtype` converts).
+    ///
+    /// # Errors
+    /// As [`empty`](Tensor::empty); [`TensorError::UnsupportedDType`] for quantised dtypes.
+    pub fn full(sizes: &[usize], value: f64, opts: impl Into<TensorOptions>) -> Result<Tensor> {
+        let opts = opts.into();
+        let dtype = opts.get_dtype().unwrap_or(DType::F32);
+        match_dtype!(dtype, T => {
+            let v = T::from_f64(value);
+            Tensor::filled("full", sizes, &opts, |_| v)
+        }, _ => Err(unsupported("full", dtype, sizes)))
+    }
+
+    /// A 0-dimensional tensor holding `value`.
+    ///
+    /// # Errors
+    /// As [`full`](Tensor::full).
+    pub fn scalar(value: f64, opts: impl Into<TensorOptions>) -> Result<Tensor> {
+        Tensor::full(&[], value, opts)
+    }
+
+    /// `start, start + step, ...` up to but excluding `end`: `ceil((end - start) / step)`
+    /// elements, each computed as `start + i * step` (no accumulated rounding).
+    ///
+    /// # Errors
+    /// [`TensorError::ZeroArgument`] for a zero step; [`TensorError::BadShape`] when the step
+    /// goes away from `end` or an argument is not finite.
+    pub fn arange(start: f64, end: f64, step: f64, opts: impl Into<TensorOptions>) -> Result<Tensor> {
+        let opts = opts.into();
+        if step == 0.0 {
+            return Err(TensorError::ZeroArgument { op: "arange", what: "step", shape: vec![] });
+        }
+        let n = ((end - start) / step).ceil();
+        if !n.is_finite() || n < 0.0 || n > isize::MAX as f64 {
+            return Err(TensorError::BadShape {
+                op: "arange",
+                shape: vec![],
+                target: vec![],
+                reason: "start, end and step must be finite, with the step going from start toward end",
+            });
+        }
+        let dtype = opts.get_dtype().unwrap_or(DType::F32);
+        let sizes = [n as usize];
+        match_dtype!(dtype, T => Tensor::filled("arange", &sizes, &opts, |i| T::from_f64(start + i as f64 * step)),
+            _ => Err(unsupported("arange", dtype, &sizes)))
+    }
+
+    /// Uniform random values in `[0, 1)` (floating dtypes), from the options' seed or the
+    /// global generator ([`manual_seed`](super::manual_seed)).
+    ///
+    /// # Errors
+    /// As [`empty`](Tensor::empty); [`TensorError::UnsupportedDType`] for non-float dtypes.
+    pub fn rand(sizes: &[usize], opts: impl Into<TensorOptions>) -> Result<Tensor> {
+        let opts = opts.into();
+        let dtype = opts.get_dtype().unwrap_or(DType::F32);
+        // Only as many random bits as the mantissa holds, so the value never rounds up to 1.
+        let bits = match dtype {
+            DType::F16 => 11,
+            DType::BF16 => 8,
+            DType::F32 => 24,
+            _ => 53,
+        };
+        let scale = 1.0 / (1u64 << bits) as f64;
+        match_float!(dtype, T => with_generator(&opts, |g: &mut Generator| {
+            Tensor::filled("rand", sizes, &opts, |_| T::from_f64((g.next_u64() >> (64 - bits)) as f64 * scale))
+        }), _ => Err(unsupported("rand", dtype, sizes)))
+    }
+
+    /// Standard normal random values (floating dtypes); seeded as [`rand`](Tensor::rand).
+    ///
+    /// # Errors
+    /// As [`rand`](Tensor::rand).
+    pub fn randn(sizes: &[usize], opts: impl Into<TensorOptions>) -> Result<Tensor> {
+        let opts = opts.into();
+        let dtype = opts.get_dtype().unwrap_or(DType::F32);
+        match_float!(dtype, T => with_generator(&opts, |g: &mut Generator| {
+            Tensor::filled("randn", sizes, &opts, |_| T::from_f64(g.normal()))
+        }), _ => Err(unsupported("randn", dtype, sizes)))
+    }
+
+    /// A tensor of `sizes` holding `data` (row-major), copied into the options' allocator. A
+    /// dtype in the options converts the values.
+    ///
+    /// # Errors
+    /// [`TensorError::BadShape`] when `data.len()` is not the element count of `sizes`.
+    ///
+    /// ```
+    /// use tensormem::tensor::{DType, Tensor};
+    ///
+    /// let t = Tensor::from_vec(vec![1i32, 2, 3, 4], &[2, 2], DType::F64)?;
+    /// assert_eq!(t.to_vec::<f64>()?, [1.0, 2.0, 3.0, 4.0]);
+    /// # Ok::<(), tensormem::tensor::TensorError>(())
+    /// ```
+    pub fn from_vec<T: Element>(data: Vec<T>, sizes: &[usize], opts: impl Into<TensorOptions>) -> Result<Tensor> {
+        Tensor::from_slice(&data, sizes, opts)
+    }
+
+    /// Like [`from_vec`](Tensor::from_vec), from a slice.
+    ///
+    /// # Errors
+    /// As [`from_vec`](Tensor::from_vec).
+    pub fn from_slice<T: Element>(data: &[T], sizes: &[usize], opts: impl Into<TensorOptions>) -> Result<Tensor> {
+        let opts = opts.into();
+        if checked_numel(sizes) != Some(data.len()) {
+            return Err(TensorError::BadShape {
+                op: "from_vec",
+                shape: vec![data.len()],
+                target: sizes.to_vec(),
+                reason: "the data's length must be the shape's element count",
+            });
+        }
+        let t = Tensor::filled("from_vec", sizes, &opts.clone().dtype(T::DTYPE), |i| data[i])?;
+        match opts.get_dtype() {
+            Some(d) if d != T::DTYPE => t.to_dtype(d),
+            _ => Ok(t),
+        }
+    }
+
+    /// A read-only tensor over `len = dtype.size_of(numel)` bytes of the file at `path`,
+    /// from byte `offset`: model weights are mapped, not copied. The storage's allocator name
+    /// is `mmap`; writes fail with [`TensorError::ReadOnly`]; views and kernels work.
+    ///
+    /// # Errors
+    /// [`TensorError::FileRange`] when the bytes are past the end of the file;
+    /// [`TensorError::BadMapping`] when `offset` is not a multiple of the element size or a
+    /// `bool` byte is neither 0 nor 1; [`TensorError::Io`].
+    ///
+    /// # Safety
+    /// As [`Storage::map_file`]: the file must not change or shrink while mapped.
+    pub unsafe fn from_file(path: impl AsRef<Path>, offset: u64, dtype: DType, sizes: &[usize]) -> Result<Tensor> {
+        let op = "from_file";
+        let len = nbytes_of(op, sizes, dtype)?;
+        let align = dtype.element_size().unwrap_or(2) as u64;
+        let bad = |reason| TensorError::BadMapping { op, reason, offset, len, dtype, shape: sizes.to_vec() };
+        if offset % align != 0 {
+            return Err(bad("the offset is not a multiple of the element size"));
+        }
+        // SAFETY: forwarded to our caller.
+        let storage = unsafe { Storage::map_file(path, offset, len) }?;
+        let t = Tensor::from_parts(storage, sizes.to_vec(), contiguous_strides(sizes), 0, dtype);
+        if dtype == DType::Bool && len > 0 {
+            // SAFETY: the mapping holds `len` readable bytes, read as bytes.
+            let bytes = unsafe { core::slice::from_raw_parts(t.data_ptr() as *const u8, len) };
+            if bytes.iter().any(|&b| b > 1) {
+                return Err(bad("a bool tensor's bytes must all be 0 or 1"));
+            }
+        }
+        Ok(t)
+    }
+
+    /// A contiguous tensor with element `i` set to `f(i)`.
+    pub(crate) fn filled<T: Element>(
+        op: &'static str,
+        sizes: &[usize],
+        opts: &TensorOptions,
+        mut f: impl FnMut(usize) -> T,
+    ) -> Result<Tensor> {
+        // SAFETY: the loop below writes all `numel` elements before the tensor is returned.
+        let t = unsafe { Tensor::uninit(op, sizes, T::DTYPE, allocator_of(op, opts)?) }?;
+        let p = t.data_ptr() as *mut T;
+        for i in 0..t.numel() {
+            // SAFETY: `p` is the start of a fresh, 64-byte aligned allocation of `numel`
+            // elements of `T`; `i < numel`.
+            unsafe { p.add(i).write(f(i)) };
+        }
+        Ok(t)
+    }
+}
+
+fn unsupported(op: &'static str, dtype: DType, sizes: &[usize]) -> TensorError {
+    TensorError::UnsupportedDType { op, dtype, shape: sizes.to_vec(), hint: "" }
+}

@@ -1,0 +1,194 @@
+//! `Display` for tensors, printing like PyTorch: `tensor([[0.3091, 0.5503], ...])`.
+//!
+//! Floats print with 4 decimals (`0.3091`), or as `1.` when every value is an integer, or
+//! in scientific notation (`1.0000e+08`) when the values span more than three orders of
+//! magnitude; columns are right-aligned to one width; rows wrap at 80 characters; more than
+//! 1000 elements are summarised with the first and last 3 of each dimension around `...`.
+//! A dtype other than f32, i64 and bool is named after the values (`dtype=f64`).
+
+use core::fmt;
+
+use super::dtype::match_dtype;
+use super::storage::lock_storages;
+use super::{DType, Element, Tensor};
+
+const THRESHOLD: usize = 1000;
+const EDGE: usize = 3;
+const LINE_WIDTH: usize = 80;
+
+#[derive(Clone, Copy)]
+enum Value {
+    F(f64),
+    I(i64),
+    B(bool),
+}
+
+/// The displayed indices of a dimension of `size` (`None` marks the `...`).
+fn shown(size: usize, summarize: bool) -> Vec<Option<usize>> {
+    if summarize && size > 2 * EDGE {
+        (0..EDGE).map(Some).chain([None]).chain((size - EDGE..size).map(Some)).collect()
+    } else {
+        (0..size).map(Some).collect()
+    }
+}
+
+fn collect(t: &Tensor, summarize: bool) -> Vec<Value> {
+    let mut out = Vec::new();
+    let read = |off: usize| -> Value {
+        match_dtype!(t.dtype(), T => {
+            // SAFETY: `off` is an element of the view (built from its sizes and strides),
+            // inside the materialised, read-locked storage; `T` is the tensor's dtype.
+            let v: T = unsafe { (t.data_ptr() as *const T).add(off).read() };
+            match T::DTYPE {
+                DType::Bool => Value::B(v.to_i64() != 0),
+                d if d.is_floating_point() => Value::F(v.to_f64()),
+                _ => Value::I(v.to_i64()),
+            }
+        }, _ => Value::F(f64::NAN))
+    };
+    fn walk(t: &Tensor, d: usize, off: usize, summarize: bool, read: &dyn Fn(usize) -> Value, out: &mut Vec<Value>) {
+        if d == t.dim() {
+            out.push(read(off));
+            return;
+        }
+        for i in shown(t.sizes()[d], summarize).into_iter().flatten() {
+            walk(t, d + 1, off + i * t.strides()[d], summarize, read, out);
+        }
+    }
+    walk(t, 0, 0, summarize, &read, &mut out);
+    out
+}
+
+/// PyTorch's scientific format: `1.2346e+05`.
+fn sci(v: f64) -> String {
+    let s = format!("{v:.4e}");
+    match s.split_once('e') {
+        Some((m, e)) => {
+            let (sign, digits) = if let Some(d) = e.strip_prefix('-') { ('-', d) } else { ('+', e) };
+            format!("{m}e{sign}{digits:0>2}")
+        }
+        None => s,
+    }
+}
+
+/// Formats every value the way PyTorch's `_Formatter` would for this set of values.
+fn format_all(values: &[Value]) -> Vec<String> {
+    let finite: Vec<f64> = values
+        .iter()
+        .filter_map(|v| match v {
+            Value::F(x) if x.is_finite() => Some(*x),
+            _ => None,
+        })
+        .collect();
+    let nonzero: Vec<f64> = finite.iter().map(|x| x.abs()).filter(|&x| x != 0.0).collect();
+    let int_mode = finite.iter().all(|x| x.fract() == 0.0);
+    let (min, max) = nonzero.iter().fold((f64::INFINITY, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    let sci_mode = !nonzero.is_empty()
+        && if int_mode { max / min > 1000.0 || max > 1e8 } else { max / min > 1000.0 || max > 1e8 || min < 1e-4 };
+    values
+        .iter()
+        .map(|v| match *v {
+            Value::B(b) => if b { "True" } else { "False" }.to_string(),
+            Value::I(i) => i.to_string(),
+            Value::F(x) if x.is_nan() => "nan".to_string(),
+            Value::F(x) if x.is_infinite() => if x > 0.0 { "inf" } else { "-inf" }.to_string(),
+            Value::F(x) if sci_mode => sci(x),
+            Value::F(x) if int_mode => format!("{x:.0}."),
+            Value::F(x) => format!("{x:.4}"),
+        })
+        .collect()
+}
+
+struct Printer<'a> {
+    t: &'a Tensor,
+    cells: Vec<String>,
+    next: usize,
+    width: usize,
+    summarize: bool,
+}
+
+impl Printer<'_> {
+    fn cell(&mut self) -> String {
+        let s = &self.cells[self.next];
+        self.next += 1;
+        format!("{s:>w$}", w = self.width)
+    }
+
+    fn dim(&mut self, d: usize, indent: usize, out: &mut String) {
+        out.push('[');
+        let idx = shown(self.t.sizes()[d], self.summarize);
+        if d + 1 == self.t.dim() {
+            let per_line = ((LINE_WIDTH.saturating_sub(indent)) / (self.width + 2)).max(1);
+            let mut on_line = 0;
+            for (n, i) in idx.iter().enumerate() {
+                if n > 0 {
+                    out.push(',');
+                    if on_line == per_line {
+                        out.push('\n');
+                        out.push_str(&" ".repeat(indent + 1));
+                        on_line = 0;
+                    } else {
+                        out.push(' ');
+                    }
+                }
+                match i {
+                    Some(_) => out.push_str(&self.cell()),
+                    None => out.push_str("..."),
+                }
+                on_line += 1;
+            }
+        } else {
+            let sep = format!(",{}{}", "\n".repeat(self.t.dim() - d - 1), " ".repeat(indent + 1));
+            for (n, i) in idx.iter().enumerate() {
+                if n > 0 {
+                    out.push_str(&sep);
+                }
+                match i {
+                    Some(_) => self.dim(d + 1, indent + 1, out),
+                    None => out.push_str("..."),
+                }
+            }
+        }
+        out.push(']');
+    }
+}
+
+impl fmt::Display for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = if self.dtype().is_quantized() {
+            match self.to_dtype(DType::F32) {
+                Ok(t) => t,
+                Err(e) => return write!(f, "tensor(<{e}>)"),
+            }
+        } else {
+            self.clone()
+        };
+        if let Err(e) = t.materialize() {
+            return write!(f, "tensor(<{e}>)");
+        }
+        let summarize = t.numel() > THRESHOLD;
+        let values = {
+            let _g = lock_storages(None, &[t.storage()]);
+            collect(&t, summarize)
+        };
+        let cells = format_all(&values);
+        let width = cells.iter().map(String::len).max().unwrap_or(0);
+        let mut out = String::from("tensor(");
+        if t.numel() == 0 {
+            out.push_str("[]");
+            if t.dim() != 1 {
+                let sizes: Vec<String> = t.sizes().iter().map(|s| s.to_string()).collect();
+                out.push_str(&format!(", size=({})", sizes.join(", ")));
+            }
+        } else if t.dim() == 0 {
+            out.push_str(&cells[0]);
+        } else {
+            Printer { t: &t, cells, next: 0, width, summarize }.dim(0, 7, &mut out);
+        }
+        if !matches!(self.dtype(), DType::F32 | DType::I64 | DType::Bool) {
+            out.push_str(&format!(", dtype={}", self.dtype()));
+        }
+        out.push(')');
+        f.write_str(&out)
+    }
+}

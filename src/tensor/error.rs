@@ -1,0 +1,307 @@
+//! [`TensorError`]: every way a tensor operation can refuse its inputs.
+
+use std::path::PathBuf;
+
+use crate::allocators::AllocError;
+
+use super::DType;
+
+/// Why a tensor operation failed. Every variant names the operation (`op`) and the shapes
+/// involved, so the message alone says what to fix.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TensorError {
+    /// Two shapes that cannot be broadcast together.
+    #[error("{op}: shapes {lhs:?} and {rhs:?} cannot be broadcast (dimension {dim} from the right: {lhs_size} vs {rhs_size})")]
+    Broadcast {
+        /// The operation.
+        op: &'static str,
+        /// Left operand's shape.
+        lhs: Vec<usize>,
+        /// Right operand's shape.
+        rhs: Vec<usize>,
+        /// The first incompatible dimension, counted from the right (0 = last).
+        dim: usize,
+        /// Its size on the left.
+        lhs_size: usize,
+        /// Its size on the right.
+        rhs_size: usize,
+    },
+    /// A dimension index outside `-ndim..ndim`.
+    #[error("{op}: dimension {dim} is out of range for a tensor of shape {shape:?} (expected {} to {})", -(shape.len().max(1) as isize), shape.len().max(1) as isize - 1)]
+    DimOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The dimension that was asked for.
+        dim: isize,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+    },
+    /// The same dimension given twice (`permute`).
+    #[error("{op}: dimension {dim} appears more than once in {dims:?} (tensor of shape {shape:?})")]
+    RepeatedDim {
+        /// The operation.
+        op: &'static str,
+        /// The repeated dimension.
+        dim: isize,
+        /// All dimensions given.
+        dims: Vec<isize>,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+    },
+    /// An index outside `-size..size` of a dimension.
+    #[error("{op}: index {index} is out of range for dimension {dim} of size {size} (tensor of shape {shape:?})")]
+    IndexOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The index that was asked for.
+        index: isize,
+        /// The dimension it indexes.
+        dim: usize,
+        /// The dimension's size.
+        size: usize,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+    },
+    /// A wrong number of indices for element access.
+    #[error("{op}: {given} indices given for a tensor of shape {shape:?}")]
+    IndexCount {
+        /// The operation.
+        op: &'static str,
+        /// How many indices were given.
+        given: usize,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+    },
+    /// A range (`narrow`, `slice`) that does not fit in its dimension.
+    #[error("{op}: range start {start}, length {length} does not fit in dimension {dim} of size {size} (tensor of shape {shape:?})")]
+    RangeOutOfBounds {
+        /// The operation.
+        op: &'static str,
+        /// The dimension.
+        dim: usize,
+        /// The start of the range.
+        start: isize,
+        /// Its length.
+        length: isize,
+        /// The dimension's size.
+        size: usize,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+    },
+    /// A zero step, chunk count or split size.
+    #[error("{op}: {what} must be greater than zero (tensor of shape {shape:?})")]
+    ZeroArgument {
+        /// The operation.
+        op: &'static str,
+        /// Which argument (`step`, `chunks`, `split_size`).
+        what: &'static str,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+    },
+    /// A shape whose element count differs from the tensor's (`view`, `reshape`).
+    #[error("{op}: shape {target:?} is invalid for a tensor of shape {shape:?} ({numel} elements)")]
+    NumelMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The shape asked for (`-1` = inferred).
+        target: Vec<isize>,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+        /// The tensor's element count.
+        numel: usize,
+    },
+    /// `view` of a tensor whose strides cannot express the new shape without a copy.
+    #[error("{op}: a tensor of shape {shape:?} and strides {strides:?} cannot be viewed as {target:?} without a copy; use reshape()")]
+    NotViewable {
+        /// The operation.
+        op: &'static str,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+        /// The tensor's strides.
+        strides: Vec<usize>,
+        /// The shape asked for.
+        target: Vec<usize>,
+    },
+    /// A size that does not match what the operation needs (`expand`, `from_vec`, `squeeze`...).
+    #[error("{op}: cannot use shape {target:?} with a tensor of shape {shape:?}: {reason}")]
+    BadShape {
+        /// The operation.
+        op: &'static str,
+        /// The tensor's (or data's) shape.
+        shape: Vec<usize>,
+        /// The shape asked for.
+        target: Vec<usize>,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A layout that reaches outside its storage (`as_strided`).
+    #[error("{op}: sizes {sizes:?}, strides {strides:?} and offset {offset} reach element {needed} but the storage holds {available} elements")]
+    OutOfStorage {
+        /// The operation.
+        op: &'static str,
+        /// Sizes asked for.
+        sizes: Vec<usize>,
+        /// Strides asked for.
+        strides: Vec<usize>,
+        /// Storage offset asked for.
+        offset: usize,
+        /// Elements the layout needs (one past the last element it reaches).
+        needed: usize,
+        /// Elements the storage holds.
+        available: usize,
+    },
+    /// A typed access with the wrong Rust type (`to_vec::<i32>` on an `f32` tensor).
+    #[error("{op}: the tensor holds {actual} but {expected} was asked for (shape {shape:?})")]
+    WrongType {
+        /// The operation.
+        op: &'static str,
+        /// The dtype of the Rust type asked for.
+        expected: DType,
+        /// The tensor's dtype.
+        actual: DType,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+    },
+    /// A dtype the operation does not support.
+    #[error("{op}: not supported for dtype {dtype} (shape {shape:?}){}", if hint.is_empty() { String::new() } else { format!("; {hint}") })]
+    UnsupportedDType {
+        /// The operation.
+        op: &'static str,
+        /// The dtype.
+        dtype: DType,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+        /// What to do instead (may be empty).
+        hint: &'static str,
+    },
+    /// Two dtypes with no common type (a quantised dtype with anything else).
+    #[error("{op}: no common dtype for {lhs} and {rhs}")]
+    NoCommonDType {
+        /// The operation.
+        op: &'static str,
+        /// Left dtype.
+        lhs: DType,
+        /// Right dtype.
+        rhs: DType,
+    },
+    /// Matrix product operands whose inner dimensions differ.
+    #[error("matmul: shapes {lhs:?} and {rhs:?} cannot be multiplied ({lhs_inner} vs {rhs_inner} in the inner dimension)")]
+    MatmulShape {
+        /// Left operand's shape.
+        lhs: Vec<usize>,
+        /// Right operand's shape.
+        rhs: Vec<usize>,
+        /// The left operand's last dimension.
+        lhs_inner: usize,
+        /// The right operand's contracted dimension.
+        rhs_inner: usize,
+    },
+    /// `item` on a tensor with other than one element.
+    #[error("{op}: a tensor with {numel} elements (shape {shape:?}) cannot be converted to a scalar")]
+    NotAScalar {
+        /// The operation.
+        op: &'static str,
+        /// Its element count.
+        numel: usize,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// An in-place output that shares some, but not all, of its memory with an input.
+    #[error("{op}: the output (shape {output:?}) partially overlaps input {input} (shape {input_shape:?}); clone the input first")]
+    PartialOverlap {
+        /// The operation.
+        op: &'static str,
+        /// The output's shape.
+        output: Vec<usize>,
+        /// Which input (0-based).
+        input: usize,
+        /// That input's shape.
+        input_shape: Vec<usize>,
+    },
+    /// An in-place output in which several elements share one memory location (an expanded view).
+    #[error("{op}: more than one element of the output (shape {shape:?}, strides {strides:?}) refers to a single memory location; call contiguous() first")]
+    InternalOverlap {
+        /// The operation.
+        op: &'static str,
+        /// The output's shape.
+        shape: Vec<usize>,
+        /// The output's strides.
+        strides: Vec<usize>,
+    },
+    /// A write to memory mapped from a file.
+    #[error("{op}: the tensor (shape {shape:?}) is a read-only view of a mapped file; clone it with contiguous() or to_dtype() first")]
+    ReadOnly {
+        /// The operation.
+        op: &'static str,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+    },
+    /// A byte range that does not fit in the file being mapped.
+    #[error("map_file: bytes {offset}..{end} of {path:?} do not fit in the file ({file_len} bytes)", end = *offset as u128 + *len as u128)]
+    FileRange {
+        /// The file.
+        path: PathBuf,
+        /// The requested offset.
+        offset: u64,
+        /// The requested length.
+        len: u64,
+        /// The file's length.
+        file_len: u64,
+    },
+    /// A mapped byte range that cannot hold the dtype asked for.
+    #[error("{op}: {reason} (offset {offset}, {len} bytes, dtype {dtype}, shape {shape:?})")]
+    BadMapping {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+        /// Byte offset in the file.
+        offset: u64,
+        /// Bytes mapped.
+        len: usize,
+        /// The dtype asked for.
+        dtype: DType,
+        /// The shape asked for.
+        shape: Vec<usize>,
+    },
+    /// Reading or mapping a file failed.
+    #[error("{op}: {path:?}: {source}")]
+    Io {
+        /// The operation.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A byte size that does not fit in `usize`.
+    #[error("{op}: shape {shape:?} of {dtype} needs more bytes than fit in memory")]
+    SizeOverflow {
+        /// The operation.
+        op: &'static str,
+        /// The shape.
+        shape: Vec<usize>,
+        /// The dtype.
+        dtype: DType,
+    },
+    /// No default allocator: the global registry is misconfigured.
+    #[error("{op}: no allocator: {source}")]
+    Registry {
+        /// The operation.
+        op: &'static str,
+        /// The registry's error.
+        source: crate::RegistryError,
+    },
+    /// The allocator refused the tensor's memory.
+    #[error("{op}: {source}")]
+    Alloc {
+        /// The operation.
+        op: &'static str,
+        /// The allocator's error.
+        source: AllocError,
+    },
+}
+
+/// Shorthand for results of tensor operations.
+pub type Result<T, E = TensorError> = std::result::Result<T, E>;

@@ -1,0 +1,281 @@
+//! The iteration engine behind every element-wise kernel, in the spirit of PyTorch's
+//! `TensorIterator`.
+//!
+//! Given the output shape and each operand's strides broadcast to it (0 on broadcast
+//! dimensions), [`Plan::new`]:
+//! 1. drops dimensions of size 1;
+//! 2. reorders the dimensions so the one that moves fastest in memory (smallest stride of the
+//!    output, then of the inputs) is innermost;
+//! 3. coalesces neighbouring dimensions that every operand walks as one (so a contiguous
+//!    tensor of any shape is a single 1-D run).
+//!
+//! [`Plan::run`] then calls an inner loop on 1-D runs: `(pointers, byte strides, n)`. The
+//! kernels' inner loops have a contiguous fast path the compiler vectorises. When an input's
+//! innermost stride is not unit but its next dimension's is (a transposed input), the run is
+//! cache-tiled: 64x64 tiles of that input are gathered into a small contiguous buffer, so
+//! both the input and the output are read and written along cache lines. Above [`GRAIN`]
+//! elements the work is split across rayon's threads.
+
+use rayon::prelude::*;
+
+/// Elements below which a kernel runs on the calling thread only (PyTorch's `GRAIN_SIZE`).
+pub(crate) const GRAIN: usize = 32_768;
+
+/// Side of the square tiles used for transposed inputs, in elements.
+const TILE: usize = 64;
+
+/// A plan of iteration over `N` operands (operand 0 is the output).
+pub(crate) struct Plan<const N: usize> {
+    /// Sizes, innermost first.
+    shape: Vec<usize>,
+    /// Byte strides per dimension (innermost first) per operand.
+    strides: Vec<[usize; N]>,
+    /// Element size of each operand.
+    elem: [usize; N],
+    /// Address of element 0 of each operand.
+    base: [usize; N],
+}
+
+/// One operand of a plan: the address of its first element, its strides in elements broadcast
+/// to the plan's shape, and its element size.
+pub(crate) struct Operand<'a> {
+    pub ptr: *mut u8,
+    pub strides: &'a [usize],
+    pub elem: usize,
+}
+
+impl<const N: usize> Plan<N> {
+    /// Plans iteration over `shape` (outermost first, as tensors store it).
+    pub(crate) fn new(shape: &[usize], ops: [Operand<'_>; N]) -> Plan<N> {
+        let elem = ops.each_ref().map(|o| o.elem);
+        let base = ops.each_ref().map(|o| o.ptr as usize);
+        // Innermost first, without size-1 dimensions.
+        let mut dims: Vec<(usize, [usize; N])> = (0..shape.len())
+            .rev()
+            .filter(|&d| shape[d] != 1)
+            .map(|d| (shape[d], ops.each_ref().map(|o| o.strides[d] * o.elem)))
+            .collect();
+        reorder(&mut dims);
+        let mut out: Vec<(usize, [usize; N])> = Vec::with_capacity(dims.len());
+        for (size, st) in dims {
+            if let Some((psize, pst)) = out.last_mut()
+                && (0..N).all(|k| st[k] == pst[k] * *psize)
+            {
+                *psize *= size;
+                continue;
+            }
+            out.push((size, st));
+        }
+        if out.is_empty() {
+            out.push((1, [0; N]));
+        }
+        Plan { shape: out.iter().map(|d| d.0).collect(), strides: out.iter().map(|d| d.1).collect(), elem, base }
+    }
+
+    /// The number of elements.
+    pub(crate) fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Dimensions after reordering and coalescing (1 for a contiguous problem).
+    #[cfg(test)]
+    pub(crate) fn ndim(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Inputs whose innermost stride is not unit while their next dimension's is smaller: these
+    /// are read through tiles.
+    fn tiled_operands(&self) -> [bool; N] {
+        let mut tiled = [false; N];
+        if self.shape.len() < 2 || self.strides[0][0] != self.elem[0] || self.shape[0] < 8 || self.shape[1] < 8 {
+            return tiled;
+        }
+        for k in 1..N {
+            let (s0, s1) = (self.strides[0][k], self.strides[1][k]);
+            tiled[k] = s0 != 0 && s0 != self.elem[k] && s1 < s0;
+        }
+        tiled
+    }
+
+    /// Runs `f` over every 1-D run. `f` receives the operands' addresses, their byte strides,
+    /// and the run's length. With `parallel`, large problems are split across rayon's threads
+    /// (the caller guarantees that distinct elements of operand 0 are distinct memory).
+    pub(crate) fn run<F>(&self, parallel: bool, f: &F)
+    where
+        F: Fn([*mut u8; N], [usize; N], usize) + Sync,
+    {
+        let numel = self.numel();
+        if numel == 0 {
+            return;
+        }
+        let threads = if parallel && numel >= 2 * GRAIN { rayon::current_num_threads() } else { 1 };
+        let tiled = self.tiled_operands();
+        if tiled.iter().any(|&t| t) {
+            let tiles0 = self.shape[0].div_ceil(TILE);
+            let tiles1 = self.shape[1].div_ceil(TILE);
+            let outer: usize = self.shape[2..].iter().product();
+            let tasks = tiles0 * tiles1 * outer;
+            let chunks = threads.min(tasks);
+            if chunks <= 1 {
+                self.run_tiles(0, tasks, tiled, f);
+            } else {
+                (0..chunks).into_par_iter().for_each(|c| {
+                    self.run_tiles(tasks * c / chunks, tasks * (c + 1) / chunks, tiled, f);
+                });
+            }
+            return;
+        }
+        let chunks = threads.min(numel.div_ceil(GRAIN));
+        if chunks <= 1 {
+            self.run_range(0, numel, f);
+        } else {
+            (0..chunks).into_par_iter().for_each(|c| self.run_range(numel * c / chunks, numel * (c + 1) / chunks, f));
+        }
+    }
+
+    /// The addresses of the element at multi-index `idx` (innermost first).
+    fn ptrs_at(&self, idx: &[usize]) -> [*mut u8; N] {
+        let mut p = self.base;
+        for (d, &i) in idx.iter().enumerate() {
+            for (k, pk) in p.iter_mut().enumerate() {
+                *pk += i * self.strides[d][k];
+            }
+        }
+        p.map(|a| a as *mut u8)
+    }
+
+    /// Elements `begin..end` in iteration order (innermost fastest), in runs along dim 0.
+    fn run_range<F>(&self, begin: usize, end: usize, f: &F)
+    where
+        F: Fn([*mut u8; N], [usize; N], usize),
+    {
+        let nd = self.shape.len();
+        let mut idx = vec![0usize; nd];
+        let mut rem = begin;
+        for d in 0..nd {
+            idx[d] = rem % self.shape[d];
+            rem /= self.shape[d];
+        }
+        let mut pos = begin;
+        while pos < end {
+            let n = (self.shape[0] - idx[0]).min(end - pos);
+            f(self.ptrs_at(&idx), self.strides[0], n);
+            pos += n;
+            idx[0] += n;
+            let mut d = 0;
+            while d + 1 < nd && idx[d] == self.shape[d] {
+                idx[d] = 0;
+                idx[d + 1] += 1;
+                d += 1;
+            }
+        }
+    }
+
+    /// Tiles `begin..end`; tile `t` covers dimension 0 from `(t % tiles0) * TILE`, dimension 1
+    /// from `(t / tiles0 % tiles1) * TILE`, and outer index `t / (tiles0 * tiles1)`.
+    fn run_tiles<F>(&self, begin: usize, end: usize, tiled: [bool; N], f: &F)
+    where
+        F: Fn([*mut u8; N], [usize; N], usize),
+    {
+        let (s0, s1) = (self.shape[0], self.shape[1]);
+        let (tiles0, tiles1) = (s0.div_ceil(TILE), s1.div_ceil(TILE));
+        let max_elem = self.elem.iter().copied().max().unwrap_or(1);
+        // One scratch tile per tiled operand, u64-backed so every element type is aligned.
+        let words = TILE * TILE * max_elem / 8 + 1;
+        let mut scratch: Vec<Vec<u64>> = (0..N).map(|k| if tiled[k] { vec![0u64; words] } else { Vec::new() }).collect();
+        let nd = self.shape.len();
+        let mut idx = vec![0usize; nd];
+        for t in begin..end {
+            let (c0, c1) = (t % tiles0 * TILE, t / tiles0 % tiles1 * TILE);
+            let mut o = t / (tiles0 * tiles1);
+            for d in 2..nd {
+                idx[d] = o % self.shape[d];
+                o /= self.shape[d];
+            }
+            idx[0] = c0;
+            idx[1] = c1;
+            let (w, h) = (TILE.min(s0 - c0), TILE.min(s1 - c1));
+            let corner = self.ptrs_at(&idx);
+            let mut strides = self.strides[0];
+            for k in 0..N {
+                if tiled[k] {
+                    let dst = scratch[k].as_mut_ptr() as *mut u8;
+                    let (e, ss0, ss1) = (self.elem[k], self.strides[0][k], self.strides[1][k]);
+                    // SAFETY: the tile's elements (c0..c0+w along dim 0, c1..c1+h along dim 1)
+                    // are elements of the operand, so every source address is inside it; the
+                    // scratch holds TILE * TILE elements of up to `max_elem` bytes, at least
+                    // `w * h * e`.
+                    unsafe { gather_tile(corner[k], ss0, ss1, dst, w, h, e) };
+                    strides[k] = e;
+                }
+            }
+            for r in 0..h {
+                let mut p = corner;
+                for k in 0..N {
+                    p[k] = if tiled[k] {
+                        // SAFETY: row `r` of the scratch tile starts at byte `r * w * e`, inside it.
+                        unsafe { (scratch[k].as_mut_ptr() as *mut u8).add(r * w * self.elem[k]) }
+                    } else {
+                        (corner[k] as usize + r * self.strides[1][k]) as *mut u8
+                    };
+                }
+                f(p, strides, w);
+            }
+        }
+    }
+}
+
+/// Sorts `dims` (innermost first) so that the dimension with the smaller stride comes first,
+/// judging by the output, then each input; broadcast (stride 0) entries do not vote.
+fn reorder<const N: usize>(dims: &mut [(usize, [usize; N])]) {
+    let should_swap = |a: &[usize; N], b: &[usize; N]| -> Option<bool> {
+        for k in 0..N {
+            let (sa, sb) = (a[k], b[k]);
+            if sa == 0 || sb == 0 || sa == sb {
+                continue;
+            }
+            return Some(sa > sb);
+        }
+        None
+    };
+    for i in 1..dims.len() {
+        let mut j = i;
+        while j > 0 {
+            match should_swap(&dims[j - 1].1, &dims[j].1) {
+                Some(true) => {
+                    dims.swap(j - 1, j);
+                    j -= 1;
+                }
+                _ => break,
+            }
+        }
+    }
+}
+
+/// Copies a `w x h` tile (w along dimension 0 with byte stride `s0`, h along dimension 1 with
+/// byte stride `s1`) into `dst` as `h` contiguous rows of `w` elements of `e` bytes.
+///
+/// # Safety
+/// Every `src + c * s0 + r * s1` (c < w, r < h) is valid for reads of `e` bytes, `dst` for
+/// writes of `w * h * e` bytes, aligned for `e`-byte integers; the ranges do not overlap.
+unsafe fn gather_tile(src: *mut u8, s0: usize, s1: usize, dst: *mut u8, w: usize, h: usize, e: usize) {
+    macro_rules! typed {
+        ($t:ty) => {{
+            let dst = dst as *mut $t;
+            for c in 0..w {
+                let col = src.wrapping_add(c * s0);
+                for r in 0..h {
+                    // SAFETY: the caller's contract covers source element (c, r) and
+                    // destination element r * w + c; tensor elements are aligned to their size.
+                    unsafe { dst.add(r * w + c).write((col.add(r * s1) as *const $t).read()) };
+                }
+            }
+        }};
+    }
+    match e {
+        1 => typed!(u8),
+        2 => typed!(u16),
+        4 => typed!(u32),
+        _ => typed!(u64),
+    }
+}

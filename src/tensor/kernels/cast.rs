@@ -1,0 +1,138 @@
+//! `contiguous()` and `to_dtype()`, including quantisation to and from Q8_0/Q4_0.
+
+use crate::tensor::core::for_each_offset;
+use crate::tensor::dtype::{cast, match_dtype};
+use crate::tensor::quant::{dequantize_into, quantize_into};
+use crate::tensor::storage::lock_storages;
+use crate::tensor::{DType, Result, Tensor, TensorError};
+
+use super::loops::run_unary;
+
+impl Tensor {
+    /// This tensor if it is already contiguous (no copy), else a contiguous copy.
+    ///
+    /// A transposed input is copied through cache tiles (see the iteration engine), not
+    /// element by element.
+    ///
+    /// # Errors
+    /// [`TensorError::Alloc`] when the copy cannot be allocated.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        let op = "contiguous";
+        if self.dtype().is_quantized() {
+            return self.copy_quantized(op);
+        }
+        // SAFETY: the copy below writes every element of `out`.
+        let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
+        match_dtype!(self.dtype(), T => run_unary(op, &out, self, true, |x: T| x)?, _ => {});
+        Ok(out)
+    }
+
+    /// A contiguous copy of a quantised view (whole blocks along the last dimension).
+    fn copy_quantized(&self, op: &'static str) -> Result<Tensor> {
+        // SAFETY: the row copies below write every block of `out`.
+        let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
+        self.materialize()?;
+        let _g = lock_storages(None, &[self.storage()]);
+        let n = self.dim();
+        let row_bytes = self.dtype().size_of(self.sizes()[n - 1]).unwrap_or(0);
+        let (src, dst) = (self.data_ptr() as *const u8, out.data_ptr());
+        let bpe = self.dtype().block_bytes();
+        let mut row = 0;
+        for_each_offset(&self.sizes()[..n - 1], &self.strides()[..n - 1], |off| {
+            // SAFETY: `off` is a multiple of 32 (views of quantised tensors keep whole blocks),
+            // so `off / 32 * bpe` is the byte offset of the row's first block inside the
+            // storage; `out` is a fresh, separate allocation of `rows * row_bytes` bytes.
+            unsafe { core::ptr::copy_nonoverlapping(src.add(off / 32 * bpe), dst.add(row * row_bytes), row_bytes) };
+            row += 1;
+        });
+        Ok(out)
+    }
+
+    /// The tensor converted to `dtype` (this tensor, shared, when it already has that dtype).
+    ///
+    /// Floats to integers truncate toward zero and saturate; numbers to bool test `!= 0`;
+    /// conversions go through `f64` when either side is floating point. To Q8_0/Q4_0 quantises
+    /// (the last dimension must be a multiple of 32); from them dequantises.
+    ///
+    /// # Errors
+    /// [`TensorError::BadShape`] when quantising a last dimension that is not a multiple of 32;
+    /// [`TensorError::Alloc`].
+    ///
+    /// ```
+    /// use tensormem::tensor::{DType, Tensor};
+    ///
+    /// let w = Tensor::randn(&[4, 64], DType::F32)?;
+    /// let q = w.to_dtype(DType::Q8_0)?;
+    /// assert_eq!(q.storage().nbytes(), 4 * 2 * 34);
+    /// let back = q.to_dtype(DType::F32)?;
+    /// let err = w.sub(&back)?.abs()?.max()?.item::<f32>()?;
+    /// assert!(err < 0.05);
+    /// # Ok::<(), tensormem::tensor::TensorError>(())
+    /// ```
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        let op = "to_dtype";
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        if self.dtype().is_quantized() {
+            let f = self.dequantize(op)?;
+            return if dtype == DType::F32 { Ok(f) } else { f.to_dtype(dtype) };
+        }
+        if dtype.is_quantized() {
+            return self.quantize(op, dtype);
+        }
+        // SAFETY: the cast below writes every element of `out`.
+        let out = unsafe { Tensor::output(op, self.sizes(), dtype, self) }?;
+        match_dtype!(self.dtype(), S => match_dtype!(dtype, D => {
+            run_unary(op, &out, self, true, |x: S| cast::<S, D>(x))?
+        }, _ => {}), _ => {});
+        Ok(out)
+    }
+
+    fn quantize(&self, op: &'static str, dtype: DType) -> Result<Tensor> {
+        let src = self.to_dtype(DType::F32)?.contiguous()?;
+        // SAFETY: `quantize_into` writes every block of `out`.
+        let out = unsafe { Tensor::output(op, self.sizes(), dtype, self) }?;
+        src.materialize()?;
+        let _g = lock_storages(None, &[src.storage()]);
+        let n = src.numel();
+        // SAFETY: `src` is contiguous f32 with `n` elements; `out` is a fresh allocation of
+        // exactly `dtype.size_of(n)` bytes (its shape's last dimension is a multiple of 32,
+        // checked by `output`), separate from `src`.
+        let (values, bytes) = unsafe {
+            (
+                core::slice::from_raw_parts(src.data_ptr() as *const f32, n),
+                core::slice::from_raw_parts_mut(out.data_ptr(), out.storage().nbytes()),
+            )
+        };
+        quantize_into(dtype, values, bytes);
+        Ok(out)
+    }
+
+    fn dequantize(&self, op: &'static str) -> Result<Tensor> {
+        let src = self.contiguous()?;
+        // SAFETY: `dequantize_into` writes every element of `out`.
+        let out = unsafe { Tensor::output(op, self.sizes(), DType::F32, self) }?;
+        src.materialize()?;
+        let _g = lock_storages(None, &[src.storage()]);
+        let n = src.numel();
+        let nbytes = src.dtype().size_of(n).ok_or(TensorError::SizeOverflow {
+            op,
+            shape: self.sizes().to_vec(),
+            dtype: self.dtype(),
+        })?;
+        // SAFETY: `src` is contiguous with whole blocks from its data pointer (`nbytes` bytes
+        // inside its storage); `out` is a fresh f32 allocation of `n` elements.
+        let (bytes, values) = unsafe {
+            (
+                core::slice::from_raw_parts(src.data_ptr() as *const u8, nbytes),
+                core::slice::from_raw_parts_mut(out.data_ptr() as *mut f32, n),
+            )
+        };
+        dequantize_into(src.dtype(), bytes, values);
+        Ok(out)
+    }
+}

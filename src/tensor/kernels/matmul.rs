@@ -1,0 +1,196 @@
+//! `matmul`: `torch.matmul`'s shapes (dot, matrix-vector, matrix, batched with broadcast
+//! batch dimensions) on the `gemm` crate for f32, f64 and f16 (bf16 through f32), and a
+//! cache-friendly loop for integers.
+
+use crate::tensor::core::for_each_offset;
+use crate::tensor::dtype::match_numeric;
+use crate::tensor::num::Num;
+use crate::tensor::shape::broadcast_shapes;
+use crate::tensor::storage::lock_storages;
+use crate::tensor::{DType, Element, Result, Tensor, TensorError};
+
+/// Below this many multiply-adds, gemm runs on the calling thread.
+const PARALLEL_FLOPS: usize = 1 << 18;
+
+/// One matrix operand: the address of element (0, 0), its row and column strides in elements.
+#[derive(Clone, Copy)]
+struct Mat<T> {
+    ptr: *const T,
+    rs: usize,
+    cs: usize,
+}
+
+impl Tensor {
+    /// Matrix product with `torch.matmul`'s rules: 1-D x 1-D is a dot product (0-d result);
+    /// a 1-D left operand is a row vector and a 1-D right operand a column vector (that
+    /// dimension is removed from the result); higher dimensions are batch dimensions, which
+    /// broadcast. Operands are promoted to a common dtype; bool and quantised are refused.
+    /// Strided operands (a transposed matrix) are passed to gemm as they are, without a copy.
+    ///
+    /// # Errors
+    /// [`TensorError::MatmulShape`] when the inner dimensions differ;
+    /// [`TensorError::Broadcast`] when batch dimensions do not broadcast;
+    /// [`TensorError::BadShape`] for 0-d operands; [`TensorError::UnsupportedDType`].
+    ///
+    /// ```
+    /// use tensormem::tensor::{DType, Tensor};
+    ///
+    /// let a = Tensor::arange(0.0, 6.0, 1.0, DType::F32)?.view(&[2, 3])?;
+    /// let b = Tensor::ones(&[3, 4], DType::F32)?;
+    /// let c = a.matmul(&b)?;
+    /// assert_eq!(c.sizes(), [2, 4]);
+    /// assert_eq!(c.to_vec::<f32>()?, [3., 3., 3., 3., 12., 12., 12., 12.]);
+    /// # Ok::<(), tensormem::tensor::TensorError>(())
+    /// ```
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        let op = "matmul";
+        if self.dim() == 0 || other.dim() == 0 {
+            return Err(TensorError::BadShape {
+                op,
+                shape: self.sizes().to_vec(),
+                target: other.sizes().to_vec(),
+                reason: "both arguments to matmul need at least one dimension",
+            });
+        }
+        let dt = DType::promote(self.dtype(), other.dtype()).ok_or(TensorError::NoCommonDType {
+            op,
+            lhs: self.dtype(),
+            rhs: other.dtype(),
+        })?;
+        if dt == DType::Bool {
+            return Err(TensorError::UnsupportedDType {
+                op,
+                dtype: dt,
+                shape: self.sizes().to_vec(),
+                hint: "convert bool tensors with to_dtype first",
+            });
+        }
+        let (a_vec, b_vec) = (self.dim() == 1, other.dim() == 1);
+        let a = if a_vec { self.unsqueeze(0)? } else { self.clone() };
+        let b = if b_vec { other.unsqueeze(-1)? } else { other.clone() };
+        let (an, bn) = (a.dim(), b.dim());
+        let (n, k, k2, m) = (a.sizes()[an - 2], a.sizes()[an - 1], b.sizes()[bn - 2], b.sizes()[bn - 1]);
+        if k != k2 {
+            return Err(TensorError::MatmulShape {
+                lhs: self.sizes().to_vec(),
+                rhs: other.sizes().to_vec(),
+                lhs_inner: k,
+                rhs_inner: k2,
+            });
+        }
+        let batch = broadcast_shapes(op, &a.sizes()[..an - 2], &b.sizes()[..bn - 2])?;
+        let expand = |t: &Tensor, rows: usize, cols: usize| -> Result<Tensor> {
+            let mut s: Vec<isize> = batch.iter().map(|&x| x as isize).collect();
+            s.extend([rows as isize, cols as isize]);
+            t.expand(&s)
+        };
+        let (a, b) = (expand(&a, n, k)?, expand(&b, k, m)?);
+        let compute = if dt == DType::BF16 { DType::F32 } else { dt };
+        let (a, b) = (a.to_dtype(compute)?, b.to_dtype(compute)?);
+        let mut out_shape = batch.clone();
+        out_shape.extend([n, m]);
+        // SAFETY: `batched` writes every element of `out` (gemm with k == 0 writes zeros).
+        let out = unsafe { Tensor::output(op, &out_shape, compute, self) }?;
+        a.materialize()?;
+        b.materialize()?;
+        {
+            let _g = lock_storages(None, &[a.storage(), b.storage()]);
+            match_numeric!(compute, T => batched::<T>(&a, &b, &out, &batch, n, k, m), _ => {});
+        }
+        let mut out = if compute != dt { out.to_dtype(dt)? } else { out };
+        if b_vec {
+            out = out.squeeze_dim(-1)?;
+        }
+        if a_vec {
+            out = out.squeeze_dim(-2)?;
+        }
+        Ok(out)
+    }
+}
+
+/// Runs one matrix product per batch index. `a` and `b` are expanded to `batch + [n, k]` and
+/// `batch + [k, m]`, read-locked; `out` is fresh and contiguous.
+fn batched<T: Element + Num>(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize], n: usize, k: usize, m: usize) {
+    let nb = batch.len();
+    let offsets = |t: &Tensor| {
+        let mut v = Vec::new();
+        for_each_offset(batch, &t.strides()[..nb], |o| v.push(o));
+        v
+    };
+    let (ao, bo) = (offsets(a), offsets(b));
+    let (ap, bp, op) = (a.data_ptr() as *const T, b.data_ptr() as *const T, out.data_ptr() as *mut T);
+    let (ars, acs, brs, bcs) = (a.strides()[nb], a.strides()[nb + 1], b.strides()[nb], b.strides()[nb + 1]);
+    for (i, (&x, &y)) in ao.iter().zip(&bo).enumerate() {
+        // SAFETY: `x`/`y` are offsets of matrices of `a`/`b` (valid layouts inside their
+        // storages); batch `i` of `out` is the `n * m` elements from `i * n * m`.
+        let (lhs, rhs, dst) = unsafe { (ap.add(x), bp.add(y), op.add(i * n * m)) };
+        // SAFETY: as above; `dst` is fresh and aliases neither operand.
+        unsafe { product(Mat { ptr: lhs, rs: ars, cs: acs }, Mat { ptr: rhs, rs: brs, cs: bcs }, dst, n, k, m) };
+    }
+}
+
+/// `dst (n x m, row-major) = lhs (n x k) * rhs (k x m)`.
+///
+/// # Safety
+/// `lhs` and `rhs` address valid `n x k` and `k x m` matrices of initialised `T` with the
+/// given strides; `dst` is valid for writes of `n * m` elements and overlaps neither.
+unsafe fn product<T: Element + Num>(lhs: Mat<T>, rhs: Mat<T>, dst: *mut T, n: usize, k: usize, m: usize) {
+    use core::any::TypeId;
+    let id = TypeId::of::<T>();
+    if id == TypeId::of::<f32>() || id == TypeId::of::<f64>() || id == TypeId::of::<half::f16>() {
+        let threads = rayon::current_num_threads();
+        let par = if threads > 1 && n * m * k >= PARALLEL_FLOPS {
+            gemm::Parallelism::Rayon(threads)
+        } else {
+            gemm::Parallelism::None
+        };
+        // SAFETY: T is one of gemm's types (checked above, so it does not panic); the
+        // matrices are valid with these strides (our contract); `dst` is row-major `n x m`
+        // and separate; with `read_dst == false`, `dst` is only written.
+        unsafe {
+            gemm::gemm(
+                n,
+                m,
+                k,
+                dst,
+                1,
+                m as isize,
+                false,
+                lhs.ptr,
+                lhs.cs as isize,
+                lhs.rs as isize,
+                rhs.ptr,
+                rhs.cs as isize,
+                rhs.rs as isize,
+                T::ZERO,
+                T::ONE,
+                false,
+                false,
+                false,
+                par,
+            )
+        };
+        return;
+    }
+    // Integers: i-p-j order, so the inner loop runs along a row of `rhs` and of `dst`.
+    for i in 0..n {
+        // SAFETY: row `i` of `dst` is `m` elements from `i * m`, inside `dst`.
+        let row = unsafe { dst.add(i * m) };
+        for j in 0..m {
+            // SAFETY: as above.
+            unsafe { row.add(j).write(T::ZERO) };
+        }
+        for p in 0..k {
+            // SAFETY: (i, p) is an element of `lhs`.
+            let x = unsafe { lhs.ptr.add(i * lhs.rs + p * lhs.cs).read() };
+            for j in 0..m {
+                // SAFETY: (p, j) is an element of `rhs`; (i, j) of `dst`, written above.
+                unsafe {
+                    let y = rhs.ptr.add(p * rhs.rs + j * rhs.cs).read();
+                    let d = row.add(j);
+                    d.write(Num::add(d.read(), Num::mul(x, y)));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! Reductions (`sum`, `mean`, `max`, `min`, `argmax`, over everything or one dimension) and
+//! `softmax`.
+//!
+//! The reduced dimension is moved innermost (a view, then `contiguous()`, which copies only
+//! when it was not already innermost), so every reduction reads contiguous rows. Float sums
+//! add 16 independent lanes (which the compiler vectorises) in blocks of 4096 and gather the
+//! blocks in `f64`; integer and bool sums give `i64`, as in PyTorch. Large inputs are split
+//! over rows, or within a row, across rayon's threads: integer results are the same either
+//! way, float results differ only in rounding.
+
+use rayon::prelude::*;
+
+use crate::tensor::dtype::{match_float, match_numeric};
+use crate::tensor::iter::GRAIN;
+use crate::tensor::num::{Float, Num};
+use crate::tensor::storage::lock_storages;
+use crate::tensor::{DType, Element, Result, Tensor, TensorError};
+
+/// Lanes of the float sum.
+const LANES: usize = 16;
+/// Elements summed in `f32` lanes before the partial sum moves to `f64`.
+const BLOCK: usize = 4096;
+
+/// Sums in `f64` with vectorisable lanes of `T` values converted by `to`.
+trait SumAcc: Element {
+    fn sum_slice(x: &[Self]) -> Self::Acc;
+    type Acc: Copy + Send + core::ops::Add<Output = Self::Acc> + Default;
+}
+
+fn lanes_f32(x: &[f32]) -> f64 {
+    let mut total = 0f64;
+    for block in x.chunks(BLOCK) {
+        let mut acc = [0f32; LANES];
+        let chunks = block.chunks_exact(LANES);
+        let rem = chunks.remainder();
+        for c in chunks {
+            for k in 0..LANES {
+                acc[k] += c[k];
+            }
+        }
+        total += acc.iter().map(|&v| v as f64).sum::<f64>() + rem.iter().map(|&v| v as f64).sum::<f64>();
+    }
+    total
+}
+
+fn lanes_f64(x: &[f64]) -> f64 {
+    let mut acc = [0f64; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for k in 0..LANES {
+            acc[k] += c[k];
+        }
+    }
+    acc.iter().sum::<f64>() + rem.iter().sum::<f64>()
+}
+
+impl SumAcc for f32 {
+    type Acc = f64;
+    fn sum_slice(x: &[f32]) -> f64 {
+        lanes_f32(x)
+    }
+}
+impl SumAcc for f64 {
+    type Acc = f64;
+    fn sum_slice(x: &[f64]) -> f64 {
+        lanes_f64(x)
+    }
+}
+macro_rules! half_sum {
+    ($($t:ty),*) => {$(
+        impl SumAcc for $t {
+            type Acc = f64;
+            fn sum_slice(x: &[$t]) -> f64 {
+                let mut buf = [0f32; BLOCK];
+                x.chunks(BLOCK).map(|c| {
+                    for (b, v) in buf.iter_mut().zip(c) { *b = v.to_f32(); }
+                    lanes_f32(&buf[..c.len()])
+                }).sum()
+            }
+        }
+    )*};
+}
+half_sum!(half::f16, half::bf16);
+macro_rules! int_sum {
+    ($($t:ty),*) => {$(
+        impl SumAcc for $t {
+            type Acc = i64;
+            fn sum_slice(x: &[$t]) -> i64 {
+                x.iter().fold(0i64, |a, &v| a.wrapping_add(v as i64))
+            }
+        }
+    )*};
+}
+int_sum!(u8, i8, i16, i32, i64);
+impl SumAcc for bool {
+    type Acc = i64;
+    fn sum_slice(x: &[bool]) -> i64 {
+        x.iter().map(|&v| v as i64).sum()
+    }
+}
+
+/// A contiguous tensor whose rows are the lines along `dim` (or one row of everything), the
+/// row length, and the output's shape.
+fn rows_of(t: &Tensor, op: &'static str, dim: Option<isize>, keepdim: bool) -> Result<(Tensor, usize, Vec<usize>)> {
+    if t.dtype().is_quantized() {
+        return Err(TensorError::UnsupportedDType {
+            op,
+            dtype: t.dtype(),
+            shape: t.sizes().to_vec(),
+            hint: "dequantize with to_dtype(DType::F32) first",
+        });
+    }
+    match dim {
+        None => Ok((t.contiguous()?, t.numel(), vec![])),
+        Some(dim) => {
+            let d = t.wrap_dim(op, dim)?;
+            if t.dim() == 0 {
+                return Ok((t.clone(), 1, vec![]));
+            }
+            let mut perm: Vec<isize> = (0..t.dim() as isize).filter(|&i| i != d as isize).collect();
+            perm.push(d as isize);
+            let x = t.permute(&perm)?.contiguous()?;
+            let mut out = t.sizes().to_vec();
+            if keepdim {
+                out[d] = 1;
+            } else {
+                out.remove(d);
+            }
+            Ok((x, t.sizes()[d], out))
+        }
+    }
+}
+
+/// Reduces each row of `x` (contiguous `T`, rows of `len`) to one `O` in `out`:
+/// `finish(combine(fold(piece, start)...))`, pieces in order.
+fn reduce_rows<T, A, O>(
+    x: &Tensor,
+    len: usize,
+    out: &Tensor,
+    fold: impl Fn(&[T], usize) -> A + Sync,
+    combine: impl Fn(A, A) -> A + Sync,
+    finish: impl Fn(A, usize) -> O + Sync,
+) -> Result<()>
+where
+    T: Element,
+    A: Send,
+    O: Element,
+{
+    x.materialize()?;
+    let _g = lock_storages(None, &[x.storage()]);
+    let rows = out.numel();
+    // SAFETY: `x` is contiguous with `rows * len` elements of `T` (its dtype) inside its
+    // materialised storage, read-locked; `out` is a fresh allocation of `rows` elements of
+    // `O` (its dtype) that nothing else refers to, written through `MaybeUninit`.
+    let (data, dst) = unsafe {
+        (
+            core::slice::from_raw_parts(x.data_ptr() as *const T, rows * len),
+            core::slice::from_raw_parts_mut(out.data_ptr() as *mut core::mem::MaybeUninit<O>, rows),
+        )
+    };
+    let threads = if rows * len >= 2 * GRAIN { rayon::current_num_threads() } else { 1 };
+    let row = |r: usize| &data[r * len..(r + 1) * len];
+    if threads > 1 && rows == 1 {
+        let pieces = threads.min(len.div_ceil(GRAIN));
+        let parts: Vec<A> = (0..pieces)
+            .into_par_iter()
+            .map(|p| {
+                let (s, e) = (len * p / pieces, len * (p + 1) / pieces);
+                fold(&data[s..e], s)
+            })
+            .collect();
+        let acc = parts.into_iter().reduce(&combine);
+        if let Some(acc) = acc {
+            dst[0].write(finish(acc, len));
+        }
+    } else if threads > 1 {
+        dst.par_iter_mut().enumerate().with_min_len((GRAIN / len.max(1)).max(1)).for_each(|(r, o)| {
+            o.write(finish(fold(row(r), 0), len));
+        });
+    } else {
+        for (r, o) in dst.iter_mut().enumerate() {
+            o.write(finish(fold(row(r), 0), len));
+        }
+    }
+    Ok(())
+}
+
+fn check_nonempty(t: &Tensor, op: &'static str, len: usize) -> Result<()> {
+    if len == 0 {
+        return Err(TensorError::BadShape {
+            op,
+            shape: t.sizes().to_vec(),
+            target: vec![],
+            reason: "cannot reduce over zero elements: the operation has no identity",
+        });
+    }
+    Ok(())
+}
+
+impl Tensor {
+    fn sum_impl(&self, op: &'static str, dim: Option<isize>, keepdim: bool, mean: bool) -> Result<Tensor> {
+        let (x, len, shape) = rows_of(self, op, dim, keepdim)?;
+        if mean && !self.dtype().is_floating_point() {
+            return Err(TensorError::UnsupportedDType {
+                op,
+                dtype: self.dtype(),
+                shape: self.sizes().to_vec(),
+                hint: "mean needs a floating-point tensor; convert with to_dtype first",
+            });
+        }
+        let out_dtype = if self.dtype().is_floating_point() { self.dtype() } else { DType::I64 };
+        // SAFETY: `reduce_rows` writes every output element.
+        let out = unsafe { Tensor::output(op, &shape, out_dtype, self) }?;
+        if self.dtype() == DType::Bool {
+            reduce_rows(&x, len, &out, |r: &[bool], _| bool::sum_slice(r), i64::wrapping_add, |a, _| a)?;
+            return Ok(out);
+        }
+        match_numeric!(self.dtype(), T => {
+            if out_dtype == DType::I64 {
+                reduce_rows(&x, len, &out, |r: &[T], _| <T as SumAcc>::sum_slice(r).to_i64(), i64::wrapping_add, |a, _| a)?;
+            } else {
+                match_float!(out_dtype, O => reduce_rows(&x, len, &out, |r: &[T], _| <T as SumAcc>::sum_slice(r).to_f64(),
+                    |a, b| a + b,
+                    |a: f64, n| O::from_f64(if mean { a / n as f64 } else { a }))?, _ => {});
+            }
+        }, _ => {});
+        Ok(out)
+    }
+
+    fn extreme(&self, op: &'static str, dim: Option<isize>, keepdim: bool, is_max: bool) -> Result<Tensor> {
+        let (x, len, shape) = rows_of(self, op, dim, keepdim)?;
+        check_nonempty(self, op, len)?;
+        // SAFETY: `reduce_rows` writes every output element.
+        let out = unsafe { Tensor::output(op, &shape, self.dtype(), self) }?;
+        if self.dtype() == DType::Bool {
+            let f = move |r: &[bool], _| if is_max { r.iter().any(|&v| v) } else { r.iter().all(|&v| v) };
+            let c = move |a: bool, b: bool| if is_max { a | b } else { a & b };
+            reduce_rows(&x, len, &out, f, c, |a, _| a)?;
+            return Ok(out);
+        }
+        match_numeric!(self.dtype(), T => {
+            let c = move |a: T, b: T| if is_max { Num::maximum(a, b) } else { Num::minimum(a, b) };
+            let f = move |r: &[T], _| r.iter().fold(if is_max { T::LOWEST } else { T::HIGHEST }, |a, &v| c(a, v));
+            reduce_rows(&x, len, &out, f, c, |a, _| a)?
+        }, _ => {});
+        Ok(out)
+    }
+
+    fn argmax_impl(&self, dim: Option<isize>, keepdim: bool) -> Result<Tensor> {
+        let op = "argmax";
+        let (x, len, shape) = rows_of(self, op, dim, keepdim)?;
+        check_nonempty(self, op, len)?;
+        // SAFETY: `reduce_rows` writes every output element.
+        let out = unsafe { Tensor::output(op, &shape, DType::I64, self) }?;
+        match_numeric!(self.dtype(), T => {
+            // The first maximum; NaN counts as the maximum (the first NaN wins), as in PyTorch.
+            let better = |v: T, best: T| (Num::is_nan(v) && !Num::is_nan(best)) || (!Num::is_nan(best) && v > best);
+            let fold = move |r: &[T], start: usize| {
+                let mut best = (r[0], start);
+                for (i, &v) in r.iter().enumerate().skip(1) {
+                    if better(v, best.0) {
+                        best = (v, start + i);
+                    }
+                }
+                best
+            };
+            let combine = move |a: (T, usize), b: (T, usize)| if better(b.0, a.0) { b } else { a };
+            reduce_rows(&x, len, &out, fold, combine, |a, _| a.1 as i64)?
+        }, _ => return Err(TensorError::UnsupportedDType {
+            op,
+            dtype: self.dtype(),
+            shape: self.sizes().to_vec(),
+            hint: "",
+        }));
+        Ok(out)
+    }
+
+    /// The sum of all elements, as a 0-d tensor (`i64` for integer and bool tensors).
+    ///
+    /// # Errors
+    /// [`TensorError::UnsupportedDType`] for quantised tensors.
+    pub fn sum(&self) -> Result<Tensor> {
+        self.sum_impl("sum", None, false, false)
+    }
+
+    /// The sums along `dim`, which is removed unless `keepdim`.
+    ///
+    /// # Errors
+    /// As [`sum`](Self::sum); [`TensorError::DimOutOfRange`].
+    pub fn sum_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        self.sum_impl("sum", Some(dim), keepdim, false)
+    }
+
+    /// The mean of all elements (floating-point tensors; NaN when empty).
+    ///
+    /// # Errors
+    /// [`TensorError::UnsupportedDType`] for non-float tensors.
+    pub fn mean(&self) -> Result<Tensor> {
+        self.sum_impl("mean", None, false, true)
+    }
+
+    /// The means along `dim`.
+    ///
+    /// # Errors
+    /// As [`mean`](Self::mean); [`TensorError::DimOutOfRange`].
+    pub fn mean_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        self.sum_impl("mean", Some(dim), keepdim, true)
+    }
+
+    /// The largest element (NaN if any is NaN).
+    ///
+    /// # Errors
+    /// [`TensorError::BadShape`] for an empty tensor; [`TensorError::UnsupportedDType`].
+    pub fn max(&self) -> Result<Tensor> {
+        self.extreme("max", None, false, true)
+    }
+
+    /// The largest elements along `dim` (PyTorch's `amax`).
+    ///
+    /// # Errors
+    /// As [`max`](Self::max); [`TensorError::DimOutOfRange`].
+    pub fn max_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        self.extreme("max", Some(dim), keepdim, true)
+    }
+
+    /// The smallest element (NaN if any is NaN).
+    ///
+    /// # Errors
+    /// As [`max`](Self::max).
+    pub fn min(&self) -> Result<Tensor> {
+        self.extreme("min", None, false, false)
+    }
+
+    /// The smallest elements along `dim` (PyTorch's `amin`).
+    ///
+    /// # Errors
+    /// As [`max_dim`](Self::max_dim).
+    pub fn min_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        self.extreme("min", Some(dim), keepdim, false)
+    }
+
+    /// The index (row-major, into the flattened tensor) of the first largest element, as a
+    /// 0-d `i64` tensor.
+    ///
+    /// # Errors
+    /// As [`max`](Self::max); bool tensors are refused.
+    pub fn argmax(&self) -> Result<Tensor> {
+        self.argmax_impl(None, false)
+    }
+
+    /// The indices of the first largest elements along `dim`.
+    ///
+    /// # Errors
+    /// As [`argmax`](Self::argmax); [`TensorError::DimOutOfRange`].
+    pub fn argmax_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
+        self.argmax_impl(Some(dim), keepdim)
+    }
+
+    /// `exp(x - max) / sum(exp(x - max))` along `dim` (floating-point tensors).
+    ///
+    /// # Errors
+    /// [`TensorError::UnsupportedDType`] for non-float tensors; [`TensorError::DimOutOfRange`].
+    pub fn softmax(&self, dim: isize) -> Result<Tensor> {
+        let op = "softmax";
+        if !self.dtype().is_floating_point() {
+            return Err(TensorError::UnsupportedDType {
+                op,
+                dtype: self.dtype(),
+                shape: self.sizes().to_vec(),
+                hint: "softmax needs a floating-point tensor; convert with to_dtype first",
+            });
+        }
+        if self.dim() == 0 {
+            self.wrap_dim(op, dim)?;
+            return Tensor::ones(&[], self.dtype());
+        }
+        let d = self.wrap_dim(op, dim)?;
+        let mut perm: Vec<isize> = (0..self.dim() as isize).filter(|&i| i != d as isize).collect();
+        perm.push(d as isize);
+        let x = self.permute(&perm)?.contiguous()?;
+        let len = self.sizes()[d];
+        // SAFETY: every row of `y` is written below.
+        let y = unsafe { Tensor::output(op, x.sizes(), self.dtype(), self) }?;
+        x.materialize()?;
+        let _g = lock_storages(None, &[x.storage()]);
+        let n = x.numel();
+        match_float!(self.dtype(), T => {
+            // SAFETY: `x` is contiguous with `n` elements of `T`, read-locked; `y` is a fresh,
+            // separate allocation of `n` elements of `T`, written through `MaybeUninit`.
+            let (src, dst) = unsafe {
+                (
+                    core::slice::from_raw_parts(x.data_ptr() as *const T, n),
+                    core::slice::from_raw_parts_mut(y.data_ptr() as *mut core::mem::MaybeUninit<T>, n),
+                )
+            };
+            let row = |(s, o): (&[T], &mut [core::mem::MaybeUninit<T>])| {
+                let m = s.iter().fold(T::LOWEST, |a, &v| Num::maximum(a, v));
+                let mut total = T::ZERO;
+                for (o, &v) in o.iter_mut().zip(s) {
+                    let e = Float::exp(Num::sub(v, m));
+                    total = Num::add(total, e);
+                    o.write(e);
+                }
+                for o in o.iter_mut() {
+                    // SAFETY: written just above.
+                    let e = unsafe { o.assume_init_read() };
+                    o.write(Float::div(e, total));
+                }
+            };
+            if len > 0 {
+                if n >= 2 * GRAIN {
+                    src.par_chunks(len).zip(dst.par_chunks_mut(len)).for_each(row);
+                } else {
+                    src.chunks(len).zip(dst.chunks_mut(len)).for_each(row);
+                }
+            }
+        }, _ => {});
+        drop(_g);
+        // Put `dim` back where it was.
+        let mut inv = vec![0isize; self.dim()];
+        for (i, &p) in perm.iter().enumerate() {
+            inv[p as usize] = i as isize;
+        }
+        y.permute(&inv)?.contiguous()
+    }
+}

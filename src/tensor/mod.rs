@@ -1,0 +1,53 @@
+//! Tensors on top of the allocators: PyTorch's Tensor -> TensorImpl -> Storage -> DataPtr ->
+//! Allocator chain, in Rust.
+//!
+//! - [`Storage`]: reference-counted bytes from an [`Allocator`](crate::Allocator) (returned
+//!   exactly once, when the last tensor using them goes), allocated lazily on first use, or
+//!   mapped read-only from a file for model weights.
+//! - [`Tensor`]: sizes, strides (in elements; 0 on broadcast dimensions), a storage offset and
+//!   a [`DType`]. Views (`select`, `narrow`, `slice`, `transpose`, `permute`, `expand`,
+//!   `view`, `as_strided`, ...) share the storage and copy nothing.
+//! - Kernels run on one iteration engine in the spirit of PyTorch's `TensorIterator`
+//!   (broadcast, reorder, coalesce, cache-tiled transposed inputs, rayon above a size
+//!   threshold) and allocate their output through the allocator of their first input.
+//!
+//! The seed example: a row of one random 3x4 tensor broadcast over another, through a
+//! tracking allocator; once the result is dropped, nothing is live.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tensormem::tensor::{Tensor, TensorOptions};
+//! use tensormem::{AllocatorRegistry, TrackingAllocator};
+//!
+//! let tracker = Arc::new(TrackingAllocator::new(AllocatorRegistry::global().get()));
+//! let opts = TensorOptions::new().allocator(tracker.clone()).seed(0);
+//! let res = Tensor::rand(&[3, 4], &opts)?.select(0, 0)?.add(&Tensor::rand(&[3, 4], &opts)?)?;
+//! assert_eq!(res.sizes(), [3, 4]);
+//! assert_eq!(tracker.live_chunks().len(), 1); // only the 3x4 output
+//! assert_eq!(tracker.sizes().live_bytes, 3 * 4 * 4);
+//! drop(res);
+//! assert_eq!(tracker.sizes().live_bytes, 0);
+//! # Ok::<(), tensormem::tensor::TensorError>(())
+//! ```
+
+mod core;
+mod create;
+mod display;
+mod dtype;
+mod error;
+mod iter;
+mod kernels;
+mod num;
+mod ops;
+mod options;
+mod quant;
+mod shape;
+mod storage;
+mod view;
+
+pub use self::core::Tensor;
+pub use dtype::{DType, Element, QUANT_BLOCK};
+pub use error::{Result, TensorError};
+pub use options::{DEFAULT_SEED, Generator, TensorOptions, manual_seed};
+pub use quant::{dequantize, quantize};
+pub use storage::{STORAGE_ALIGNMENT, Storage};

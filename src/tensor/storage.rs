@@ -1,0 +1,316 @@
+//! [`Storage`]: the reference-counted bytes behind tensors (PyTorch's `StorageImpl`).
+
+use core::alloc::Layout;
+use core::fmt;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicPtr, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::allocators::{AllocError, AllocationAttributes, Allocator};
+
+use super::{Result, TensorError};
+
+/// Alignment of every storage obtained from an allocator (as PyTorch's CPU allocator).
+pub const STORAGE_ALIGNMENT: usize = 64;
+
+/// The bytes behind one or more tensors.
+///
+/// Cloning a `Storage` clones a reference; the bytes go back to the allocator that gave them
+/// exactly once, when the last clone (and so the last tensor or view using it) is dropped.
+///
+/// A storage is one of:
+/// - **allocated**: bytes from an [`Allocator`], possibly *lazily*: [`Storage::new_lazy`]
+///   (and `Tensor::empty`/`zeros`) asks the allocator for nothing until the first access or
+///   [`materialize`](Self::materialize). Fresh bytes read as zeros.
+/// - **mapped**: a read-only range of a file ([`Storage::map_file`]), for model weights;
+///   unmapped when dropped, never given to an allocator. Writes through a tensor fail.
+///
+/// Tensors share storages between threads: in-place kernels take the storage's write lock,
+/// readers a read lock, so a view written on one thread is never read half-written on another.
+#[derive(Clone)]
+pub struct Storage {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nbytes: usize,
+    backing: Backing,
+    /// Taken for reading by kernels that read this storage and for writing by kernels that
+    /// write it, so that two views on two threads never race.
+    access: RwLock<()>,
+}
+
+enum Backing {
+    Heap {
+        allocator: Arc<dyn Allocator>,
+        /// Null until materialised.
+        ptr: AtomicPtr<u8>,
+        init: Mutex<()>,
+    },
+    Mapped {
+        map: Option<memmap2::Mmap>,
+        path: PathBuf,
+        offset: u64,
+    },
+}
+
+fn layout(nbytes: usize) -> Option<Layout> {
+    Layout::from_size_align(nbytes, STORAGE_ALIGNMENT).ok()
+}
+
+fn checked_layout(op: &'static str, nbytes: usize, allocator: &dyn Allocator) -> Result<Layout> {
+    layout(nbytes).ok_or_else(|| TensorError::Alloc {
+        op,
+        source: AllocError::array_overflow(nbytes, Layout::new::<u8>(), allocator.name()),
+    })
+}
+
+impl Storage {
+    /// A storage of `nbytes` that asks `allocator` for its bytes only when first used.
+    ///
+    /// # Errors
+    /// [`TensorError::Alloc`] (size overflow) when `nbytes` cannot be a layout.
+    pub fn new_lazy(nbytes: usize, allocator: Arc<dyn Allocator>) -> Result<Storage> {
+        checked_layout("new_lazy", nbytes, &*allocator)?;
+        Ok(Storage::heap(nbytes, allocator, core::ptr::null_mut()))
+    }
+
+    /// A storage of `nbytes` zeroed bytes, allocated now.
+    ///
+    /// # Errors
+    /// [`TensorError::Alloc`] when the allocator refuses.
+    pub fn new(nbytes: usize, allocator: Arc<dyn Allocator>) -> Result<Storage> {
+        let s = Storage::new_lazy(nbytes, allocator)?;
+        s.materialize()?;
+        Ok(s)
+    }
+
+    /// A storage allocated now whose bytes are *not* initialised.
+    ///
+    /// # Safety
+    /// The caller writes every byte before anything reads the storage (kernels create their
+    /// outputs this way and fill them before returning the tensor).
+    pub(crate) unsafe fn new_uninit(op: &'static str, nbytes: usize, allocator: Arc<dyn Allocator>) -> Result<Storage> {
+        let layout = checked_layout(op, nbytes, &*allocator)?;
+        let ptr = allocator
+            .allocate_raw(layout, &AllocationAttributes::default())
+            .map_err(|source| TensorError::Alloc { op, source })?;
+        Ok(Storage::heap(nbytes, allocator, ptr.as_ptr()))
+    }
+
+    fn heap(nbytes: usize, allocator: Arc<dyn Allocator>, ptr: *mut u8) -> Storage {
+        Storage {
+            inner: Arc::new(Inner {
+                nbytes,
+                backing: Backing::Heap { allocator, ptr: AtomicPtr::new(ptr), init: Mutex::new(()) },
+                access: RwLock::new(()),
+            }),
+        }
+    }
+
+    /// Maps `len` bytes of the file at `path`, from byte `offset`, read-only.
+    ///
+    /// # Errors
+    /// [`TensorError::Io`] when the file cannot be opened or mapped; [`TensorError::FileRange`]
+    /// when `offset + len` is past the end of the file.
+    ///
+    /// # Safety
+    /// The file must not be modified or truncated while the storage (or any tensor on it)
+    /// lives: the mapping shows the file's bytes as they change, and a truncated file makes
+    /// reads fault. This is the contract of [`memmap2::Mmap::map`].
+    pub unsafe fn map_file(path: impl AsRef<Path>, offset: u64, len: usize) -> Result<Storage> {
+        let path = path.as_ref();
+        let io = |source| TensorError::Io { op: "map_file", path: path.to_path_buf(), source };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        let end = offset.checked_add(len as u64);
+        if end.is_none_or(|e| e > file_len) {
+            return Err(TensorError::FileRange { path: path.to_path_buf(), offset, len: len as u64, file_len });
+        }
+        let map = if len == 0 {
+            None
+        } else {
+            // SAFETY: the range is inside the file (checked above); the caller promises the
+            // file is neither modified nor truncated while mapped, which is `Mmap::map`'s
+            // contract.
+            Some(unsafe { memmap2::MmapOptions::new().offset(offset).len(len).map(&file) }.map_err(io)?)
+        };
+        Ok(Storage {
+            inner: Arc::new(Inner {
+                nbytes: len,
+                backing: Backing::Mapped { map, path: path.to_path_buf(), offset },
+                access: RwLock::new(()),
+            }),
+        })
+    }
+
+    /// Size in bytes.
+    pub fn nbytes(&self) -> usize {
+        self.inner.nbytes
+    }
+
+    /// The allocator that owns the bytes; `None` for a mapped file.
+    pub fn allocator(&self) -> Option<&Arc<dyn Allocator>> {
+        match &self.inner.backing {
+            Backing::Heap { allocator, .. } => Some(allocator),
+            Backing::Mapped { .. } => None,
+        }
+    }
+
+    /// The name of the allocator that owns the bytes (`"mmap"` for a mapped file).
+    pub fn allocator_name(&self) -> &str {
+        match &self.inner.backing {
+            Backing::Heap { allocator, .. } => allocator.name(),
+            Backing::Mapped { .. } => "mmap",
+        }
+    }
+
+    /// The mapped file and the byte offset of this storage in it, for mapped storages.
+    pub fn mapped_file(&self) -> Option<(&Path, u64)> {
+        match &self.inner.backing {
+            Backing::Heap { .. } => None,
+            Backing::Mapped { path, offset, .. } => Some((path, *offset)),
+        }
+    }
+
+    /// Whether the bytes exist yet (always true for a mapped file).
+    pub fn is_materialized(&self) -> bool {
+        match &self.inner.backing {
+            Backing::Heap { ptr, .. } => !ptr.load(Ordering::Acquire).is_null(),
+            Backing::Mapped { .. } => true,
+        }
+    }
+
+    /// Whether writes are refused (a mapped file).
+    pub fn is_read_only(&self) -> bool {
+        matches!(self.inner.backing, Backing::Mapped { .. })
+    }
+
+    /// Allocates the bytes of a lazy storage (zero-filled) if that has not happened yet.
+    ///
+    /// # Errors
+    /// [`TensorError::Alloc`] when the allocator refuses; the storage stays lazy.
+    pub fn materialize(&self) -> Result<()> {
+        let Backing::Heap { allocator, ptr, init } = &self.inner.backing else {
+            return Ok(());
+        };
+        if !ptr.load(Ordering::Acquire).is_null() {
+            return Ok(());
+        }
+        let _guard = init.lock();
+        if !ptr.load(Ordering::Acquire).is_null() {
+            return Ok(());
+        }
+        let layout = checked_layout("materialize", self.inner.nbytes, &**allocator)?;
+        let p = allocator
+            .allocate_raw(layout, &AllocationAttributes::default())
+            .map_err(|source| TensorError::Alloc { op: "materialize", source })?;
+        // SAFETY: `p` is valid for writes of `nbytes` bytes (the allocator's contract) and
+        // nobody else sees it before the store below publishes it.
+        unsafe { p.as_ptr().write_bytes(0, self.inner.nbytes) };
+        ptr.store(p.as_ptr(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether `self` and `other` are the same storage (tensors on them share memory).
+    pub fn same(&self, other: &Storage) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// How many handles (tensors, views, clones) share this storage.
+    pub fn ref_count(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
+    /// The first byte. The storage must be materialised; a dangling (aligned) pointer when
+    /// it has no bytes.
+    pub(crate) fn data_ptr(&self) -> *mut u8 {
+        match &self.inner.backing {
+            Backing::Heap { ptr, .. } => {
+                let p = ptr.load(Ordering::Acquire);
+                debug_assert!(!p.is_null(), "storage used before materialize()");
+                p
+            }
+            Backing::Mapped { map: Some(m), .. } => m.as_ptr() as *mut u8,
+            Backing::Mapped { map: None, .. } => NonNull::<u64>::dangling().as_ptr().cast(),
+        }
+    }
+
+    /// Shared access for readers.
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, ()> {
+        self.inner.access.read()
+    }
+
+    /// Exclusive access for a writer.
+    pub(crate) fn write(&self) -> RwLockWriteGuard<'_, ()> {
+        self.inner.access.write()
+    }
+
+    /// An address that orders storages, so that locks are always taken in one order.
+    pub(crate) fn lock_order(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Backing::Heap { allocator, ptr, .. } = &self.backing {
+            let p = ptr.load(Ordering::Acquire);
+            if let (Some(p), Some(layout)) = (NonNull::new(p), layout(self.nbytes)) {
+                // SAFETY: `p` came from `allocator.allocate_raw(layout(nbytes))` (in
+                // `materialize` or `new_uninit`; the layout was valid there, so it is the same
+                // here) and this is the last reference to it: `Inner` is dropped once, when
+                // the last `Storage` clone goes.
+                unsafe { allocator.deallocate_raw(p, layout) };
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Storage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Storage")
+            .field("nbytes", &self.nbytes())
+            .field("allocator", &self.allocator_name())
+            .field("materialized", &self.is_materialized())
+            .field("refs", &self.ref_count())
+            .finish()
+    }
+}
+
+/// Guards for every storage a kernel touches, taken in address order (so two kernels never
+/// wait for each other) and once per storage (so `a + a` does not read-lock twice).
+pub(crate) struct AccessGuards<'a> {
+    _read: Vec<RwLockReadGuard<'a, ()>>,
+    _write: Option<RwLockWriteGuard<'a, ()>>,
+}
+
+/// Locks `write` (if any) for writing and every storage in `reads` that is not `write` for
+/// reading.
+pub(crate) fn lock_storages<'a>(write: Option<&'a Storage>, reads: &[&'a Storage]) -> AccessGuards<'a> {
+    let mut all: Vec<(&'a Storage, bool)> = reads.iter().map(|s| (*s, false)).collect();
+    if let Some(w) = write {
+        all.push((w, true));
+    }
+    // Writers sort after readers of the same storage, so dedup keeps the writer.
+    all.sort_by_key(|(s, w)| (s.lock_order(), *w));
+    let mut unique: Vec<(&'a Storage, bool)> = Vec::with_capacity(all.len());
+    for (s, w) in all {
+        match unique.last_mut() {
+            Some(last) if last.0.same(s) => last.1 |= w,
+            _ => unique.push((s, w)),
+        }
+    }
+    let mut guards = AccessGuards { _read: Vec::with_capacity(unique.len()), _write: None };
+    for (s, w) in unique {
+        if w {
+            guards._write = Some(s.write());
+        } else {
+            guards._read.push(s.read());
+        }
+    }
+    guards
+}

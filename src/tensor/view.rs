@@ -1,0 +1,361 @@
+//! Views: new sizes/strides/offset over the same storage, no copy.
+
+use super::shape::{broadcast_strides, extent, infer_size, view_strides, wrap_dim, wrap_index, wrap_insert_dim};
+use super::{QUANT_BLOCK, Result, Tensor, TensorError};
+
+impl Tensor {
+    /// A view with the given layout over the same storage; quantised tensors keep whole
+    /// blocks (last stride 1, everything else a multiple of 32).
+    fn make_view(&self, op: &'static str, sizes: Vec<usize>, strides: Vec<usize>, offset: usize) -> Result<Tensor> {
+        if self.dtype().is_quantized() {
+            let ok = sizes.last().is_none_or(|&l| l % QUANT_BLOCK == 0)
+                && strides.last().is_none_or(|&s| s == 1)
+                && offset % QUANT_BLOCK == 0
+                && strides.iter().rev().skip(1).all(|s| s % QUANT_BLOCK == 0);
+            if !ok {
+                return Err(TensorError::UnsupportedDType {
+                    op,
+                    dtype: self.dtype(),
+                    shape: self.sizes().to_vec(),
+                    hint: "views of quantised tensors must keep whole blocks of 32 along the last dimension",
+                });
+            }
+        }
+        Ok(Tensor::from_parts(self.storage().clone(), sizes, strides, offset, self.dtype()))
+    }
+
+    /// The sub-tensor at `index` of dimension `dim`, which is removed (`t[.., index, ..]`).
+    ///
+    /// # Errors
+    /// [`TensorError::DimOutOfRange`], [`TensorError::IndexOutOfRange`].
+    pub fn select(&self, dim: isize, index: isize) -> Result<Tensor> {
+        let op = "select";
+        if self.dim() == 0 {
+            return Err(TensorError::DimOutOfRange { op, dim, shape: vec![] });
+        }
+        let d = self.wrap_dim(op, dim)?;
+        let i = wrap_index(op, index, d, self.sizes())?;
+        let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
+        let offset = self.storage_offset() + i * strides[d];
+        sizes.remove(d);
+        strides.remove(d);
+        self.make_view(op, sizes, strides, offset)
+    }
+
+    /// `length` elements of dimension `dim` from `start` (negative counts from the end).
+    ///
+    /// # Errors
+    /// [`TensorError::RangeOutOfBounds`] when the range does not fit.
+    pub fn narrow(&self, dim: isize, start: isize, length: usize) -> Result<Tensor> {
+        let op = "narrow";
+        let d = self.nonscalar_dim(op, dim)?;
+        let size = self.sizes()[d];
+        let s = if start < 0 { start + size as isize } else { start };
+        if s < 0 || s as usize > size || length > size - s as usize {
+            return Err(TensorError::RangeOutOfBounds {
+                op,
+                dim: d,
+                start,
+                length: length as isize,
+                size,
+                shape: self.sizes().to_vec(),
+            });
+        }
+        let (mut sizes, strides) = (self.sizes().to_vec(), self.strides().to_vec());
+        sizes[d] = length;
+        let offset = self.storage_offset() + s as usize * strides[d];
+        self.make_view(op, sizes, strides, offset)
+    }
+
+    /// Elements `start, start + step, ...` below `end` of dimension `dim` (Python's
+    /// `t[start:end:step]`; negative `start`/`end` count from the end).
+    ///
+    /// # Errors
+    /// [`TensorError::ZeroArgument`] for `step == 0`; [`TensorError::RangeOutOfBounds`] unless
+    /// `0 <= start <= end <= size` after wrapping.
+    pub fn slice(&self, dim: isize, start: isize, end: isize, step: usize) -> Result<Tensor> {
+        let op = "slice";
+        if step == 0 {
+            return Err(TensorError::ZeroArgument { op, what: "step", shape: self.sizes().to_vec() });
+        }
+        let d = self.nonscalar_dim(op, dim)?;
+        let size = self.sizes()[d] as isize;
+        let wrap = |i: isize| if i < 0 { i + size } else { i };
+        let (s, e) = (wrap(start), wrap(end));
+        if s < 0 || e < s || e > size {
+            return Err(TensorError::RangeOutOfBounds {
+                op,
+                dim: d,
+                start,
+                length: end - start,
+                size: size as usize,
+                shape: self.sizes().to_vec(),
+            });
+        }
+        let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
+        sizes[d] = ((e - s) as usize).div_ceil(step);
+        let offset = self.storage_offset() + s as usize * strides[d];
+        strides[d] *= step;
+        self.make_view(op, sizes, strides, offset)
+    }
+
+    /// Swaps dimensions `dim0` and `dim1`.
+    ///
+    /// # Errors
+    /// [`TensorError::DimOutOfRange`].
+    pub fn transpose(&self, dim0: isize, dim1: isize) -> Result<Tensor> {
+        let op = "transpose";
+        if self.dim() == 0 {
+            wrap_dim(op, dim0, &[])?;
+            wrap_dim(op, dim1, &[])?;
+            return Ok(self.clone());
+        }
+        let (a, b) = (self.wrap_dim(op, dim0)?, self.wrap_dim(op, dim1)?);
+        let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
+        sizes.swap(a, b);
+        strides.swap(a, b);
+        self.make_view(op, sizes, strides, self.storage_offset())
+    }
+
+    /// The transpose of a tensor of at most 2 dimensions (`transpose(0, 1)`).
+    ///
+    /// # Errors
+    /// [`TensorError::BadShape`] for more than 2 dimensions.
+    pub fn t(&self) -> Result<Tensor> {
+        match self.dim() {
+            0 | 1 => Ok(self.clone()),
+            2 => self.transpose(0, 1),
+            _ => Err(TensorError::BadShape {
+                op: "t",
+                shape: self.sizes().to_vec(),
+                target: vec![],
+                reason: "t() expects at most 2 dimensions; use transpose(dim0, dim1)",
+            }),
+        }
+    }
+
+    /// Reorders the dimensions: dimension `i` of the result is dimension `dims[i]` of `self`.
+    ///
+    /// # Errors
+    /// [`TensorError::BadShape`] unless `dims` has one entry per dimension;
+    /// [`TensorError::DimOutOfRange`]; [`TensorError::RepeatedDim`].
+    pub fn permute(&self, dims: &[isize]) -> Result<Tensor> {
+        let op = "permute";
+        if dims.len() != self.dim() {
+            return Err(TensorError::BadShape {
+                op,
+                shape: self.sizes().to_vec(),
+                target: dims.iter().map(|&d| d.unsigned_abs()).collect(),
+                reason: "permute needs exactly one dimension index per dimension",
+            });
+        }
+        let mut seen = vec![false; self.dim()];
+        let (mut sizes, mut strides) = (Vec::with_capacity(dims.len()), Vec::with_capacity(dims.len()));
+        for &dim in dims {
+            let d = self.wrap_dim(op, dim)?;
+            if std::mem::replace(&mut seen[d], true) {
+                return Err(TensorError::RepeatedDim { op, dim, dims: dims.to_vec(), shape: self.sizes().to_vec() });
+            }
+            sizes.push(self.sizes()[d]);
+            strides.push(self.strides()[d]);
+        }
+        self.make_view(op, sizes, strides, self.storage_offset())
+    }
+
+    /// Inserts a dimension of size 1 at `dim` (in `-(ndim+1)..=ndim`).
+    ///
+    /// # Errors
+    /// [`TensorError::DimOutOfRange`].
+    pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
+        let d = wrap_insert_dim("unsqueeze", dim, self.sizes())?;
+        let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
+        let stride = if d < sizes.len() { sizes[d] * strides[d] } else { 1 };
+        sizes.insert(d, 1);
+        strides.insert(d, stride);
+        self.make_view("unsqueeze", sizes, strides, self.storage_offset())
+    }
+
+    /// Removes every dimension of size 1.
+    pub fn squeeze(&self) -> Result<Tensor> {
+        let keep: Vec<usize> = (0..self.dim()).filter(|&d| self.sizes()[d] != 1).collect();
+        let sizes = keep.iter().map(|&d| self.sizes()[d]).collect();
+        let strides = keep.iter().map(|&d| self.strides()[d]).collect();
+        self.make_view("squeeze", sizes, strides, self.storage_offset())
+    }
+
+    /// Removes dimension `dim` if its size is 1 (otherwise returns the same view, as PyTorch).
+    ///
+    /// # Errors
+    /// [`TensorError::DimOutOfRange`].
+    pub fn squeeze_dim(&self, dim: isize) -> Result<Tensor> {
+        let d = self.wrap_dim("squeeze", dim)?;
+        if self.dim() == 0 || self.sizes()[d] != 1 {
+            return Ok(self.clone());
+        }
+        let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
+        sizes.remove(d);
+        strides.remove(d);
+        self.make_view("squeeze", sizes, strides, self.storage_offset())
+    }
+
+    /// Broadcasts to `sizes` (stride 0 on the broadcast dimensions; `-1` keeps a size; new
+    /// dimensions may be added on the left).
+    ///
+    /// # Errors
+    /// [`TensorError::BadShape`] when a dimension of size other than 1 would change.
+    pub fn expand(&self, sizes: &[isize]) -> Result<Tensor> {
+        let op = "expand";
+        let bad = |reason| TensorError::BadShape {
+            op,
+            shape: self.sizes().to_vec(),
+            target: sizes.iter().map(|&s| s.unsigned_abs()).collect(),
+            reason,
+        };
+        if sizes.len() < self.dim() {
+            return Err(bad("the target has fewer dimensions than the tensor"));
+        }
+        let lead = sizes.len() - self.dim();
+        let mut target = Vec::with_capacity(sizes.len());
+        for (i, &s) in sizes.iter().enumerate() {
+            target.push(match s {
+                -1 if i >= lead => self.sizes()[i - lead],
+                s if s >= 0 => s as usize,
+                _ => return Err(bad("sizes must be >= 0, or -1 to keep an existing dimension")),
+            });
+        }
+        let strides = broadcast_strides(self.sizes(), self.strides(), &target)
+            .ok_or_else(|| bad("only dimensions of size 1 can be expanded"))?;
+        self.make_view(op, target, strides, self.storage_offset())
+    }
+
+    /// Broadcasts to `sizes` ([`expand`](Self::expand) without `-1`).
+    ///
+    /// # Errors
+    /// [`TensorError::Broadcast`] when the shapes are not compatible.
+    pub fn broadcast_to(&self, sizes: &[usize]) -> Result<Tensor> {
+        let op = "broadcast_to";
+        let strides = broadcast_strides(self.sizes(), self.strides(), sizes)
+            .ok_or_else(|| super::shape::broadcast_shapes(op, self.sizes(), sizes).err().unwrap_or_else(|| {
+                TensorError::BadShape {
+                    op,
+                    shape: self.sizes().to_vec(),
+                    target: sizes.to_vec(),
+                    reason: "the target has fewer dimensions than the tensor",
+                }
+            }))?;
+        self.make_view(op, sizes.to_vec(), strides, self.storage_offset())
+    }
+
+    /// The same elements with a new shape, without copying (`-1` infers one size).
+    ///
+    /// # Errors
+    /// [`TensorError::NumelMismatch`]; [`TensorError::NotViewable`] when the strides cannot
+    /// express the new shape (e.g. a transposed tensor): use [`reshape`](Self::reshape).
+    pub fn view(&self, sizes: &[isize]) -> Result<Tensor> {
+        let op = "view";
+        let target = infer_size(op, sizes, self.sizes(), self.numel())?;
+        let strides = view_strides(self.sizes(), self.strides(), &target).ok_or_else(|| TensorError::NotViewable {
+            op,
+            shape: self.sizes().to_vec(),
+            strides: self.strides().to_vec(),
+            target: target.clone(),
+        })?;
+        self.make_view(op, target, strides, self.storage_offset())
+    }
+
+    /// Like [`view`](Self::view) when possible, else a contiguous copy with the new shape.
+    ///
+    /// # Errors
+    /// [`TensorError::NumelMismatch`].
+    pub fn reshape(&self, sizes: &[isize]) -> Result<Tensor> {
+        let target = infer_size("reshape", sizes, self.sizes(), self.numel())?;
+        match view_strides(self.sizes(), self.strides(), &target) {
+            Some(strides) => self.make_view("reshape", target, strides, self.storage_offset()),
+            None => {
+                let c = self.contiguous()?;
+                let strides = super::shape::contiguous_strides(&target);
+                c.make_view("reshape", target, strides, 0)
+            }
+        }
+    }
+
+    /// All elements as one dimension (a view when possible, else a copy).
+    ///
+    /// # Errors
+    /// As [`reshape`](Self::reshape).
+    pub fn flatten(&self) -> Result<Tensor> {
+        self.reshape(&[-1])
+    }
+
+    /// `chunks` views along `dim` of `ceil(size / chunks)` elements each (the last may be
+    /// smaller, and there may be fewer than `chunks`, as in PyTorch).
+    ///
+    /// # Errors
+    /// [`TensorError::ZeroArgument`] for `chunks == 0`; [`TensorError::DimOutOfRange`].
+    pub fn chunk(&self, chunks: usize, dim: isize) -> Result<Vec<Tensor>> {
+        if chunks == 0 {
+            return Err(TensorError::ZeroArgument { op: "chunk", what: "chunks", shape: self.sizes().to_vec() });
+        }
+        let d = self.nonscalar_dim("chunk", dim)?;
+        let size = self.sizes()[d];
+        self.split(size.div_ceil(chunks).max(1), dim)
+    }
+
+    /// Views along `dim` of `split_size` elements each (the last may be smaller).
+    ///
+    /// # Errors
+    /// [`TensorError::ZeroArgument`] for `split_size == 0`; [`TensorError::DimOutOfRange`].
+    pub fn split(&self, split_size: usize, dim: isize) -> Result<Vec<Tensor>> {
+        if split_size == 0 {
+            return Err(TensorError::ZeroArgument { op: "split", what: "split_size", shape: self.sizes().to_vec() });
+        }
+        let d = self.nonscalar_dim("split", dim)?;
+        let size = self.sizes()[d];
+        if size == 0 {
+            return Ok(vec![self.clone()]);
+        }
+        (0..size)
+            .step_by(split_size)
+            .map(|start| self.narrow(d as isize, start as isize, split_size.min(size - start)))
+            .collect()
+    }
+
+    /// A view with any sizes, strides and offset over this tensor's storage, checked to stay
+    /// inside it.
+    ///
+    /// # Errors
+    /// [`TensorError::BadShape`] when `sizes` and `strides` differ in length;
+    /// [`TensorError::OutOfStorage`] when the layout reaches past the end of the storage.
+    pub fn as_strided(&self, sizes: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
+        let op = "as_strided";
+        if sizes.len() != strides.len() {
+            return Err(TensorError::BadShape {
+                op,
+                shape: sizes.to_vec(),
+                target: strides.to_vec(),
+                reason: "sizes and strides must have the same length",
+            });
+        }
+        let available = self.storage().nbytes() / self.dtype().block_bytes() * self.dtype().block_len();
+        let needed = extent(sizes, strides, offset);
+        if needed.is_none_or(|n| n > available) {
+            return Err(TensorError::OutOfStorage {
+                op,
+                sizes: sizes.to_vec(),
+                strides: strides.to_vec(),
+                offset,
+                needed: needed.unwrap_or(usize::MAX),
+                available,
+            });
+        }
+        self.make_view(op, sizes.to_vec(), strides.to_vec(), offset)
+    }
+
+    /// `dim` wrapped, for ops that need at least one dimension.
+    fn nonscalar_dim(&self, op: &'static str, dim: isize) -> Result<usize> {
+        if self.dim() == 0 {
+            return Err(TensorError::DimOutOfRange { op, dim, shape: vec![] });
+        }
+        self.wrap_dim(op, dim)
+    }
+}
