@@ -133,7 +133,7 @@ impl Printer<'_> {
                 }
                 match i {
                     Some(_) => out.push_str(&self.cell()),
-                    None => out.push_str("..."),
+                    None => out.push_str(" ..."),
                 }
                 on_line += 1;
             }

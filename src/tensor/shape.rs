@@ -122,7 +122,7 @@ pub(crate) fn broadcast_strides(sizes: &[usize], strides: &[usize], target: &[us
     for d in 0..sizes.len() {
         let t = target[lead + d];
         out[lead + d] = if sizes[d] == t {
-            if t == 1 { 0 } else { strides[d] }
+            strides[d]
         } else if sizes[d] == 1 {
             0
         } else {

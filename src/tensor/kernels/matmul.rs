@@ -98,11 +98,11 @@ impl Tensor {
             match_numeric!(compute, T => batched::<T>(&a, &b, &out, &batch, n, k, m), _ => {});
         }
         let mut out = if compute != dt { out.to_dtype(dt)? } else { out };
-        if b_vec {
-            out = out.squeeze_dim(-1)?;
-        }
         if a_vec {
             out = out.squeeze_dim(-2)?;
+        }
+        if b_vec {
+            out = out.squeeze_dim(-1)?;
         }
         Ok(out)
     }
