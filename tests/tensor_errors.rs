@@ -1,1 +1,155 @@
-//! placeholder
+//! Bad inputs to tensor operations: each gives an error that names the op and the shapes, and
+//! leaves the tensors untouched.
+
+use tensormem::tensor::{DType, Tensor, TensorError};
+
+fn t(sizes: &[usize]) -> Tensor {
+    let n: usize = sizes.iter().product();
+    Tensor::arange(0.0, n as f64, 1.0, DType::F32).unwrap().reshape(&sizes.iter().map(|&s| s as isize).collect::<Vec<_>>()).unwrap()
+}
+
+fn msg(r: Result<impl std::fmt::Debug, TensorError>) -> String {
+    r.unwrap_err().to_string()
+}
+
+#[test]
+fn shapes_that_cannot_broadcast() {
+    let e = t(&[3, 4]).add(&t(&[5])).unwrap_err();
+    assert!(matches!(e, TensorError::Broadcast { op: "add", dim: 0, lhs_size: 4, rhs_size: 5, .. }), "{e:?}");
+    assert_eq!(e.to_string(), "add: shapes [3, 4] and [5] cannot be broadcast (dimension 0 from the right: 4 vs 5)");
+    assert!(msg(t(&[2, 3]).lt(&t(&[3, 2]))).starts_with("lt: shapes [2, 3] and [3, 2]"));
+    let e = msg(t(&[3]).add_(&t(&[2, 3])));
+    assert!(e.starts_with("add_: cannot use shape [2, 3] with a tensor of shape [3]"), "{e}");
+}
+
+#[test]
+fn dims_and_indices_out_of_range() {
+    let x = t(&[2, 3]);
+    assert_eq!(msg(x.select(2, 0)), "select: dimension 2 is out of range for a tensor of shape [2, 3] (expected -2 to 1)");
+    assert_eq!(msg(x.select(-3, 0)), "select: dimension -3 is out of range for a tensor of shape [2, 3] (expected -2 to 1)");
+    assert_eq!(msg(x.select(1, 3)), "select: index 3 is out of range for dimension 1 of size 3 (tensor of shape [2, 3])");
+    assert!(msg(x.select(1, -4)).starts_with("select: index -4 is out of range"));
+    assert!(msg(x.transpose(0, 5)).starts_with("transpose: dimension 5"));
+    assert!(msg(x.unsqueeze(4)).starts_with("unsqueeze: dimension 4"));
+    assert!(msg(x.sum_dim(-3, false)).starts_with("sum: dimension -3"));
+    assert!(msg(x.softmax(2)).starts_with("softmax: dimension 2"));
+    assert_eq!(msg(x.get::<f32>(&[0, 3])), "get: index 3 is out of range for dimension 1 of size 3 (tensor of shape [2, 3])");
+    assert_eq!(msg(x.get::<f32>(&[0])), "get: 1 indices given for a tensor of shape [2, 3]");
+    assert!(msg(x.permute(&[0, 0])).starts_with("permute: dimension 0 appears more than once in [0, 0]"));
+    assert!(msg(x.permute(&[0])).starts_with("permute: cannot use shape [0] with a tensor of shape [2, 3]"));
+}
+
+#[test]
+fn views_that_strides_cannot_express() {
+    let x = t(&[4, 6]).t().unwrap();
+    let e = x.view(&[24]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "view: a tensor of shape [6, 4] and strides [1, 6] cannot be viewed as [24] without a copy; use reshape()"
+    );
+    assert!(x.reshape(&[24]).is_ok());
+    assert_eq!(msg(x.reshape(&[5, 5])), "reshape: shape [5, 5] is invalid for a tensor of shape [6, 4] (24 elements)");
+    assert!(msg(x.view(&[-1, -1])).starts_with("view: shape [-1, -1] is invalid"));
+    assert!(msg(x.view(&[7, -1])).starts_with("view: shape [7, -1] is invalid"));
+}
+
+#[test]
+fn as_strided_past_the_end_of_storage() {
+    let x = t(&[2, 3]);
+    let e = x.as_strided(&[2, 3], &[3, 1], 1).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "as_strided: sizes [2, 3], strides [3, 1] and offset 1 reach element 7 but the storage holds 6 elements"
+    );
+    assert!(x.as_strided(&[3], &[usize::MAX], 0).is_err());
+    assert!(msg(x.as_strided(&[3], &[1, 1], 0)).contains("same length"));
+    assert!(x.as_strided(&[2, 3], &[3, 1], 0).is_ok());
+}
+
+#[test]
+fn narrow_and_slice_past_the_end_and_zero_steps() {
+    let x = t(&[4, 5]);
+    assert_eq!(
+        msg(x.narrow(1, 3, 3)),
+        "narrow: range start 3, length 3 does not fit in dimension 1 of size 5 (tensor of shape [4, 5])"
+    );
+    assert!(msg(x.narrow(0, -5, 1)).starts_with("narrow: range start -5"));
+    assert!(msg(x.slice(1, 2, 7, 1)).starts_with("slice: range start 2, length 5 does not fit in dimension 1 of size 5"));
+    assert!(x.slice(1, 3, 2, 1).is_err());
+    assert_eq!(msg(x.slice(0, 0, 4, 0)), "slice: step must be greater than zero (tensor of shape [4, 5])");
+    assert!(msg(x.chunk(0, 0)).starts_with("chunk: chunks must be greater than zero"));
+    assert!(msg(x.split(0, 0)).starts_with("split: split_size must be greater than zero"));
+    assert!(msg(Tensor::arange(0.0, 1.0, 0.0, DType::F32)).starts_with("arange: step must be greater than zero"));
+    assert!(msg(Tensor::arange(0.0, 1.0, -1.0, DType::F32)).starts_with("arange: cannot use shape"));
+}
+
+#[test]
+fn wrong_rust_types_and_shapes_of_data() {
+    let x = t(&[2]);
+    assert_eq!(msg(x.to_vec::<i32>()), "to_vec: the tensor holds f32 but i32 was asked for (shape [2])");
+    assert!(msg(x.item::<f32>()).starts_with("item: a tensor with 2 elements (shape [2]) cannot be converted to a scalar"));
+    assert!(msg(x.set(&[0], 1i64)).starts_with("set: the tensor holds f32 but i64"));
+    assert!(msg(Tensor::from_vec(vec![1.0f32; 5], &[2, 3], DType::F32))
+        .starts_with("from_vec: cannot use shape [2, 3] with a tensor of shape [5]"));
+    assert!(msg(Tensor::rand(&[2], DType::I32)).starts_with("rand: not supported for dtype i32"));
+    assert!(msg(Tensor::zeros(&[3, 31], DType::Q8_0)).contains("last dimension must be a multiple of 32"));
+    assert!(msg(Tensor::ones(&[3, 32], DType::Q8_0)).starts_with("full: not supported for dtype q8_0"));
+    assert!(msg(x.to_dtype(DType::Q4_0)).contains("multiple of 32"));
+    assert!(msg(Tensor::ones(&[2], DType::I32).unwrap().mean()).starts_with("mean: not supported for dtype i32"));
+    assert!(msg(Tensor::ones(&[2], DType::Bool).unwrap().sub(&Tensor::ones(&[2], DType::Bool).unwrap()))
+        .starts_with("sub: not supported for dtype bool"));
+    assert!(msg(Tensor::zeros(&[0], DType::F32).unwrap().max()).starts_with("max: cannot use shape [] with a tensor of shape [0]"));
+    assert!(msg(Tensor::zeros(&[usize::MAX, 4], DType::F32)).contains("needs more bytes than fit in memory"));
+}
+
+#[test]
+fn matmul_with_mismatched_inner_dimensions() {
+    let e = t(&[2, 3]).matmul(&t(&[4, 5])).unwrap_err();
+    assert!(matches!(e, TensorError::MatmulShape { lhs_inner: 3, rhs_inner: 4, .. }));
+    assert_eq!(e.to_string(), "matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 vs 4 in the inner dimension)");
+    assert!(msg(t(&[3]).matmul(&t(&[4]))).contains("(3 vs 4 in the inner dimension)"));
+    assert!(msg(t(&[2, 2, 3]).matmul(&t(&[3, 3, 4]))).starts_with("matmul: shapes [2] and [3] cannot be broadcast"));
+    assert!(msg(Tensor::scalar(1.0, DType::F32).unwrap().matmul(&t(&[2]))).contains("at least one dimension"));
+}
+
+#[test]
+fn overlapping_in_place_outputs() {
+    let x = t(&[3, 3]);
+    let before = x.to_vec::<f32>().unwrap();
+    let e = x.add_(&x.t().unwrap()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "add_: the output (shape [3, 3]) partially overlaps input 0 (shape [3, 3]); clone the input first"
+    );
+    assert!(matches!(x.mul_(&x.select(0, 1).unwrap()).unwrap_err(), TensorError::PartialOverlap { input: 0, .. }));
+    let row = x.select(0, 0).unwrap();
+    assert!(row.add_(&x.select(0, 1).unwrap()).is_ok(), "disjoint rows of one storage are fine");
+    row.sub_(&x.select(0, 1).unwrap()).unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), before, "nothing else changed");
+    let expanded = t(&[1, 3]).expand(&[4, 3]).unwrap();
+    let e = expanded.add_(&t(&[3])).unwrap_err();
+    assert!(e.to_string().starts_with("add_: more than one element of the output (shape [4, 3], strides [0, 1])"), "{e}");
+    assert!(matches!(expanded.relu_().unwrap_err(), TensorError::InternalOverlap { .. }));
+    assert!(x.narrow(0, 0, 2).unwrap().copy_(&x.narrow(0, 1, 2).unwrap()).is_err());
+}
+
+#[test]
+fn mmap_offset_or_length_past_the_end_of_the_file() {
+    let path = std::env::temp_dir().join(format!("tensormem-errors-{}.bin", std::process::id()));
+    std::fs::write(&path, [0u8; 100]).unwrap();
+    // SAFETY: the test owns the file and does not change it while mapped.
+    let e = unsafe { Tensor::from_file(&path, 96, DType::F32, &[2]) }.unwrap_err();
+    assert!(e.to_string().contains("bytes 96..104 of"), "{e}");
+    assert!(e.to_string().ends_with("do not fit in the file (100 bytes)"), "{e}");
+    // SAFETY: as above.
+    let e = unsafe { Tensor::from_file(&path, 0, DType::F64, &[13]) }.unwrap_err();
+    assert!(matches!(e, TensorError::FileRange { len: 104, file_len: 100, .. }), "{e}");
+    // SAFETY: as above.
+    let e = unsafe { Tensor::from_file(&path, u64::MAX, DType::U8, &[1]) }.unwrap_err();
+    assert!(matches!(e, TensorError::FileRange { .. }), "{e}");
+    let missing = path.with_extension("missing");
+    // SAFETY: as above (the file does not exist).
+    let e = unsafe { Tensor::from_file(&missing, 0, DType::U8, &[1]) }.unwrap_err();
+    assert!(e.to_string().starts_with("map_file: "), "{e}");
+    std::fs::remove_file(&path).unwrap();
+}
