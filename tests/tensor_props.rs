@@ -267,7 +267,7 @@ proptest! {
         prop_assert_eq!(v.mul(&w).unwrap().to_vec::<f64>().unwrap(), expected(&r, &rw, |a, b| a * b));
         prop_assert_eq!(v.maximum(&w).unwrap().to_vec::<f64>().unwrap(), expected(&r, &rw, f64::max));
         prop_assert_eq!(v.minimum(&w).unwrap().to_vec::<f64>().unwrap(), expected(&r, &rw, f64::min));
-        prop_assert_eq!(v.add(&w).unwrap().sizes(), &r.shape[..]);
+        prop_assert_eq!(v.add(&w).unwrap().sizes().to_vec(), r.shape.clone());
         // Integers take the same paths: exact values.
         let (vi, wi) = (v.to_dtype(DType::I32).unwrap(), w.to_dtype(DType::I32).unwrap());
         let want: Vec<i32> = expected(&r, &rw, |a, b| a * b).iter().map(|&x| x as i32).collect();
