@@ -22,7 +22,7 @@ fn f32s(t: &Tensor) -> Vec<f32> {
 fn seed_example_frees_everything_and_keeps_one_output_buffer() {
     let tr = tracker();
     let opts = TensorOptions::new().allocator(tr.clone()).seed(42);
-    let (x, y) = (Tensor::rand(&[3, 4], &opts).unwrap(), Tensor::rand(&[3, 4], &opts.clone().seed(43)).unwrap());
+    let (x, y) = (Tensor::rand(&[3, 4], &opts).unwrap(), Tensor::rand(&[3, 4], opts.clone().seed(43)).unwrap());
     let (xv, yv) = (f32s(&x), f32s(&y));
     drop((x, y));
     assert_eq!(tr.sizes().live_bytes, 0);
@@ -31,7 +31,7 @@ fn seed_example_frees_everything_and_keeps_one_output_buffer() {
         .unwrap()
         .select(0, 0)
         .unwrap()
-        .add(&Tensor::rand(&[3, 4], &opts.clone().seed(43)).unwrap())
+        .add(&Tensor::rand(&[3, 4], opts.clone().seed(43)).unwrap())
         .unwrap();
     let live = tr.live_chunks();
     assert_eq!(live.len(), 1, "only the output buffer is live: {live:?}");
@@ -191,8 +191,14 @@ fn views_select_the_right_elements_without_copying() {
     check(&t.narrow(2, 1, 2).unwrap().select(0, 0).unwrap(), &[1., 2., 5., 6., 9., 10.]);
     check(&t.slice(2, 0, 4, 3).unwrap().select(0, 1).unwrap(), &[12., 15., 16., 19., 20., 23.]);
     check(&t.transpose(0, 2).unwrap().select(0, 1).unwrap(), &[1., 13., 5., 17., 9., 21.]);
-    check(&t.permute(&[2, 0, 1]).unwrap().select(1, 1).unwrap(), &[12., 16., 20., 13., 17., 21., 14., 18., 22., 15., 19., 23.]);
-    check(&t.select(0, 0).unwrap().select(0, 0).unwrap().unsqueeze(0).unwrap().expand(&[2, -1]).unwrap(), &[0., 1., 2., 3., 0., 1., 2., 3.]);
+    check(
+        &t.permute(&[2, 0, 1]).unwrap().select(1, 1).unwrap(),
+        &[12., 16., 20., 13., 17., 21., 14., 18., 22., 15., 19., 23.],
+    );
+    check(
+        &t.select(0, 0).unwrap().select(0, 0).unwrap().unsqueeze(0).unwrap().expand(&[2, -1]).unwrap(),
+        &[0., 1., 2., 3., 0., 1., 2., 3.],
+    );
     let e = t.narrow(1, 0, 1).unwrap();
     assert_eq!(e.sizes(), [2, 1, 4]);
     assert_eq!(e.squeeze().unwrap().sizes(), [2, 4]);
@@ -221,7 +227,10 @@ fn views_select_the_right_elements_without_copying() {
     assert_eq!(t.chunk(5, 1).unwrap().len(), 3);
     let s = t.as_strided(&[2, 2], &[1, 12], 3).unwrap();
     check(&s, &[3., 15., 4., 16.]);
-    assert_eq!(t.t().unwrap_err().to_string(), "t: cannot use shape [] with a tensor of shape [2, 3, 4]: t() expects at most 2 dimensions; use transpose(dim0, dim1)");
+    assert_eq!(
+        t.t().unwrap_err().to_string(),
+        "t: cannot use shape [] with a tensor of shape [2, 3, 4]: t() expects at most 2 dimensions; use transpose(dim0, dim1)"
+    );
     // contiguous() of a contiguous tensor is the same storage; of a view, a copy.
     assert!(t.contiguous().unwrap().shares_storage(&t));
     let p = t.permute(&[1, 0, 2]).unwrap();

@@ -5,7 +5,10 @@ use tensormem::tensor::{DType, Tensor, TensorError};
 
 fn t(sizes: &[usize]) -> Tensor {
     let n: usize = sizes.iter().product();
-    Tensor::arange(0.0, n as f64, 1.0, DType::F32).unwrap().reshape(&sizes.iter().map(|&s| s as isize).collect::<Vec<_>>()).unwrap()
+    Tensor::arange(0.0, n as f64, 1.0, DType::F32)
+        .unwrap()
+        .reshape(&sizes.iter().map(|&s| s as isize).collect::<Vec<_>>())
+        .unwrap()
 }
 
 fn msg(r: Result<impl std::fmt::Debug, TensorError>) -> String {
@@ -25,15 +28,27 @@ fn shapes_that_cannot_broadcast() {
 #[test]
 fn dims_and_indices_out_of_range() {
     let x = t(&[2, 3]);
-    assert_eq!(msg(x.select(2, 0)), "select: dimension 2 is out of range for a tensor of shape [2, 3] (expected -2 to 1)");
-    assert_eq!(msg(x.select(-3, 0)), "select: dimension -3 is out of range for a tensor of shape [2, 3] (expected -2 to 1)");
-    assert_eq!(msg(x.select(1, 3)), "select: index 3 is out of range for dimension 1 of size 3 (tensor of shape [2, 3])");
+    assert_eq!(
+        msg(x.select(2, 0)),
+        "select: dimension 2 is out of range for a tensor of shape [2, 3] (expected -2 to 1)"
+    );
+    assert_eq!(
+        msg(x.select(-3, 0)),
+        "select: dimension -3 is out of range for a tensor of shape [2, 3] (expected -2 to 1)"
+    );
+    assert_eq!(
+        msg(x.select(1, 3)),
+        "select: index 3 is out of range for dimension 1 of size 3 (tensor of shape [2, 3])"
+    );
     assert!(msg(x.select(1, -4)).starts_with("select: index -4 is out of range"));
     assert!(msg(x.transpose(0, 5)).starts_with("transpose: dimension 5"));
     assert!(msg(x.unsqueeze(4)).starts_with("unsqueeze: dimension 4"));
     assert!(msg(x.sum_dim(-3, false)).starts_with("sum: dimension -3"));
     assert!(msg(x.softmax(2)).starts_with("softmax: dimension 2"));
-    assert_eq!(msg(x.get::<f32>(&[0, 3])), "get: index 3 is out of range for dimension 1 of size 3 (tensor of shape [2, 3])");
+    assert_eq!(
+        msg(x.get::<f32>(&[0, 3])),
+        "get: index 3 is out of range for dimension 1 of size 3 (tensor of shape [2, 3])"
+    );
     assert_eq!(msg(x.get::<f32>(&[0])), "get: 1 indices given for a tensor of shape [2, 3]");
     assert!(msg(x.permute(&[0, 0])).starts_with("permute: dimension 0 appears more than once in [0, 0]"));
     assert!(msg(x.permute(&[0])).starts_with("permute: cannot use shape [0] with a tensor of shape [2, 3]"));
@@ -74,7 +89,9 @@ fn narrow_and_slice_past_the_end_and_zero_steps() {
         "narrow: range start 3, length 3 does not fit in dimension 1 of size 5 (tensor of shape [4, 5])"
     );
     assert!(msg(x.narrow(0, -5, 1)).starts_with("narrow: range start -5"));
-    assert!(msg(x.slice(1, 2, 7, 1)).starts_with("slice: range start 2, length 5 does not fit in dimension 1 of size 5"));
+    assert!(
+        msg(x.slice(1, 2, 7, 1)).starts_with("slice: range start 2, length 5 does not fit in dimension 1 of size 5")
+    );
     assert!(x.slice(1, 3, 2, 1).is_err());
     assert_eq!(msg(x.slice(0, 0, 4, 0)), "slice: step must be greater than zero (tensor of shape [4, 5])");
     assert!(msg(x.chunk(0, 0)).starts_with("chunk: chunks must be greater than zero"));
@@ -87,18 +104,27 @@ fn narrow_and_slice_past_the_end_and_zero_steps() {
 fn wrong_rust_types_and_shapes_of_data() {
     let x = t(&[2]);
     assert_eq!(msg(x.to_vec::<i32>()), "to_vec: the tensor holds f32 but i32 was asked for (shape [2])");
-    assert!(msg(x.item::<f32>()).starts_with("item: a tensor with 2 elements (shape [2]) cannot be converted to a scalar"));
+    assert!(
+        msg(x.item::<f32>()).starts_with("item: a tensor with 2 elements (shape [2]) cannot be converted to a scalar")
+    );
     assert!(msg(x.set(&[0], 1i64)).starts_with("set: the tensor holds f32 but i64"));
-    assert!(msg(Tensor::from_vec(vec![1.0f32; 5], &[2, 3], DType::F32))
-        .starts_with("from_vec: cannot use shape [2, 3] with a tensor of shape [5]"));
+    assert!(
+        msg(Tensor::from_vec(vec![1.0f32; 5], &[2, 3], DType::F32))
+            .starts_with("from_vec: cannot use shape [2, 3] with a tensor of shape [5]")
+    );
     assert!(msg(Tensor::rand(&[2], DType::I32)).starts_with("rand: not supported for dtype i32"));
     assert!(msg(Tensor::zeros(&[3, 31], DType::Q8_0)).contains("last dimension must be a multiple of 32"));
     assert!(msg(Tensor::ones(&[3, 32], DType::Q8_0)).starts_with("full: not supported for dtype q8_0"));
     assert!(msg(x.to_dtype(DType::Q4_0)).contains("multiple of 32"));
     assert!(msg(Tensor::ones(&[2], DType::I32).unwrap().mean()).starts_with("mean: not supported for dtype i32"));
-    assert!(msg(Tensor::ones(&[2], DType::Bool).unwrap().sub(&Tensor::ones(&[2], DType::Bool).unwrap()))
-        .starts_with("sub: not supported for dtype bool"));
-    assert!(msg(Tensor::zeros(&[0], DType::F32).unwrap().max()).starts_with("max: cannot use shape [] with a tensor of shape [0]"));
+    assert!(
+        msg(Tensor::ones(&[2], DType::Bool).unwrap().sub(&Tensor::ones(&[2], DType::Bool).unwrap()))
+            .starts_with("sub: not supported for dtype bool")
+    );
+    assert!(
+        msg(Tensor::zeros(&[0], DType::F32).unwrap().max())
+            .starts_with("max: cannot use shape [] with a tensor of shape [0]")
+    );
     assert!(msg(Tensor::zeros(&[usize::MAX, 4], DType::F32)).contains("needs more bytes than fit in memory"));
 }
 
@@ -128,7 +154,10 @@ fn overlapping_in_place_outputs() {
     assert_eq!(x.to_vec::<f32>().unwrap(), before, "nothing else changed");
     let expanded = t(&[1, 3]).expand(&[4, 3]).unwrap();
     let e = expanded.add_(&t(&[3])).unwrap_err();
-    assert!(e.to_string().starts_with("add_: more than one element of the output (shape [4, 3], strides [0, 1])"), "{e}");
+    assert!(
+        e.to_string().starts_with("add_: more than one element of the output (shape [4, 3], strides [0, 1])"),
+        "{e}"
+    );
     assert!(matches!(expanded.relu_().unwrap_err(), TensorError::InternalOverlap { .. }));
     assert!(x.narrow(0, 0, 2).unwrap().copy_(&x.narrow(0, 1, 2).unwrap()).is_err());
 }

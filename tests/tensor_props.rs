@@ -42,7 +42,8 @@ impl Ref {
     /// The value at `idx` of this array broadcast to a shape with `idx.len()` dimensions.
     fn at_broadcast(&self, idx: &[usize]) -> f64 {
         let lead = idx.len() - self.shape.len();
-        let own: Vec<usize> = (0..self.shape.len()).map(|d| if self.shape[d] == 1 { 0 } else { idx[lead + d] }).collect();
+        let own: Vec<usize> =
+            (0..self.shape.len()).map(|d| if self.shape[d] == 1 { 0 } else { idx[lead + d] }).collect();
         self.at(&own)
     }
 }

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use crate::allocators::Allocator;
 use crate::AllocatorRegistry;
+use crate::allocators::Allocator;
 
 use super::shape::{checked_numel, contiguous_strides, is_contiguous, wrap_dim, wrap_index};
 use super::storage::lock_storages;
@@ -64,7 +64,13 @@ pub(crate) fn nbytes_of(op: &'static str, sizes: &[usize], dtype: DType) -> Resu
 impl Tensor {
     /// A tensor over `storage` with the given layout. The caller has checked that the layout
     /// stays inside the storage.
-    pub(crate) fn from_parts(storage: Storage, sizes: Vec<usize>, strides: Vec<usize>, offset: usize, dtype: DType) -> Self {
+    pub(crate) fn from_parts(
+        storage: Storage,
+        sizes: Vec<usize>,
+        strides: Vec<usize>,
+        offset: usize,
+        dtype: DType,
+    ) -> Self {
         debug_assert_eq!(sizes.len(), strides.len());
         Tensor { storage, sizes, strides, offset, dtype }
     }
@@ -177,7 +183,12 @@ impl Tensor {
 
     pub(crate) fn check_type<T: Element>(&self, op: &'static str) -> Result<()> {
         if T::DTYPE != self.dtype {
-            return Err(TensorError::WrongType { op, expected: T::DTYPE, actual: self.dtype, shape: self.sizes.clone() });
+            return Err(TensorError::WrongType {
+                op,
+                expected: T::DTYPE,
+                actual: self.dtype,
+                shape: self.sizes.clone(),
+            });
         }
         Ok(())
     }

@@ -323,16 +323,46 @@ pub(crate) fn cast<S: Element, D: Element>(s: S) -> D {
 macro_rules! match_dtype {
     ($dt:expr, $T:ident => $body:expr, _ => $other:expr) => {
         match $dt {
-            $crate::tensor::DType::Bool => { type $T = bool; $body }
-            $crate::tensor::DType::U8 => { type $T = u8; $body }
-            $crate::tensor::DType::I8 => { type $T = i8; $body }
-            $crate::tensor::DType::I16 => { type $T = i16; $body }
-            $crate::tensor::DType::I32 => { type $T = i32; $body }
-            $crate::tensor::DType::I64 => { type $T = i64; $body }
-            $crate::tensor::DType::F16 => { type $T = half::f16; $body }
-            $crate::tensor::DType::BF16 => { type $T = half::bf16; $body }
-            $crate::tensor::DType::F32 => { type $T = f32; $body }
-            $crate::tensor::DType::F64 => { type $T = f64; $body }
+            $crate::tensor::DType::Bool => {
+                type $T = bool;
+                $body
+            }
+            $crate::tensor::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::tensor::DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            $crate::tensor::DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            $crate::tensor::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::tensor::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::tensor::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::tensor::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            $crate::tensor::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::tensor::DType::F64 => {
+                type $T = f64;
+                $body
+            }
             _ => $other,
         }
     };
@@ -342,15 +372,42 @@ macro_rules! match_dtype {
 macro_rules! match_numeric {
     ($dt:expr, $T:ident => $body:expr, _ => $other:expr) => {
         match $dt {
-            $crate::tensor::DType::U8 => { type $T = u8; $body }
-            $crate::tensor::DType::I8 => { type $T = i8; $body }
-            $crate::tensor::DType::I16 => { type $T = i16; $body }
-            $crate::tensor::DType::I32 => { type $T = i32; $body }
-            $crate::tensor::DType::I64 => { type $T = i64; $body }
-            $crate::tensor::DType::F16 => { type $T = half::f16; $body }
-            $crate::tensor::DType::BF16 => { type $T = half::bf16; $body }
-            $crate::tensor::DType::F32 => { type $T = f32; $body }
-            $crate::tensor::DType::F64 => { type $T = f64; $body }
+            $crate::tensor::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::tensor::DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            $crate::tensor::DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            $crate::tensor::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::tensor::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::tensor::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::tensor::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            $crate::tensor::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::tensor::DType::F64 => {
+                type $T = f64;
+                $body
+            }
             _ => $other,
         }
     };
@@ -360,10 +417,22 @@ macro_rules! match_numeric {
 macro_rules! match_float {
     ($dt:expr, $T:ident => $body:expr, _ => $other:expr) => {
         match $dt {
-            $crate::tensor::DType::F16 => { type $T = half::f16; $body }
-            $crate::tensor::DType::BF16 => { type $T = half::bf16; $body }
-            $crate::tensor::DType::F32 => { type $T = f32; $body }
-            $crate::tensor::DType::F64 => { type $T = f64; $body }
+            $crate::tensor::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::tensor::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            $crate::tensor::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::tensor::DType::F64 => {
+                type $T = f64;
+                $body
+            }
             _ => $other,
         }
     };

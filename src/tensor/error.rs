@@ -12,7 +12,9 @@ use super::DType;
 #[non_exhaustive]
 pub enum TensorError {
     /// Two shapes that cannot be broadcast together.
-    #[error("{op}: shapes {lhs:?} and {rhs:?} cannot be broadcast (dimension {dim} from the right: {lhs_size} vs {rhs_size})")]
+    #[error(
+        "{op}: shapes {lhs:?} and {rhs:?} cannot be broadcast (dimension {dim} from the right: {lhs_size} vs {rhs_size})"
+    )]
     Broadcast {
         /// The operation.
         op: &'static str,
@@ -74,7 +76,9 @@ pub enum TensorError {
         shape: Vec<usize>,
     },
     /// A range (`narrow`, `slice`) that does not fit in its dimension.
-    #[error("{op}: range start {start}, length {length} does not fit in dimension {dim} of size {size} (tensor of shape {shape:?})")]
+    #[error(
+        "{op}: range start {start}, length {length} does not fit in dimension {dim} of size {size} (tensor of shape {shape:?})"
+    )]
     RangeOutOfBounds {
         /// The operation.
         op: &'static str,
@@ -112,7 +116,9 @@ pub enum TensorError {
         numel: usize,
     },
     /// `view` of a tensor whose strides cannot express the new shape without a copy.
-    #[error("{op}: a tensor of shape {shape:?} and strides {strides:?} cannot be viewed as {target:?} without a copy; use reshape()")]
+    #[error(
+        "{op}: a tensor of shape {shape:?} and strides {strides:?} cannot be viewed as {target:?} without a copy; use reshape()"
+    )]
     NotViewable {
         /// The operation.
         op: &'static str,
@@ -136,7 +142,9 @@ pub enum TensorError {
         reason: &'static str,
     },
     /// A layout that reaches outside its storage (`as_strided`).
-    #[error("{op}: sizes {sizes:?}, strides {strides:?} and offset {offset} reach element {needed} but the storage holds {available} elements")]
+    #[error(
+        "{op}: sizes {sizes:?}, strides {strides:?} and offset {offset} reach element {needed} but the storage holds {available} elements"
+    )]
     OutOfStorage {
         /// The operation.
         op: &'static str,
@@ -186,7 +194,9 @@ pub enum TensorError {
         rhs: DType,
     },
     /// Matrix product operands whose inner dimensions differ.
-    #[error("matmul: shapes {lhs:?} and {rhs:?} cannot be multiplied ({lhs_inner} vs {rhs_inner} in the inner dimension)")]
+    #[error(
+        "matmul: shapes {lhs:?} and {rhs:?} cannot be multiplied ({lhs_inner} vs {rhs_inner} in the inner dimension)"
+    )]
     MatmulShape {
         /// Left operand's shape.
         lhs: Vec<usize>,
@@ -208,7 +218,9 @@ pub enum TensorError {
         shape: Vec<usize>,
     },
     /// An in-place output that shares some, but not all, of its memory with an input.
-    #[error("{op}: the output (shape {output:?}) partially overlaps input {input} (shape {input_shape:?}); clone the input first")]
+    #[error(
+        "{op}: the output (shape {output:?}) partially overlaps input {input} (shape {input_shape:?}); clone the input first"
+    )]
     PartialOverlap {
         /// The operation.
         op: &'static str,
@@ -220,7 +232,9 @@ pub enum TensorError {
         input_shape: Vec<usize>,
     },
     /// An in-place output in which several elements share one memory location (an expanded view).
-    #[error("{op}: more than one element of the output (shape {shape:?}, strides {strides:?}) refers to a single memory location; call contiguous() first")]
+    #[error(
+        "{op}: more than one element of the output (shape {shape:?}, strides {strides:?}) refers to a single memory location; call contiguous() first"
+    )]
     InternalOverlap {
         /// The operation.
         op: &'static str,
@@ -230,7 +244,9 @@ pub enum TensorError {
         strides: Vec<usize>,
     },
     /// A write to memory mapped from a file.
-    #[error("{op}: the tensor (shape {shape:?}) is a read-only view of a mapped file; clone it with contiguous() or to_dtype() first")]
+    #[error(
+        "{op}: the tensor (shape {shape:?}) is a read-only view of a mapped file; clone it with contiguous() or to_dtype() first"
+    )]
     ReadOnly {
         /// The operation.
         op: &'static str,

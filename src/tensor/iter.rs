@@ -79,12 +79,6 @@ impl<const N: usize> Plan<N> {
         self.shape.iter().product()
     }
 
-    /// Dimensions after reordering and coalescing (1 for a contiguous problem).
-    #[cfg(test)]
-    pub(crate) fn ndim(&self) -> usize {
-        self.shape.len()
-    }
-
     /// Inputs whose innermost stride is not unit while their next dimension's is smaller: these
     /// are read through tiles.
     fn tiled_operands(&self) -> [bool; N] {
@@ -92,9 +86,9 @@ impl<const N: usize> Plan<N> {
         if self.shape.len() < 2 || self.strides[0][0] != self.elem[0] || self.shape[0] < 8 || self.shape[1] < 8 {
             return tiled;
         }
-        for k in 1..N {
+        for (k, t) in tiled.iter_mut().enumerate().skip(1) {
             let (s0, s1) = (self.strides[0][k], self.strides[1][k]);
-            tiled[k] = s0 != 0 && s0 != self.elem[k] && s1 < s0;
+            *t = s0 != 0 && s0 != self.elem[k] && s1 < s0;
         }
         tiled
     }
@@ -155,9 +149,9 @@ impl<const N: usize> Plan<N> {
         let nd = self.shape.len();
         let mut idx = vec![0usize; nd];
         let mut rem = begin;
-        for d in 0..nd {
-            idx[d] = rem % self.shape[d];
-            rem /= self.shape[d];
+        for (i, &size) in idx.iter_mut().zip(&self.shape) {
+            *i = rem % size;
+            rem /= size;
         }
         let mut pos = begin;
         while pos < end {
@@ -201,15 +195,16 @@ impl<const N: usize> Plan<N> {
         let max_elem = self.elem.iter().copied().max().unwrap_or(1);
         // One scratch tile per tiled operand, u64-backed so every element type is aligned.
         let words = (pitch * th * max_elem).div_ceil(8);
-        let mut scratch: Vec<Vec<u64>> = (0..N).map(|k| if tiled[k] { vec![0u64; words] } else { Vec::new() }).collect();
+        let mut scratch: Vec<Vec<u64>> =
+            (0..N).map(|k| if tiled[k] { vec![0u64; words] } else { Vec::new() }).collect();
         let nd = self.shape.len();
         let mut idx = vec![0usize; nd];
         for t in begin..end {
             let (c1, c0) = (t % tiles1 * th, t / tiles1 % tiles0 * tw);
             let mut o = t / (tiles0 * tiles1);
-            for d in 2..nd {
-                idx[d] = o % self.shape[d];
-                o /= self.shape[d];
+            for (i, &size) in idx.iter_mut().zip(&self.shape).skip(2) {
+                *i = o % size;
+                o /= size;
             }
             idx[0] = c0;
             idx[1] = c1;
@@ -330,7 +325,9 @@ unsafe fn gather_tile(src: *mut u8, s0: usize, s1: usize, dst: *mut u8, w: usize
 /// As [`gather_tile`] with `e == 4`, `s1 == 4` and `h % 4 == 0`.
 #[cfg(target_arch = "x86_64")]
 unsafe fn gather_tile_4x4(src: *mut u8, s0: usize, dst: *mut u8, w: usize, h: usize, pitch: usize) {
-    use core::arch::x86_64::{_mm_loadu_ps, _mm_movehl_ps, _mm_movelh_ps, _mm_storeu_ps, _mm_unpackhi_ps, _mm_unpacklo_ps};
+    use core::arch::x86_64::{
+        _mm_loadu_ps, _mm_movehl_ps, _mm_movelh_ps, _mm_storeu_ps, _mm_unpackhi_ps, _mm_unpacklo_ps,
+    };
     let dst = dst as *mut f32;
     let full = w - w % 4;
     for c in (0..full).step_by(4) {

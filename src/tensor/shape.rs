@@ -180,8 +180,8 @@ pub(crate) fn view_strides(old_sizes: &[usize], old_strides: &[usize], new_sizes
     let (mut tensor_numel, mut view_numel) = (1usize, 1usize);
     for tensor_d in (0..old_sizes.len()).rev() {
         tensor_numel *= old_sizes[tensor_d];
-        let boundary = tensor_d == 0
-            || (old_sizes[tensor_d - 1] != 1 && old_strides[tensor_d - 1] != tensor_numel * chunk_base);
+        let boundary =
+            tensor_d == 0 || (old_sizes[tensor_d - 1] != 1 && old_strides[tensor_d - 1] != tensor_numel * chunk_base);
         if boundary {
             while view_d >= 0 && (view_numel < tensor_numel || new_sizes[view_d as usize] == 1) {
                 new_strides[view_d as usize] = view_numel * chunk_base;

@@ -234,15 +234,14 @@ impl Tensor {
     /// [`TensorError::Broadcast`] when the shapes are not compatible.
     pub fn broadcast_to(&self, sizes: &[usize]) -> Result<Tensor> {
         let op = "broadcast_to";
-        let strides = broadcast_strides(self.sizes(), self.strides(), sizes)
-            .ok_or_else(|| super::shape::broadcast_shapes(op, self.sizes(), sizes).err().unwrap_or_else(|| {
-                TensorError::BadShape {
-                    op,
-                    shape: self.sizes().to_vec(),
-                    target: sizes.to_vec(),
-                    reason: "the target has fewer dimensions than the tensor",
-                }
-            }))?;
+        let strides = broadcast_strides(self.sizes(), self.strides(), sizes).ok_or_else(|| {
+            super::shape::broadcast_shapes(op, self.sizes(), sizes).err().unwrap_or_else(|| TensorError::BadShape {
+                op,
+                shape: self.sizes().to_vec(),
+                target: sizes.to_vec(),
+                reason: "the target has fewer dimensions than the tensor",
+            })
+        })?;
         self.make_view(op, sizes.to_vec(), strides, self.storage_offset())
     }
 

@@ -108,8 +108,11 @@ fn as_dtype(t: &Tensor, dtype: DType) -> Result<Tensor> {
 }
 
 fn result_type(op: &'static str, a: &Tensor, b: &Tensor) -> Result<DType> {
-    DType::result_type(a.dtype(), a.dim() == 0, b.dtype(), b.dim() == 0)
-        .ok_or(TensorError::NoCommonDType { op, lhs: a.dtype(), rhs: b.dtype() })
+    DType::result_type(a.dtype(), a.dim() == 0, b.dtype(), b.dim() == 0).ok_or(TensorError::NoCommonDType {
+        op,
+        lhs: a.dtype(),
+        rhs: b.dtype(),
+    })
 }
 
 /// Runs `kind` into `out` (dtype `ct`) from `a` and `b` (both converted to `ct`).
@@ -178,6 +181,7 @@ fn launch_unary(op: &'static str, kind: Unary, out: &Tensor, a: &Tensor, fresh: 
     }, _ => Err(unsupported(op, a, "")))
 }
 
+#[allow(clippy::bool_comparison)] // `x < y` is generic; for bool it is the order false < true
 impl Tensor {
     fn binary(&self, kind: Binary, other: &Tensor, alpha: f64) -> Result<Tensor> {
         let op = kind.name(false);

@@ -36,7 +36,11 @@ pub(crate) fn check_inplace(op: &'static str, out: &Tensor, inputs: &[&Tensor]) 
     let mut reach = 0usize;
     for &(stride, size) in &dims {
         if stride <= reach {
-            return Err(TensorError::InternalOverlap { op, shape: out.sizes().to_vec(), strides: out.strides().to_vec() });
+            return Err(TensorError::InternalOverlap {
+                op,
+                shape: out.sizes().to_vec(),
+                strides: out.strides().to_vec(),
+            });
         }
         reach += stride * (size - 1);
     }
@@ -129,9 +133,8 @@ unsafe fn binary_loop<A: Element, B: Element, O: Element>(
 ) {
     let (o, a, b) = (p[0] as *mut O, p[1] as *const A, p[2] as *const B);
     let (eo, ea, eb) = (size_of::<O>(), size_of::<A>(), size_of::<B>());
-    // SAFETY (all blocks below): the function's contract; slices are made only over runs
-    // with unit strides, and a `&mut` output slice only when `fresh` says nothing else
-    // refers to it.
+    // SAFETY: the function's contract; slices are made only over runs with unit strides,
+    // and a `&mut` output slice only when `fresh` says nothing else refers to it.
     unsafe {
         if fresh && s[0] == eo {
             let out = slice::from_raw_parts_mut(o as *mut MaybeUninit<O>, n);
@@ -170,7 +173,13 @@ unsafe fn binary_loop<A: Element, B: Element, O: Element>(
 /// # Safety
 /// As [`binary_loop`].
 #[inline(always)]
-unsafe fn unary_loop<A: Element, O: Element>(f: &impl Fn(A) -> O, p: [*mut u8; 2], s: [usize; 2], n: usize, fresh: bool) {
+unsafe fn unary_loop<A: Element, O: Element>(
+    f: &impl Fn(A) -> O,
+    p: [*mut u8; 2],
+    s: [usize; 2],
+    n: usize,
+    fresh: bool,
+) {
     let (o, a) = (p[0] as *mut O, p[1] as *const A);
     // SAFETY: as in `binary_loop`.
     unsafe {
