@@ -89,3 +89,28 @@ if (root / "global_alloc_workload").is_dir():
     x, y = mean("alloc_path_64B", "with_collector"), mean("alloc_path_64B", "without_collector")
     if x and y:
         print(f"| allocation path with / without a collector registered (target <= 1.02) | {x / y:.3f} | {x:.2f} ns vs {y:.2f} ns |")
+
+# --- benches/tensor_kernels.rs -------------------------------------------------------------
+if (root / "add_4M_1t").is_dir():
+    print()
+    print("| tensor kernels (f32) | 1 thread | 2 threads | target |")
+    print("|---|---:|---:|---|")
+    def r(fmt, a, b, inverse=False):
+        out = []
+        for t in (1, 2):
+            g = fmt.format(t=t)
+            x, y = mean(g, a), mean(g, b)
+            out.append("-" if x is None or y is None else f"{(y / x if inverse else x / y):.2f}")
+        return out
+    rows = [
+        ("a + b 4M (pool output): copy time / kernel time", "add_4M_{t}t", "tensor_pool", "copy", True, ">= 0.90"),
+        ("a + b 4M (system allocator output): copy time / kernel time", "add_4M_{t}t", "tensor_system", "copy", True, "reference"),
+        ("2048x2048 + row: copy time / kernel time", "broadcast_2048_{t}t", "tensor", "copy", True, ">= 0.90"),
+        ("a.t() + b / a + b, 2048x2048", "transposed_2048_{t}t", "transposed_add", "contiguous_add", False, "<= 2.0"),
+        ("sum 4M: read-pass time / kernel time", "sum_4M_{t}t", "tensor", "read", True, ">= 0.90"),
+        ("matmul 512^3: tensor / gemm direct", "matmul_512_{t}t", "tensor", "gemm_direct", False, "<= 1.05"),
+        ("contiguous() of a transposed 2048x2048 / 16 MB copy", "contiguous_of_transposed_2048_{t}t", "tensor", "copy", False, "report"),
+    ]
+    for label, g, a, b, inv, target in rows:
+        one, two = r(g, a, b, inv)
+        print(f"| {label} | {one} | {two} | {target} |")
