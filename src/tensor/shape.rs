@@ -132,6 +132,25 @@ pub(crate) fn broadcast_strides(sizes: &[usize], strides: &[usize], target: &[us
     Some(out)
 }
 
+/// [`broadcast_strides`], or the error saying why `sizes` does not broadcast to `target`.
+pub(crate) fn broadcast_strides_to(
+    op: &'static str,
+    sizes: &[usize],
+    strides: &[usize],
+    target: &[usize],
+) -> Result<Vec<usize>> {
+    broadcast_strides(sizes, strides, target).ok_or_else(|| match broadcast_shapes(op, sizes, target) {
+        Err(e) => e,
+        // The shapes broadcast together, but not one onto the other.
+        Ok(_) => TensorError::BadShape {
+            op,
+            shape: sizes.to_vec(),
+            target: target.to_vec(),
+            reason: "only dimensions of size 1 expand, and the target needs at least as many dimensions",
+        },
+    })
+}
+
 /// The target shape of `view`/`reshape` with a `-1` inferred.
 pub(crate) fn infer_size(op: &'static str, target: &[isize], shape: &[usize], numel: usize) -> Result<Vec<usize>> {
     let bad = || TensorError::NumelMismatch { op, target: target.to_vec(), shape: shape.to_vec(), numel };

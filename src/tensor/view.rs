@@ -1,6 +1,6 @@
 //! Views: new sizes/strides/offset over the same storage, no copy.
 
-use super::shape::{broadcast_strides, extent, infer_size, view_strides, wrap_dim, wrap_index, wrap_insert_dim};
+use super::shape::{broadcast_strides, broadcast_strides_to, extent, infer_size, view_strides, wrap_dim, wrap_index, wrap_insert_dim};
 use super::{QUANT_BLOCK, Result, Tensor, TensorError};
 
 impl Tensor {
@@ -231,17 +231,11 @@ impl Tensor {
     /// Broadcasts to `sizes` ([`expand`](Self::expand) without `-1`).
     ///
     /// # Errors
-    /// [`TensorError::Broadcast`] when the shapes are not compatible.
+    /// [`TensorError::Broadcast`] when the shapes are not compatible; [`TensorError::BadShape`]
+    /// when they are only compatible the other way round (`[3]` to `[1]`).
     pub fn broadcast_to(&self, sizes: &[usize]) -> Result<Tensor> {
         let op = "broadcast_to";
-        let strides = broadcast_strides(self.sizes(), self.strides(), sizes).ok_or_else(|| {
-            super::shape::broadcast_shapes(op, self.sizes(), sizes).err().unwrap_or_else(|| TensorError::BadShape {
-                op,
-                shape: self.sizes().to_vec(),
-                target: sizes.to_vec(),
-                reason: "the target has fewer dimensions than the tensor",
-            })
-        })?;
+        let strides = broadcast_strides_to(op, self.sizes(), self.strides(), sizes)?;
         self.make_view(op, sizes.to_vec(), strides, self.storage_offset())
     }
 

@@ -9,21 +9,13 @@ use core::mem::{MaybeUninit, size_of};
 use core::slice;
 
 use crate::tensor::iter::{Operand, Plan};
-use crate::tensor::shape::{broadcast_shapes, broadcast_strides, extent};
+use crate::tensor::shape::{broadcast_strides_to, extent};
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{Element, Result, Tensor, TensorError};
 
 /// `t`'s strides broadcast to `shape`.
 pub(crate) fn strides_to(op: &'static str, t: &Tensor, shape: &[usize]) -> Result<Vec<usize>> {
-    match broadcast_strides(t.sizes(), t.strides(), shape) {
-        Some(s) => Ok(s),
-        None => Err(broadcast_shapes(op, t.sizes(), shape).err().unwrap_or(TensorError::BadShape {
-            op,
-            shape: t.sizes().to_vec(),
-            target: shape.to_vec(),
-            reason: "the operand has more dimensions than the output",
-        })),
-    }
+    broadcast_strides_to(op, t.sizes(), t.strides(), shape)
 }
 
 /// Refuses an in-place output that is read-only, has elements sharing memory, or partially
