@@ -8,6 +8,24 @@ use crate::tensor::{DType, Result, Tensor, TensorError};
 
 use super::loops::run_unary;
 
+/// Writes `src` (broadcast to `out`'s shape), converted to `out`'s dtype, into `out`: the one
+/// copy kernel behind `contiguous`, `to_dtype` and `copy_` (a plain copy loop when the dtypes
+/// match). `fresh` as for [`run_unary`].
+pub(crate) fn cast_into(op: &'static str, out: &Tensor, src: &Tensor, fresh: bool) -> Result<()> {
+    let unsupported = |t: &Tensor| TensorError::UnsupportedDType {
+        op,
+        dtype: t.dtype(),
+        shape: t.sizes().to_vec(),
+        hint: "dequantize with to_dtype(DType::F32) first",
+    };
+    if out.dtype() == src.dtype() {
+        return match_dtype!(src.dtype(), T => run_unary(op, out, src, fresh, |x: T| x), _ => Err(unsupported(src)));
+    }
+    match_dtype!(out.dtype(), D => match_dtype!(src.dtype(), S => {
+        run_unary(op, out, src, fresh, |x: S| cast::<S, D>(x))
+    }, _ => Err(unsupported(src))), _ => Err(unsupported(out)))
+}
+
 impl Tensor {
     /// This tensor if it is already contiguous (no copy), else a contiguous copy.
     ///
@@ -24,9 +42,9 @@ impl Tensor {
         if self.dtype().is_quantized() {
             return self.copy_quantized(op);
         }
-        // SAFETY: the copy below writes every element of `out`.
+        // SAFETY: `cast_into` writes every element of `out` or fails, dropping it unread.
         let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
-        match_dtype!(self.dtype(), T => run_unary(op, &out, self, true, |x: T| x)?, _ => {});
+        cast_into(op, &out, self, true)?;
         Ok(out)
     }
 
@@ -84,11 +102,9 @@ impl Tensor {
         if dtype.is_quantized() {
             return self.quantize(op, dtype);
         }
-        // SAFETY: the cast below writes every element of `out`.
+        // SAFETY: `cast_into` writes every element of `out` or fails, dropping it unread.
         let out = unsafe { Tensor::output(op, self.sizes(), dtype, self) }?;
-        match_dtype!(self.dtype(), S => match_dtype!(dtype, D => {
-            run_unary(op, &out, self, true, |x: S| cast::<S, D>(x))?
-        }, _ => {}), _ => {});
+        cast_into(op, &out, self, true)?;
         Ok(out)
     }
 

@@ -10,11 +10,12 @@
 //! destination's dtype and refuse a result dtype that cannot be cast to it (a float result
 //! into an integer tensor, a number into a bool tensor).
 
-use crate::tensor::dtype::{cast, match_dtype, match_float, match_numeric};
+use crate::tensor::dtype::{match_dtype, match_float, match_numeric};
 use crate::tensor::num::{Float, Num};
 use crate::tensor::shape::broadcast_shapes;
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
+use super::cast::cast_into;
 use super::loops::{check_inplace, run_binary, run_unary};
 
 /// The binary arithmetic operations.
@@ -281,11 +282,8 @@ impl Tensor {
     pub fn copy_(&self, src: &Tensor) -> Result<&Tensor> {
         let op = "copy_";
         check_inplace(op, self, &[src])?;
-        match_dtype!(self.dtype(), D => match_dtype!(src.dtype(), S => {
-            run_unary(op, self, src, false, |x: S| cast::<S, D>(x))?;
-            Ok(self)
-        }, _ => Err(unsupported(op, src, "dequantize with to_dtype(DType::F32) first"))),
-        _ => Err(unsupported(op, self, "")))
+        cast_into(op, self, src, false)?;
+        Ok(self)
     }
 }
 
