@@ -206,6 +206,8 @@ fn views_select_the_right_elements_without_copying() {
     assert!(e.broadcast_to(&[3, 3, 5, 4]).unwrap_err().to_string().contains("cannot be broadcast"));
     assert_eq!(e.broadcast_to(&[3, 2, 1, 4]).unwrap().strides(), [0, 12, 4, 1]);
     assert_eq!(t.unsqueeze(-1).unwrap().sizes(), [2, 3, 4, 1]);
+    check(&t.movedim(0, -1).unwrap().select(0, 1).unwrap().select(0, 2).unwrap(), &[6., 18.]);
+    assert_eq!(t.movedim(2, 0).unwrap().sizes(), [4, 2, 3]);
     assert_eq!(t.unsqueeze(1).unwrap().strides(), [12, 12, 4, 1]);
     let v = t.view(&[6, -1]).unwrap();
     assert_eq!((v.sizes(), v.strides()), (&[6usize, 4][..], &[4usize, 1][..]));

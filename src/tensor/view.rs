@@ -162,6 +162,24 @@ impl Tensor {
         self.make_view(op, sizes, strides, self.storage_offset())
     }
 
+    /// Moves dimension `source` to position `destination`, keeping the others in order
+    /// (`torch.movedim`).
+    ///
+    /// # Errors
+    /// [`TensorError::DimOutOfRange`].
+    pub fn movedim(&self, source: isize, destination: isize) -> Result<Tensor> {
+        let op = "movedim";
+        if self.dim() == 0 {
+            wrap_dim(op, source, &[])?;
+            wrap_dim(op, destination, &[])?;
+            return Ok(self.clone());
+        }
+        let (s, d) = (self.wrap_dim(op, source)?, self.wrap_dim(op, destination)?);
+        let mut perm: Vec<isize> = (0..self.dim() as isize).filter(|&i| i != s as isize).collect();
+        perm.insert(d, s as isize);
+        self.permute(&perm)
+    }
+
     /// Inserts a dimension of size 1 at `dim` (in `-(ndim+1)..=ndim`).
     ///
     /// # Errors

@@ -118,9 +118,7 @@ fn rows_of(t: &Tensor, op: &'static str, dim: Option<isize>, keepdim: bool) -> R
             if t.dim() == 0 {
                 return Ok((t.clone(), 1, vec![]));
             }
-            let mut perm: Vec<isize> = (0..t.dim() as isize).filter(|&i| i != d as isize).collect();
-            perm.push(d as isize);
-            let x = t.permute(&perm)?.contiguous()?;
+            let x = t.movedim(d as isize, -1)?.contiguous()?;
             let mut out = t.sizes().to_vec();
             if keepdim {
                 out[d] = 1;
@@ -376,9 +374,7 @@ impl Tensor {
             return Tensor::ones(&[], self.dtype());
         }
         let d = self.wrap_dim(op, dim)?;
-        let mut perm: Vec<isize> = (0..self.dim() as isize).filter(|&i| i != d as isize).collect();
-        perm.push(d as isize);
-        let x = self.permute(&perm)?.contiguous()?;
+        let x = self.movedim(d as isize, -1)?.contiguous()?;
         let len = self.sizes()[d];
         // SAFETY: every row of `y` is written below.
         let y = unsafe { Tensor::output(op, x.sizes(), self.dtype(), self) }?;
@@ -418,10 +414,6 @@ impl Tensor {
         }, _ => {});
         drop(_g);
         // Put `dim` back where it was.
-        let mut inv = vec![0isize; self.dim()];
-        for (i, &p) in perm.iter().enumerate() {
-            inv[p as usize] = i as isize;
-        }
-        y.permute(&inv)?.contiguous()
+        y.movedim(-1, d as isize)?.contiguous()
     }
 }
