@@ -232,7 +232,7 @@ pub trait Element: Copy + Send + Sync + PartialOrd + fmt::Debug + Default + 'sta
     fn from_i64(v: i64) -> Self;
 }
 
-macro_rules! int_element {
+macro_rules! prim_element {
     ($($t:ty => $d:ident),*) => {$(
         impl sealed::Sealed for $t {}
         impl Element for $t {
@@ -248,25 +248,7 @@ macro_rules! int_element {
         }
     )*};
 }
-int_element!(u8 => U8, i8 => I8, i16 => I16, i32 => I32, i64 => I64);
-
-macro_rules! float_element {
-    ($($t:ty => $d:ident),*) => {$(
-        impl sealed::Sealed for $t {}
-        impl Element for $t {
-            const DTYPE: DType = DType::$d;
-            #[inline(always)]
-            fn to_f64(self) -> f64 { self as f64 }
-            #[inline(always)]
-            fn from_f64(v: f64) -> Self { v as $t }
-            #[inline(always)]
-            fn to_i64(self) -> i64 { self as i64 }
-            #[inline(always)]
-            fn from_i64(v: i64) -> Self { v as $t }
-        }
-    )*};
-}
-float_element!(f32 => F32, f64 => F64);
+prim_element!(u8 => U8, i8 => I8, i16 => I16, i32 => I32, i64 => I64, f32 => F32, f64 => F64);
 
 macro_rules! half_element {
     ($($t:ty => $d:ident),*) => {$(
@@ -318,124 +300,45 @@ pub(crate) fn cast<S: Element, D: Element>(s: S) -> D {
     }
 }
 
+/// Runs `$body` with `$T` bound to the Rust type of `$dt` when `$dt` is one of the listed
+/// dtypes; evaluates `$other` otherwise. The three macros below pick the lists.
+macro_rules! match_types {
+    ($dt:expr, $T:ident => $body:expr, _ => $other:expr; $($d:ident => $t:ty),*) => {
+        match $dt {
+            $($crate::tensor::DType::$d => {
+                type $T = $t;
+                $body
+            })*
+            _ => $other,
+        }
+    };
+}
+
 /// Runs `$body` with `$T` the Rust type of plain dtype `$dt`; evaluates `$other` for the
 /// quantised dtypes.
 macro_rules! match_dtype {
     ($dt:expr, $T:ident => $body:expr, _ => $other:expr) => {
-        match $dt {
-            $crate::tensor::DType::Bool => {
-                type $T = bool;
-                $body
-            }
-            $crate::tensor::DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            $crate::tensor::DType::I8 => {
-                type $T = i8;
-                $body
-            }
-            $crate::tensor::DType::I16 => {
-                type $T = i16;
-                $body
-            }
-            $crate::tensor::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            $crate::tensor::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::tensor::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::tensor::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            $crate::tensor::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::tensor::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            _ => $other,
-        }
+        $crate::tensor::dtype::match_types!($dt, $T => $body, _ => $other;
+            Bool => bool, U8 => u8, I8 => i8, I16 => i16, I32 => i32, I64 => i64,
+            F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64)
     };
 }
 
 /// Like `match_dtype!` for the numeric dtypes only (no bool, no quantised).
 macro_rules! match_numeric {
     ($dt:expr, $T:ident => $body:expr, _ => $other:expr) => {
-        match $dt {
-            $crate::tensor::DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            $crate::tensor::DType::I8 => {
-                type $T = i8;
-                $body
-            }
-            $crate::tensor::DType::I16 => {
-                type $T = i16;
-                $body
-            }
-            $crate::tensor::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            $crate::tensor::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::tensor::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::tensor::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            $crate::tensor::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::tensor::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            _ => $other,
-        }
+        $crate::tensor::dtype::match_types!($dt, $T => $body, _ => $other;
+            U8 => u8, I8 => i8, I16 => i16, I32 => i32, I64 => i64,
+            F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64)
     };
 }
 
 /// Like `match_dtype!` for the floating-point dtypes only.
 macro_rules! match_float {
     ($dt:expr, $T:ident => $body:expr, _ => $other:expr) => {
-        match $dt {
-            $crate::tensor::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::tensor::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            $crate::tensor::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::tensor::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            _ => $other,
-        }
+        $crate::tensor::dtype::match_types!($dt, $T => $body, _ => $other;
+            F16 => half::f16, BF16 => half::bf16, F32 => f32, F64 => f64)
     };
 }
 
-pub(crate) use {match_dtype, match_float, match_numeric};
+pub(crate) use {match_dtype, match_float, match_numeric, match_types};

@@ -114,67 +114,22 @@ macro_rules! float_num {
 }
 float_num!(f32, f64);
 
-impl Float for f32 {
-    #[inline(always)]
-    fn div(self, o: Self) -> Self {
-        self / o
-    }
-    #[inline]
-    fn exp(self) -> Self {
-        f32::exp(self)
-    }
-    #[inline]
-    fn ln(self) -> Self {
-        f32::ln(self)
-    }
-    #[inline]
-    fn sqrt(self) -> Self {
-        f32::sqrt(self)
-    }
-    #[inline]
-    fn tanh(self) -> Self {
-        f32::tanh(self)
-    }
-    #[inline]
-    fn sigmoid(self) -> Self {
-        1.0 / (1.0 + f32::exp(-self))
-    }
-    #[inline]
-    fn gelu(self) -> Self {
-        0.5 * self * (1.0 + libm::erff(self * core::f32::consts::FRAC_1_SQRT_2))
-    }
+macro_rules! float_fns {
+    ($($t:ident => $erf:path),*) => {$(
+        impl Float for $t {
+            #[inline(always)] fn div(self, o: Self) -> Self { self / o }
+            #[inline] fn exp(self) -> Self { $t::exp(self) }
+            #[inline] fn ln(self) -> Self { $t::ln(self) }
+            #[inline] fn sqrt(self) -> Self { $t::sqrt(self) }
+            #[inline] fn tanh(self) -> Self { $t::tanh(self) }
+            #[inline] fn sigmoid(self) -> Self { 1.0 / (1.0 + $t::exp(-self)) }
+            #[inline] fn gelu(self) -> Self {
+                0.5 * self * (1.0 + $erf(self * core::$t::consts::FRAC_1_SQRT_2))
+            }
+        }
+    )*};
 }
-
-impl Float for f64 {
-    #[inline(always)]
-    fn div(self, o: Self) -> Self {
-        self / o
-    }
-    #[inline]
-    fn exp(self) -> Self {
-        f64::exp(self)
-    }
-    #[inline]
-    fn ln(self) -> Self {
-        f64::ln(self)
-    }
-    #[inline]
-    fn sqrt(self) -> Self {
-        f64::sqrt(self)
-    }
-    #[inline]
-    fn tanh(self) -> Self {
-        f64::tanh(self)
-    }
-    #[inline]
-    fn sigmoid(self) -> Self {
-        1.0 / (1.0 + f64::exp(-self))
-    }
-    #[inline]
-    fn gelu(self) -> Self {
-        0.5 * self * (1.0 + libm::erf(self * core::f64::consts::FRAC_1_SQRT_2))
-    }
-}
+float_fns!(f32 => libm::erff, f64 => libm::erf);
 
 macro_rules! half_num {
     ($($t:ty),*) => {$(

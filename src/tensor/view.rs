@@ -1,6 +1,8 @@
 //! Views: new sizes/strides/offset over the same storage, no copy.
 
-use super::shape::{broadcast_strides, broadcast_strides_to, extent, infer_size, view_strides, wrap_dim, wrap_index, wrap_insert_dim};
+use super::shape::{
+    broadcast_strides, broadcast_strides_to, extent, infer_size, view_strides, wrap_dim, wrap_index, wrap_insert_dim,
+};
 use super::{QUANT_BLOCK, Result, Tensor, TensorError};
 
 impl Tensor {
