@@ -172,7 +172,7 @@ impl Tensor {
                 reason: "the data's length must be the shape's element count",
             });
         }
-        let t = Tensor::filled("from_vec", sizes, &opts.clone().dtype(T::DTYPE), |i| data[i])?;
+        let t = Tensor::filled("from_vec", sizes, &opts, |i| data[i])?;
         match opts.get_dtype() {
             Some(d) if d != T::DTYPE => t.to_dtype(d),
             _ => Ok(t),

@@ -114,10 +114,10 @@ impl<const N: usize> Plan<N> {
             let tasks = tiles0 * tiles1 * outer;
             let chunks = threads.min(tasks);
             if chunks <= 1 {
-                self.run_tiles(0, tasks, tiled, f);
+                self.run_tiles(0, tasks, tiled, (w, h), f);
             } else {
                 (0..chunks).into_par_iter().for_each(|c| {
-                    self.run_tiles(tasks * c / chunks, tasks * (c + 1) / chunks, tiled, f);
+                    self.run_tiles(tasks * c / chunks, tasks * (c + 1) / chunks, tiled, (w, h), f);
                 });
             }
             return;
@@ -182,12 +182,11 @@ impl<const N: usize> Plan<N> {
     /// from `(t / tiles1 % tiles0) * w`, and outer index `t / (tiles0 * tiles1)`: consecutive
     /// tiles walk down dimension 1, so they read the next cache line of the same pages of the
     /// transposed input, and write long runs of the output's rows.
-    fn run_tiles<F>(&self, begin: usize, end: usize, tiled: [bool; N], f: &F)
+    fn run_tiles<F>(&self, begin: usize, end: usize, tiled: [bool; N], (tw, th): (usize, usize), f: &F)
     where
         F: Fn([*mut u8; N], [usize; N], usize),
     {
         let (s0, s1) = (self.shape[0], self.shape[1]);
-        let (tw, th) = self.tile_shape(tiled);
         let (tiles0, tiles1) = (s0.div_ceil(tw), s1.div_ceil(th));
         // Rows of the scratch tile are `pitch` elements apart: a little more than `tw`, so that
         // the `th` rows written together do not fall into the same cache sets.
