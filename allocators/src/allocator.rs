@@ -125,6 +125,14 @@ pub unsafe trait Allocator: Send + Sync + fmt::Debug {
     fn snapshot_memory_dump(&self) -> Option<MemoryDump> {
         None
     }
+
+    /// Gives cached free memory back to where it came from and returns how many bytes went
+    /// (TensorFlow's `ClearCache`, PyTorch's `empty_cache`). Live blocks are untouched. A caching
+    /// allocator (BFC, pool) releases what it holds beyond what is in use; decorators forward
+    /// it; allocators that cache nothing return 0 (the default).
+    fn release_cached(&self) -> usize {
+        0
+    }
 }
 
 /// Typed allocation on every [`Allocator`], `dyn Allocator` included.
@@ -244,5 +252,9 @@ unsafe impl<A: Allocator + ?Sized> Allocator for std::sync::Arc<A> {
 
     fn snapshot_memory_dump(&self) -> Option<MemoryDump> {
         (**self).snapshot_memory_dump()
+    }
+
+    fn release_cached(&self) -> usize {
+        (**self).release_cached()
     }
 }

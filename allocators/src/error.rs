@@ -320,6 +320,22 @@ pub enum BuildError {
         /// The smallest usable limit.
         minimum: u64,
     },
+    /// Address space for an expandable allocator could not be reserved.
+    #[error(
+        "allocator '{allocator}': could not reserve {} of address space ({bytes} bytes) from {memory} memory: \
+         {reason}; lower the memory limit, raise the address-space limit (ulimit -v), or build it with expandable(false)",
+        Bytes(*.bytes)
+    )]
+    Reserve {
+        /// The allocator being built.
+        allocator: String,
+        /// The bytes asked for.
+        bytes: u64,
+        /// The memory's name (`os`, `cuda:0`).
+        memory: String,
+        /// The system's answer.
+        reason: String,
+    },
     /// The sub-allocator cannot align regions as the allocator needs.
     #[error(
         "allocator '{allocator}': its sub-allocator aligns regions to at most {alignment} bytes, but {required} are needed"

@@ -27,11 +27,13 @@
 mod allocator;
 mod attributes;
 mod backend;
+mod barrier;
 mod bfc;
 mod builder;
 mod conformance;
 mod counters;
 mod error;
+mod expandable;
 mod format;
 #[cfg(feature = "jemalloc")]
 mod jemalloc;
@@ -44,17 +46,19 @@ mod system;
 pub use allocator::{Allocator, AllocatorExt, LiveChunk, dangling};
 pub use attributes::{AllocationAttributes, AllocatorAttributes};
 pub use bfc::{
-    BFC_DUMP_ON_OOM_ENV, BfcAllocator, BfcBuilder, BinSummary, ChunkInfo, DEFAULT_MAX_INTERNAL_FRAGMENTATION,
-    MIN_ALLOCATION_SIZE, MemoryDump, NUM_BINS, RegionInfo,
+    BFC_DUMP_ON_OOM_ENV, BfcAllocator, BfcBuilder, BinSummary, ChunkInfo, DEFAULT_FIRST_FIT_ABOVE,
+    DEFAULT_GROWTH_GRANULE, DEFAULT_MAX_INTERNAL_FRAGMENTATION, ExpandableInfo, MIN_ALLOCATION_SIZE, MemoryDump,
+    NUM_BINS, ParseSplitPolicyError, RegionInfo, SplitPolicy,
 };
 pub use builder::{AllocatorBuilder, BackendOptions, Fill, FromOptions, JUNK_PATTERN};
 pub use counters::{CounterSnapshot, FLUSH_BYTES, LimitHit, StatsCounters};
 pub use error::{AllocError, AllocErrorKind, BuildError};
+pub use expandable::{ExpandableMemory, OsMemory};
 pub use format::ByteSize;
 #[cfg(feature = "jemalloc")]
 pub use jemalloc::{JemallocAllocator, JemallocStats, JemallocStatsError};
 pub use per_thread::{PerThread, ThreadValue};
-pub use pool::{PoolAllocator, PoolBuilder, PoolStats, SizeRounding, THREAD_CACHE_MAX_CLASS};
+pub use pool::{DEFAULT_LARGE_THRESHOLD, PoolAllocator, PoolBuilder, PoolStats, SizeRounding, THREAD_CACHE_MAX_CLASS};
 pub use stats::AllocatorStats;
 pub use sub_allocator::{OsSubAllocator, SubAllocator};
 pub use system::SystemAllocator;

@@ -4,6 +4,9 @@
 use core::fmt;
 use core::ptr::NonNull;
 
+use crate::expandable::PAGE;
+use crate::{ExpandableMemory, OsMemory};
+
 /// A source of large regions for a caching allocator (TensorFlow's `SubAllocator`).
 ///
 /// # Safety
@@ -31,15 +34,20 @@ pub unsafe trait SubAllocator: Send + Sync + fmt::Debug {
 
     /// The largest alignment `alloc_region` can honour.
     fn max_alignment(&self) -> usize;
+
+    /// The same memory as an [`ExpandableMemory`] (address space reserved once, committed on
+    /// demand), if this source can do that; a [`BfcAllocator`](crate::BfcAllocator) then grows
+    /// one region at its end instead of taking separate regions. `None` by default.
+    fn expandable(&self) -> Option<&dyn ExpandableMemory> {
+        None
+    }
 }
 
 /// Regions mapped from the operating system (anonymous `mmap` on Unix), page-aligned; pages are
-/// backed lazily by the kernel when first touched.
+/// backed lazily by the kernel when first touched. Its [`expandable`](SubAllocator::expandable)
+/// form is [`OsMemory`] (Unix).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct OsSubAllocator;
-
-/// The page size assumed for alignment guarantees.
-const PAGE: usize = 4096;
 
 impl OsSubAllocator {
     fn round_to_page(bytes: usize) -> Option<usize> {
@@ -99,5 +107,10 @@ unsafe impl SubAllocator for OsSubAllocator {
 
     fn max_alignment(&self) -> usize {
         PAGE
+    }
+
+    fn expandable(&self) -> Option<&dyn ExpandableMemory> {
+        static OS: OsMemory = OsMemory;
+        cfg!(unix).then_some(&OS as &dyn ExpandableMemory)
     }
 }

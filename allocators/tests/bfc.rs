@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tensormem_allocators::{
-    AllocErrorKind, AllocationAttributes, Allocator, AllocatorExt, BfcAllocator, BuildError, MemoryDump, SubAllocator,
+    AllocErrorKind, AllocationAttributes, Allocator, AllocatorExt, BfcAllocator, BfcBuilder, BuildError, MemoryDump,
+    SplitPolicy, SubAllocator,
 };
 
 const KIB: usize = 1024;
@@ -22,6 +23,11 @@ fn free(bfc: &BfcAllocator, p: NonNull<u8>, size: usize) {
     unsafe { bfc.deallocate_raw(p, Layout::from_size_align(size, 8).unwrap()) };
 }
 
+/// TensorFlow's allocator exactly: regions, its split rule, best fit for every size.
+fn tf() -> BfcBuilder {
+    BfcAllocator::builder().expandable(false).split(SplitPolicy::TensorFlow).first_fit_above(u64::MAX)
+}
+
 fn dump(bfc: &BfcAllocator) -> MemoryDump {
     bfc.check_invariants().unwrap();
     bfc.memory_dump()
@@ -29,7 +35,7 @@ fn dump(bfc: &BfcAllocator) -> MemoryDump {
 
 #[test]
 fn requests_round_to_256_and_split_as_tensorflow_does() {
-    let bfc = BfcAllocator::builder().memory_limit(MIB as u64).build().unwrap();
+    let bfc = tf().memory_limit(MIB as u64).build().unwrap();
     let a = alloc(&bfc, 1);
     let b = alloc(&bfc, 257);
     assert_eq!((bfc.allocated_size(a), bfc.requested_size(a), bfc.allocation_id(a)), (Some(256), Some(1), Some(1)));
@@ -55,7 +61,7 @@ fn requests_round_to_256_and_split_as_tensorflow_does() {
 
 #[test]
 fn a_chunk_is_not_split_when_the_waste_is_small() {
-    let bfc = BfcAllocator::builder().memory_limit(MIB as u64).build().unwrap();
+    let bfc = tf().memory_limit(MIB as u64).build().unwrap();
     // Carve a free 1 KiB hole between two live chunks, then ask for 600 bytes (rounded 768):
     // 1024 < 2 * 768, so the whole 1 KiB chunk is handed out.
     let a = alloc(&bfc, KIB);
@@ -66,7 +72,7 @@ fn a_chunk_is_not_split_when_the_waste_is_small() {
     assert_eq!(p, hole, "the smallest fit is the hole");
     assert_eq!(bfc.allocated_size(p), Some(KIB));
     // With a tiny max_internal_fragmentation the same request splits.
-    let strict = BfcAllocator::builder().memory_limit(MIB as u64).max_internal_fragmentation_bytes(1).build().unwrap();
+    let strict = tf().memory_limit(MIB as u64).max_internal_fragmentation_bytes(1).build().unwrap();
     let x = alloc(&strict, 600);
     assert_eq!(strict.allocated_size(x), Some(768));
     for (q, n) in [(a, KIB), (p, 600), (c, KIB)] {
@@ -77,7 +83,7 @@ fn a_chunk_is_not_split_when_the_waste_is_small() {
 
 #[test]
 fn smallest_fit_then_lowest_address() {
-    let bfc = BfcAllocator::builder().memory_limit(MIB as u64).build().unwrap();
+    let bfc = tf().memory_limit(MIB as u64).build().unwrap();
     // Holes of 2 KiB, 1 KiB, 1 KiB (in address order), separated by live chunks.
     let sizes = [2 * KIB, 256, KIB, 256, KIB, 256];
     let ptrs: Vec<_> = sizes.iter().map(|&s| alloc(&bfc, s)).collect();
@@ -92,7 +98,7 @@ fn smallest_fit_then_lowest_address() {
 
 #[test]
 fn freeing_merges_with_both_neighbours() {
-    let bfc = BfcAllocator::builder().memory_limit(MIB as u64).build().unwrap();
+    let bfc = tf().memory_limit(MIB as u64).build().unwrap();
     let p: Vec<_> = (0..4).map(|_| alloc(&bfc, KIB)).collect();
     free(&bfc, p[0], KIB);
     free(&bfc, p[2], KIB);
@@ -107,7 +113,7 @@ fn freeing_merges_with_both_neighbours() {
 
 #[test]
 fn growth_takes_2_mib_then_doubles_and_without_growth_takes_the_whole_limit() {
-    let grow = BfcAllocator::builder().memory_limit(64 * MIB as u64).allow_growth(true).build().unwrap();
+    let grow = tf().memory_limit(64 * MIB as u64).allow_growth(true).build().unwrap();
     let a = alloc(&grow, MIB);
     assert_eq!(dump(&grow).regions.iter().map(|r| r.size).collect::<Vec<_>>(), vec![2 * MIB]);
     let b = alloc(&grow, 2 * MIB);
@@ -121,7 +127,7 @@ fn growth_takes_2_mib_then_doubles_and_without_growth_takes_the_whole_limit() {
     }
     assert_eq!(grow.stats().unwrap().peak_bytes_reserved, 14 * MIB as u64);
 
-    let whole = BfcAllocator::builder().memory_limit(8 * MIB as u64).build().unwrap();
+    let whole = tf().memory_limit(8 * MIB as u64).build().unwrap();
     assert_eq!(whole.stats().unwrap().bytes_reserved, 0, "nothing is taken before the first allocation");
     let x = alloc(&whole, 100);
     assert_eq!(whole.stats().unwrap().bytes_reserved, 8 * MIB as u64);
@@ -130,12 +136,7 @@ fn growth_takes_2_mib_then_doubles_and_without_growth_takes_the_whole_limit() {
 
 #[test]
 fn garbage_collection_returns_unused_regions_and_retries() {
-    let bfc = BfcAllocator::builder()
-        .memory_limit(6 * MIB as u64)
-        .allow_growth(true)
-        .garbage_collection(true)
-        .build()
-        .unwrap();
+    let bfc = tf().memory_limit(6 * MIB as u64).allow_growth(true).garbage_collection(true).build().unwrap();
     let a = alloc(&bfc, 2 * MIB); // region 1: 2 MiB
     let b = alloc(&bfc, 3 * MIB); // region 2: 4 MiB (no room left under the limit)
     free(&bfc, a, 2 * MIB);
@@ -154,7 +155,7 @@ fn garbage_collection_returns_unused_regions_and_retries() {
 
 #[test]
 fn over_aligned_requests_split_off_the_misaligned_start() {
-    let bfc = BfcAllocator::builder().memory_limit(MIB as u64).build().unwrap();
+    let bfc = tf().memory_limit(MIB as u64).build().unwrap();
     let first = alloc(&bfc, 256);
     for align in [512usize, 1024, 4096] {
         let layout = Layout::from_size_align(300, align).unwrap();
@@ -195,7 +196,7 @@ fn bad_limits_are_construction_errors() {
 
 #[test]
 fn a_request_larger_than_the_limit_is_refused_with_the_numbers() {
-    let bfc = BfcAllocator::builder().name("arena").memory_limit(4 * MIB as u64).build().unwrap();
+    let bfc = tf().name("arena").memory_limit(4 * MIB as u64).build().unwrap();
     let p = alloc(&bfc, MIB);
     let err = bfc.allocate::<u8>(5 * MIB - 100).unwrap_err();
     assert_eq!(err.kind(), AllocErrorKind::LimitExceeded);
@@ -213,7 +214,7 @@ fn a_request_larger_than_the_limit_is_refused_with_the_numbers() {
 
 #[test]
 fn foreign_and_double_frees_panic_with_the_address_and_corrupt_nothing() {
-    let bfc = BfcAllocator::builder().name("arena").memory_limit(MIB as u64).build().unwrap();
+    let bfc = tf().name("arena").memory_limit(MIB as u64).build().unwrap();
     let a = alloc(&bfc, 1000);
     let b = alloc(&bfc, 1000);
     free(&bfc, a, 1000);
@@ -242,7 +243,7 @@ fn foreign_and_double_frees_panic_with_the_address_and_corrupt_nothing() {
 
 #[test]
 fn the_memory_dump_is_complete_and_serialisable() {
-    let bfc = BfcAllocator::builder().name("dumped").memory_limit(MIB as u64).build().unwrap();
+    let bfc = tf().name("dumped").memory_limit(MIB as u64).build().unwrap();
     let a = alloc(&bfc, 300);
     let b = alloc(&bfc, 70 * KIB);
     let d = dump(&bfc);
@@ -268,7 +269,7 @@ fn the_memory_dump_is_complete_and_serialisable() {
 fn the_dump_is_written_on_oom_when_asked() {
     let path = std::env::temp_dir().join(format!("tensormem-bfc-dump-{}.json", std::process::id()));
     let _ = std::fs::remove_file(&path);
-    let bfc = BfcAllocator::builder().memory_limit(MIB as u64).dump_on_oom(Some(path.clone())).build().unwrap();
+    let bfc = tf().memory_limit(MIB as u64).dump_on_oom(Some(path.clone())).build().unwrap();
     let p = alloc(&bfc, 600 * KIB);
     assert!(bfc.allocate::<u8>(600 * KIB).is_err());
     let d: MemoryDump = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();

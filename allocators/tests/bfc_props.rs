@@ -1,23 +1,115 @@
-//! Property tests: random allocate/free sequences through the BFC allocator, checked against a
-//! simple model after every step.
+//! Property tests: random allocate/free/release sequences through the BFC allocator, in each of
+//! its configurations, checked against a simple model after every step.
 
 use std::alloc::Layout;
+use std::io;
 use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use proptest::prelude::*;
-use tensormem_allocators::{AllocationAttributes, Allocator, BfcAllocator};
+use tensormem_allocators::{
+    AllocationAttributes, Allocator, BfcAllocator, ExpandableMemory, OsMemory, OsSubAllocator, SplitPolicy,
+    SubAllocator,
+};
 
 #[derive(Clone, Debug)]
 enum Op {
     Alloc { size: usize, align_shift: u32 },
     Free { pick: usize },
+    Release,
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (1usize..200_000, 0u32..13).prop_map(|(size, align_shift)| Op::Alloc { size, align_shift }),
-        2 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        30 => (1usize..2_000_000, 0u32..13).prop_map(|(size, align_shift)| Op::Alloc { size, align_shift }),
+        20 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        1 => Just(Op::Release),
     ]
+}
+
+/// OS memory that counts committed bytes, and decommits whole commits only (like a GPU).
+#[derive(Debug, Default)]
+struct Counted(AtomicUsize);
+
+// SAFETY: forwarded to `OsMemory`, which keeps the contract; this type only counts.
+unsafe impl ExpandableMemory for Counted {
+    fn granule(&self) -> usize {
+        4096
+    }
+    fn reserve(&self, bytes: usize) -> io::Result<NonNull<u8>> {
+        OsMemory.reserve(bytes)
+    }
+    unsafe fn commit(&self, ptr: NonNull<u8>, bytes: usize) -> io::Result<()> {
+        self.0.fetch_add(bytes, SeqCst);
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { OsMemory.commit(ptr, bytes) }
+    }
+    unsafe fn decommit(&self, ptr: NonNull<u8>, bytes: usize) {
+        self.0.fetch_sub(bytes, SeqCst);
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { OsMemory.decommit(ptr, bytes) }
+    }
+    unsafe fn release(&self, ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { OsMemory.release(ptr, bytes) }
+    }
+    fn decommits_partially(&self) -> bool {
+        false
+    }
+    fn name(&self) -> &str {
+        "counted"
+    }
+}
+
+#[derive(Debug, Default)]
+struct CountedSub(Counted);
+
+// SAFETY: regions from the OS; expandable memory from `Counted`.
+unsafe impl SubAllocator for CountedSub {
+    fn alloc_region(&self, min_bytes: usize, alignment: usize) -> Option<(NonNull<u8>, usize)> {
+        OsSubAllocator.alloc_region(min_bytes, alignment)
+    }
+    unsafe fn free_region(&self, ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { OsSubAllocator.free_region(ptr, bytes) }
+    }
+    fn max_alignment(&self) -> usize {
+        4096
+    }
+    fn expandable(&self) -> Option<&dyn ExpandableMemory> {
+        Some(&self.0)
+    }
+}
+
+/// The configurations: 0 the default (expandable OS memory), 1 TensorFlow with growth, 2
+/// TensorFlow's single region, 3 whole-piece memory with a release threshold and PyTorch's
+/// split rule.
+fn build(config: u8) -> (BfcAllocator, Option<Arc<CountedSub>>) {
+    let tf = || {
+        BfcAllocator::builder()
+            .memory_limit(32 << 20)
+            .expandable(false)
+            .split(SplitPolicy::TensorFlow)
+            .first_fit_above(u64::MAX)
+    };
+    match config {
+        0 => (BfcAllocator::builder().memory_limit(32 << 20).build().unwrap(), None),
+        1 => (tf().allow_growth(true).build().unwrap(), None),
+        2 => (tf().build().unwrap(), None),
+        _ => {
+            let sub = Arc::new(CountedSub::default());
+            let bfc = BfcAllocator::builder()
+                .memory_limit(32 << 20)
+                .sub_allocator(sub.clone())
+                .release_threshold(Some(3 << 20))
+                .split(SplitPolicy::PyTorch)
+                .growth_granule(1 << 20)
+                .build()
+                .unwrap();
+            (bfc, Some(sub))
+        }
+    }
 }
 
 struct Live {
@@ -26,7 +118,7 @@ struct Live {
     allocated: usize,
 }
 
-fn check_model(bfc: &BfcAllocator, live: &[Live], peak: u64) -> Result<(), TestCaseError> {
+fn check_model(bfc: &BfcAllocator, live: &[Live], peak: u64, sub: Option<&CountedSub>) -> Result<(), TestCaseError> {
     bfc.check_invariants().map_err(TestCaseError::fail)?;
     let dump = bfc.memory_dump();
     let mut spans: Vec<(usize, usize)> = live.iter().map(|l| (l.ptr.as_ptr() as usize, l.allocated)).collect();
@@ -47,7 +139,12 @@ fn check_model(bfc: &BfcAllocator, live: &[Live], peak: u64) -> Result<(), TestC
     let s = bfc.stats().unwrap();
     prop_assert_eq!(s.bytes_in_use, live.iter().map(|l| l.allocated as u64).sum::<u64>());
     prop_assert_eq!(s.peak_bytes_in_use, peak);
-    prop_assert!(s.bytes_reserved <= 32 << 20);
+    if bfc.is_expandable() {
+        prop_assert!(s.bytes_reserved <= 32 << 20);
+    }
+    if let Some(sub) = sub {
+        prop_assert_eq!(s.bytes_reserved as usize, sub.0.0.load(SeqCst), "committed bytes = reserved");
+    }
     Ok(())
 }
 
@@ -55,8 +152,9 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_sequences_keep_every_invariant(ops in prop::collection::vec(op(), 1..300), growth in any::<bool>()) {
-        let bfc = BfcAllocator::builder().memory_limit(32 << 20).allow_growth(growth).build().unwrap();
+    fn random_sequences_keep_every_invariant(ops in prop::collection::vec(op(), 1..300), config in 0u8..4) {
+        let (bfc, sub) = build(config);
+        let sub = sub.as_deref();
         let mut live: Vec<Live> = Vec::new();
         let mut peak = 0u64;
         for op in ops {
@@ -78,8 +176,8 @@ proptest! {
                             peak = peak.max(live.iter().map(|l| l.allocated as u64).sum());
                         }
                         Err(e) => {
-                            // Only for lack of room: the request plus what is live must not
-                            // fit in the largest free block.
+                            // Only for lack of room: the request must not fit in the largest
+                            // free block at its alignment.
                             prop_assert!(e.largest_free_block().unwrap() < (size as u64).next_multiple_of(256) + (1 << align_shift));
                         }
                     }
@@ -94,17 +192,34 @@ proptest! {
                         }
                     }
                 }
+                Op::Release => {
+                    let before = bfc.stats().unwrap().bytes_reserved;
+                    let released = bfc.release_cached() as u64;
+                    prop_assert_eq!(bfc.stats().unwrap().bytes_reserved, before - released);
+                    // Live blocks keep their contents.
+                    for l in &live {
+                        // SAFETY: the block is live.
+                        prop_assert_eq!(unsafe { l.ptr.as_ptr().read() }, 0xA5);
+                    }
+                }
             }
-            check_model(&bfc, &live, peak)?;
+            check_model(&bfc, &live, peak, sub)?;
         }
         for l in live.drain(..) {
             // SAFETY: freed once with its layout.
             unsafe { bfc.deallocate_raw(l.ptr, l.layout) };
         }
-        check_model(&bfc, &live, peak)?;
+        check_model(&bfc, &live, peak, sub)?;
         let dump = bfc.memory_dump();
         // Every region is one free chunk again.
         prop_assert_eq!(dump.chunks.len(), dump.regions.len());
         prop_assert!(dump.chunks.iter().all(|c| !c.in_use && c.offset == 0));
+        // With nothing live, giving the cache back leaves nothing committed.
+        bfc.release_cached();
+        prop_assert_eq!(bfc.stats().unwrap().bytes_reserved, 0);
+        check_model(&bfc, &live, peak, sub)?;
+        if let Some(sub) = sub {
+            prop_assert_eq!(sub.0.0.load(SeqCst), 0);
+        }
     }
 }

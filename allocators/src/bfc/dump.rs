@@ -49,6 +49,19 @@ pub struct ChunkInfo {
     pub allocation_id: Option<u64>,
 }
 
+/// The reservation of an expandable BFC (see [`ExpandableMemory`](crate::ExpandableMemory)).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExpandableInfo {
+    /// Bytes of address space reserved.
+    pub reserved_address_space: u64,
+    /// Bytes committed (backed by memory) from its start.
+    pub committed: u64,
+    /// How many commits make up the committed part.
+    pub pieces: usize,
+    /// The memory's granule.
+    pub granule: u64,
+}
+
 /// A BFC allocator's memory at one moment: stats, per-bin totals, every chunk, and a text
 /// picture of each region's occupancy (`#` in use, `.` free, `+` a cell holding both).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -65,6 +78,9 @@ pub struct MemoryDump {
     pub chunks: Vec<ChunkInfo>,
     /// One line per region, 64 cells wide.
     pub occupancy: Vec<String>,
+    /// The reservation, for an expandable allocator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expandable: Option<ExpandableInfo>,
 }
 
 /// Cells per region line of the occupancy picture.
@@ -110,7 +126,12 @@ impl MemoryDump {
                 format!("region {ri} at {:#x}, {}: |{picture}|", r.base, ByteSize(r.size as u64))
             })
             .collect();
-        Self { allocator, stats, bins, regions, chunks, occupancy }
+        Self { allocator, stats, bins, regions, chunks, occupancy, expandable: None }
+    }
+
+    pub(crate) fn with_expandable(mut self, expandable: Option<ExpandableInfo>) -> Self {
+        self.expandable = expandable;
+        self
     }
 
     /// A short report for people: totals, non-empty bins, and the occupancy picture.
@@ -137,6 +158,16 @@ impl MemoryDump {
                 b.chunks_in_use,
                 ByteSize(b.bytes_in_bin),
                 ByteSize(b.bytes_in_use)
+            );
+        }
+        if let Some(e) = &self.expandable {
+            let _ = writeln!(
+                out,
+                "expandable: {} committed in {} pieces of {} reserved (granule {})",
+                ByteSize(e.committed),
+                e.pieces,
+                ByteSize(e.reserved_address_space),
+                ByteSize(e.granule)
             );
         }
         for line in &self.occupancy {

@@ -1,6 +1,8 @@
-//! [`BfcAllocator`]: TensorFlow's best-fit-with-coalescing allocator, with its figures exposed.
+//! [`BfcAllocator`]: TensorFlow's best-fit-with-coalescing allocator, with PyTorch's expandable
+//! segments, and its figures exposed.
 
 mod dump;
+mod split;
 mod state;
 
 use core::alloc::Layout;
@@ -11,8 +13,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-pub use dump::{BinSummary, ChunkInfo, MemoryDump, RegionInfo};
-use state::{AllocFailure, FreeError, State};
+pub use dump::{BinSummary, ChunkInfo, ExpandableInfo, MemoryDump, RegionInfo};
+pub use split::{ParseSplitPolicyError, SplitPolicy};
+use state::{AllocFailure, FreeError, Growth, GrowthOptions, Options, State};
 pub use state::{MIN_ALLOCATION_SIZE, NUM_BINS};
 
 use crate::{
@@ -26,45 +29,69 @@ pub const BFC_DUMP_ON_OOM_ENV: &str = "TENSORMEM_BFC_DUMP_ON_OOM";
 /// TensorFlow's default cap on the bytes a chunk may waste by not being split: 128 MiB.
 pub const DEFAULT_MAX_INTERNAL_FRAGMENTATION: u64 = 128 << 20;
 
-/// Best-fit with coalescing, as TensorFlow's `BFCAllocator`: memory taken in regions from a
-/// [`SubAllocator`] (by default the operating system) up to a limit, cut into chunks of
-/// 256-byte multiples, kept in 21 size-ordered bins, split on allocation and merged with free
-/// neighbours on free.
+/// The default growth step of an expandable BFC: requests are backed in multiples of 2 MiB.
+pub const DEFAULT_GROWTH_GRANULE: u64 = 2 << 20;
+
+/// By default, requests of at least this size take the lowest-address free chunk that fits
+/// (address-ordered first fit); smaller ones the smallest (best fit).
+pub const DEFAULT_FIRST_FIT_ABOVE: u64 = 64 << 10;
+
+/// Best-fit with coalescing, as TensorFlow's `BFCAllocator`, growing like PyTorch's expandable
+/// segments: chunks of 256-byte multiples, kept in 21 size-ordered bins, split on allocation and
+/// merged with free neighbours on free, carved from memory taken up to a limit.
 ///
-/// - Allocation takes the smallest free chunk that fits, the lowest address on a tie, and splits
-///   it when it is at least twice the rounded request or would waste more than
-///   `max_internal_fragmentation_bytes`.
-/// - With `allow_growth` the first region is min(limit, 2 MiB) and each new one doubles;
-///   otherwise one region of the whole limit is taken at the first allocation.
-/// - Every chunk address is 256-byte aligned. Larger alignments, up to the sub-allocator's region
-///   alignment (4096 for [`OsSubAllocator`]), are served by splitting the misaligned start of a
-///   chunk off as a free chunk; larger ones are refused with
-///   [`AllocErrorKind::UnsupportedLayout`].
+/// - **Where memory comes from.** By default the allocator reserves its whole limit as address
+///   space once, at construction (nothing is committed: the limit costs address space, not
+///   memory), and commits at the end of the committed part as it grows, by what the request
+///   needs rounded up to the growth granule (2 MiB by default, [`BfcBuilder::growth_granule`]).
+///   Each piece is adjacent to the last, so chunks coalesce across growth steps and free memory
+///   at the end is decommitted when asked ([`release_cached`](Allocator::release_cached), or a
+///   [`release_threshold`](BfcBuilder::release_threshold)). This needs a sub-allocator that
+///   offers [`ExpandableMemory`](crate::ExpandableMemory) (the default [`OsSubAllocator`] does
+///   on Unix). Otherwise, or with [`expandable(false)`](BfcBuilder::expandable), it takes
+///   TensorFlow's regions: with `allow_growth` the first is min(limit, 2 MiB) and each next one
+///   doubles; without, one region of the whole limit at the first allocation.
+/// - **Allocation** takes, for a request below 64 KiB, the smallest free chunk that holds it at
+///   its alignment (best fit, the lowest address on a tie, as TensorFlow), and for a larger one
+///   the lowest-address free chunk that holds it (address-ordered first fit, which keeps large
+///   free space together; see [`BfcBuilder::first_fit_above`]), and splits it by the
+///   [`SplitPolicy`] (by default whenever at least 256 bytes remain).
+/// - **Alignment.** Every chunk address is 256-byte aligned. Larger alignments, up to the
+///   memory's granule or the sub-allocator's region alignment (4096 for the OS), are served by
+///   splitting the misaligned start of a chunk off as a free chunk; larger ones are refused
+///   with [`AllocErrorKind::UnsupportedLayout`].
 /// - It tracks sizes: `requested_size`, `allocated_size` (the chunk size) and `allocation_id`
 ///   answer for live pointers; [`memory_dump`](Self::memory_dump) shows every chunk.
 /// - A failed allocation's error names the request, its rounded size, the bytes in use, the
 ///   limit and the largest free block; with `TENSORMEM_BFC_DUMP_ON_OOM=<path>` the memory dump
 ///   is also written to `<path>` as JSON.
 ///
+/// `bytes_reserved` in its stats is the memory taken from the backing memory now: committed
+/// bytes when expandable, the regions' sizes otherwise.
+///
 /// ```
 /// use tensormem_allocators::{Allocator, AllocatorExt, BfcAllocator};
 ///
-/// let bfc = BfcAllocator::builder().memory_limit(1 << 20).name("arena").build()?;
+/// let bfc = BfcAllocator::builder().memory_limit(1 << 30).name("arena").build()?;
+/// assert_eq!(bfc.stats().unwrap().bytes_reserved, 0, "1 GiB of address space, no memory");
 /// let a = bfc.allocate::<u8>(1000)?;
 /// assert_eq!(bfc.allocated_size(a), Some(1024)); // rounded up to a multiple of 256
 /// let s = bfc.stats().unwrap();
-/// assert_eq!((s.bytes_in_use, s.bytes_reserved, s.bytes_limit), (1024, 1 << 20, Some(1 << 20)));
-/// let err = bfc.allocate::<u8>(2 << 20).unwrap_err();
-/// assert!(err.to_string().contains("1.0 KiB in use of a 1.0 MiB limit"), "{err}");
+/// assert_eq!((s.bytes_in_use, s.bytes_reserved, s.bytes_limit), (1024, 2 << 20, Some(1 << 30)));
+/// let err = bfc.allocate::<u8>(2 << 30).unwrap_err();
+/// assert!(err.to_string().contains("1.0 KiB in use of a 1.0 GiB limit"), "{err}");
 /// // SAFETY: `a` came from `allocate::<u8>(1000)` on `bfc`.
 /// unsafe { bfc.deallocate(a, 1000) };
+/// assert_eq!(bfc.release_cached(), 2 << 20, "the free 2 MiB are decommitted");
+/// assert_eq!(bfc.stats().unwrap().bytes_reserved, 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct BfcAllocator {
     name: String,
     state: Mutex<State>,
     sub: Arc<dyn SubAllocator>,
-    /// The sub-allocator's region alignment: the largest alignment served.
+    /// The largest alignment served: the memory's granule, or the sub-allocator's region
+    /// alignment.
     max_alignment: usize,
     garbage_collection: bool,
     dump_on_oom: Option<PathBuf>,
@@ -82,11 +109,26 @@ impl BfcAllocator {
     }
 
     /// Returns every region that holds no allocation to the sub-allocator; returns how many.
+    /// An expandable allocator has one region, which goes (is decommitted) when nothing in it
+    /// is live.
     pub fn release_unused_regions(&self) -> usize {
-        self.state.lock().free_unused_regions(&*self.sub)
+        let mut state = self.state.lock();
+        if state.is_expandable() {
+            let before = state.reserved();
+            state.release(&*self.sub, 0);
+            return usize::from(before > 0 && state.reserved() == 0);
+        }
+        state.free_unused_regions(&*self.sub, 0)
     }
 
-    /// Checks the allocator's internal invariants (chunk lists, handle maps, bins, totals).
+    /// Whether the allocator grows one reserved region (see the type's docs) rather than
+    /// taking regions.
+    pub fn is_expandable(&self) -> bool {
+        self.state.lock().is_expandable()
+    }
+
+    /// Checks the allocator's internal invariants (chunk lists, handle maps, bins, totals, and
+    /// that committed bytes are what the stats call reserved).
     ///
     /// # Errors
     /// A description of the first broken invariant.
@@ -112,6 +154,16 @@ impl BfcAllocator {
             .with_rounded_size(rounded as u64)
             .with_usage(state.in_use() as u64, Some(state.memory_limit() as u64))
             .with_largest_free_block(state.largest_free() as u64);
+        tracing::warn!(
+            allocator = %self.name,
+            requested = layout.size(),
+            align = layout.align(),
+            in_use = state.in_use(),
+            reserved = state.reserved(),
+            limit = state.memory_limit(),
+            largest_free = state.largest_free(),
+            "{err}"
+        );
         (err, self.dump_on_oom.as_ref().map(|_| state.dump(&self.name)))
     }
 
@@ -119,8 +171,9 @@ impl BfcAllocator {
     #[track_caller]
     fn refuse_free(&self, ptr: NonNull<u8>, layout: Layout, why: FreeError) -> ! {
         let reason = match why {
-            FreeError::Foreign => "no chunk of this allocator starts at that address",
-            FreeError::AlreadyFree => "that chunk is already free (double free)",
+            FreeError::Foreign => "no chunk of this allocator starts at that address (it is outside all its memory)",
+            FreeError::NotAChunk => "no chunk of this allocator starts at that address (it is inside a block)",
+            FreeError::AlreadyFree => "that block is already free (double free)",
         };
         panic!(
             "BfcAllocator '{}': refusing to free {ptr:p} ({} bytes, align {}): {reason}",
@@ -131,11 +184,12 @@ impl BfcAllocator {
     }
 }
 
-// SAFETY: every chunk lies inside a region the sub-allocator gave us (valid for its size), starts
-// at an address aligned as requested (256 always; larger alignments by splitting off the
-// misaligned prefix; alignments above the region alignment are refused), and is handed out
-// only while marked in use; the chunk bookkeeping runs under one lock. Peak >= in use by
-// construction of the stats.
+// SAFETY: every chunk lies inside memory the sub-allocator gave us (a region, or a committed part
+// of the reservation; memory is decommitted or returned only when no chunk in it is in use),
+// starts at an address aligned as requested (256 always; larger alignments by splitting off the
+// misaligned prefix; alignments above the region alignment or granule are refused), and is
+// handed out only while marked in use; the chunk bookkeeping runs under one lock. Peak >= in use
+// by construction of the stats.
 unsafe impl Allocator for BfcAllocator {
     fn name(&self) -> &str {
         &self.name
@@ -153,13 +207,13 @@ unsafe impl Allocator for BfcAllocator {
         let rounded = state::rounded_bytes(layout.size()).unwrap_or(usize::MAX);
         let mut state = self.state.lock();
         match state.allocate(layout.size(), rounded, layout.align(), &*self.sub, self.garbage_collection) {
-            // The address lies inside a region the sub-allocator returned non-null.
+            // The address lies inside memory the sub-allocator returned non-null.
             Ok(p) => Ok(NonNull::new(p as *mut u8).unwrap_or_else(|| dangling(layout))),
             Err(failure) => {
                 let (err, dump) = self.fail(&mut state, failure, layout, rounded);
                 drop(state);
                 if let (Some(path), Some(dump)) = (&self.dump_on_oom, dump) {
-                    write_dump(path, &dump);
+                    write_dump(&self.name, path, &dump);
                 }
                 Err(err)
             }
@@ -170,7 +224,7 @@ unsafe impl Allocator for BfcAllocator {
         if layout.size() == 0 {
             return;
         }
-        let result = self.state.lock().deallocate(ptr.as_ptr() as usize);
+        let result = self.state.lock().deallocate(ptr.as_ptr() as usize, &*self.sub);
         if let Err(why) = result {
             self.refuse_free(ptr, layout, why);
         }
@@ -204,16 +258,26 @@ unsafe impl Allocator for BfcAllocator {
     fn snapshot_memory_dump(&self) -> Option<MemoryDump> {
         Some(BfcAllocator::memory_dump(self))
     }
+
+    /// Gives every byte of free memory back that can go: the free tail of an expandable region
+    /// (decommitted; the address space stays reserved), or every region that holds no
+    /// allocation. Live blocks are untouched.
+    fn release_cached(&self) -> usize {
+        self.state.lock().release(&*self.sub, 0)
+    }
 }
 
-/// Writes a memory dump as JSON; a failure is reported on stderr, since the allocation error it
-/// accompanies cannot carry it.
+/// Writes a memory dump as JSON; a failure is reported as a `tracing` error, since the
+/// allocation error it accompanies cannot carry it.
 #[cold]
-fn write_dump(path: &std::path::Path, dump: &MemoryDump) {
+fn write_dump(allocator: &str, path: &std::path::Path, dump: &MemoryDump) {
     let written =
         serde_json::to_vec_pretty(dump).map_err(std::io::Error::other).and_then(|json| std::fs::write(path, json));
-    if let Err(e) = written {
-        eprintln!("tensormem: could not write the BFC memory dump to {}: {e}", path.display());
+    match written {
+        Ok(()) => tracing::info!(allocator, path = %path.display(), "bfc: memory dump written"),
+        Err(error) => {
+            tracing::error!(allocator, path = %path.display(), %error, "bfc: could not write the memory dump");
+        }
     }
 }
 
@@ -225,10 +289,12 @@ impl Drop for BfcAllocator {
 
 impl fmt::Debug for BfcAllocator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = self.state.lock().stats();
+        let state = self.state.lock();
+        let s = state.stats();
         f.debug_struct("BfcAllocator")
             .field("name", &self.name)
             .field("sub_allocator", &self.sub)
+            .field("expandable", &state.is_expandable())
             .field("bytes_in_use", &s.bytes_in_use)
             .field("bytes_reserved", &s.bytes_reserved)
             .field("bytes_limit", &s.bytes_limit)
@@ -246,6 +312,11 @@ pub struct BfcBuilder {
     max_internal_fragmentation: u64,
     sub: Option<Arc<dyn SubAllocator>>,
     dump_on_oom: Option<PathBuf>,
+    expandable: Option<bool>,
+    growth_granule: u64,
+    split: SplitPolicy,
+    release_threshold: Option<u64>,
+    first_fit_above: u64,
 }
 
 impl Default for BfcBuilder {
@@ -258,22 +329,80 @@ impl Default for BfcBuilder {
             max_internal_fragmentation: DEFAULT_MAX_INTERNAL_FRAGMENTATION,
             sub: None,
             dump_on_oom: std::env::var_os(BFC_DUMP_ON_OOM_ENV).filter(|v| !v.is_empty()).map(PathBuf::from),
+            expandable: None,
+            growth_granule: DEFAULT_GROWTH_GRANULE,
+            split: SplitPolicy::default(),
+            release_threshold: None,
+            first_fit_above: DEFAULT_FIRST_FIT_ABOVE,
         }
     }
 }
 
 impl BfcBuilder {
-    /// The most bytes the allocator may take from its sub-allocator (required; at least 256).
+    /// The most bytes the allocator takes from its memory (required; at least 256), as
+    /// TensorFlow's `memory_limit`: the stats report it as given. Chunks are whole 256-byte
+    /// units, so at most the limit rounded down to 256 is handed out; an expandable allocator
+    /// commits whole granules (4 KiB pages for the OS), so it uses at most the limit rounded
+    /// down to the granule. A sub-allocator that rounds regions up (the OS, to pages) may hand a
+    /// region allocator up to one page more than asked; `bytes_reserved` shows it.
     #[must_use]
     pub fn memory_limit(mut self, bytes: u64) -> Self {
         self.memory_limit = Some(bytes);
         self
     }
 
-    /// Take memory in growing regions (2 MiB first, doubling) instead of all at once.
+    /// For regions (not expandable): take memory in growing regions (2 MiB first, doubling)
+    /// instead of the whole limit at the first allocation. An expandable allocator always grows
+    /// by what requests need and ignores this.
     #[must_use]
     pub fn allow_growth(mut self, on: bool) -> Self {
         self.allow_growth = on;
+        self
+    }
+
+    /// Grow one reserved region (`true`) or take separate regions (`false`). Unset (the
+    /// default): expandable when the sub-allocator offers it and the limit holds at least one
+    /// of its granules. `true` makes building fail when it cannot be had.
+    #[must_use]
+    pub fn expandable(mut self, on: bool) -> Self {
+        self.expandable = Some(on);
+        self
+    }
+
+    /// The step an expandable allocator grows by: what a request needs is rounded up to a
+    /// multiple of this (default 2 MiB; rounded up to the memory's granule). Near the limit it
+    /// takes less, down to one granule.
+    #[must_use]
+    pub fn growth_granule(mut self, bytes: u64) -> Self {
+        self.growth_granule = bytes;
+        self
+    }
+
+    /// When a free chunk larger than the request is split (default:
+    /// [`SplitPolicy::Remainder(256)`](SplitPolicy::Remainder)).
+    #[must_use]
+    pub fn split(mut self, policy: SplitPolicy) -> Self {
+        self.split = policy;
+        self
+    }
+
+    /// Requests of at least this many bytes take the lowest-address free chunk that fits
+    /// (address-ordered first fit); smaller ones the smallest (best fit). Default 64 KiB;
+    /// `u64::MAX` gives TensorFlow's best fit for every request. On the recorded PyTorch streams
+    /// (BENCHMARKS.md) first fit for large blocks leaves less memory stranded between them.
+    #[must_use]
+    pub fn first_fit_above(mut self, bytes: u64) -> Self {
+        self.first_fit_above = bytes;
+        self
+    }
+
+    /// Keep at most this many free bytes committed: past it, frees give memory back at once
+    /// (the free tail of an expandable region, or whole free regions), as a CUDA memory pool's
+    /// release threshold. Unset (the default): keep everything until
+    /// [`release_cached`](Allocator::release_cached).
+    #[must_use]
+    pub fn release_threshold(mut self, bytes: Option<u64>) -> Self {
+        self.release_threshold = bytes;
         self
     }
 
@@ -284,7 +413,8 @@ impl BfcBuilder {
         self
     }
 
-    /// Split a chunk whenever it would otherwise waste more than this (default 128 MiB).
+    /// For [`SplitPolicy::TensorFlow`]: split a chunk whenever it would otherwise waste more
+    /// than this (default 128 MiB).
     #[must_use]
     pub fn max_internal_fragmentation_bytes(mut self, bytes: u64) -> Self {
         self.max_internal_fragmentation = bytes;
@@ -298,7 +428,7 @@ impl BfcBuilder {
         self
     }
 
-    /// Where regions come from (default: [`OsSubAllocator`]).
+    /// Where memory comes from (default: [`OsSubAllocator`]).
     #[must_use]
     pub fn sub_allocator(mut self, sub: Arc<dyn SubAllocator>) -> Self {
         self.sub = Some(sub);
@@ -313,41 +443,96 @@ impl BfcBuilder {
         self
     }
 
-    /// Checks the options and builds the allocator. No memory is taken until the first
-    /// allocation.
+    /// Checks the options and builds the allocator. An expandable allocator reserves its
+    /// address space now; no memory is committed until the first allocation.
     ///
     /// # Errors
     /// [`BuildError::MissingOption`] without a `memory_limit`; [`BuildError::ZeroLimit`] for a
-    /// limit of 0; [`BuildError::LimitTooSmall`] for a limit below one 256-byte chunk;
-    /// [`BuildError::EmptyName`]; [`BuildError::UnsupportedSubAllocator`] when the
-    /// sub-allocator cannot align regions to 256 bytes.
+    /// limit of 0; [`BuildError::LimitTooSmall`] for a limit below one 256-byte chunk (or, with
+    /// `expandable(true)`, below one granule); [`BuildError::EmptyName`];
+    /// [`BuildError::InvalidOption`] for `expandable(true)` over a sub-allocator without
+    /// expandable memory or a growth granule of 0; [`BuildError::Reserve`] when the address
+    /// space cannot be reserved (e.g. under `RLIMIT_AS`); [`BuildError::UnsupportedSubAllocator`]
+    /// when the sub-allocator cannot align regions to 256 bytes.
     pub fn build(self) -> Result<BfcAllocator, BuildError> {
         if self.name.is_empty() {
             return Err(BuildError::EmptyName);
         }
+        let name = self.name;
         let limit = self
             .memory_limit
-            .ok_or_else(|| BuildError::MissingOption { allocator: self.name.clone(), option: "memory_limit" })?;
+            .ok_or_else(|| BuildError::MissingOption { allocator: name.clone(), option: "memory_limit" })?;
         if limit == 0 {
-            return Err(BuildError::ZeroLimit { allocator: self.name });
+            return Err(BuildError::ZeroLimit { allocator: name });
         }
         if limit < MIN_ALLOCATION_SIZE as u64 {
-            return Err(BuildError::LimitTooSmall { allocator: self.name, limit, minimum: MIN_ALLOCATION_SIZE as u64 });
+            return Err(BuildError::LimitTooSmall { allocator: name, limit, minimum: MIN_ALLOCATION_SIZE as u64 });
         }
-        let sub = self.sub.unwrap_or_else(|| Arc::new(OsSubAllocator));
-        if sub.max_alignment() < state::REGION_ALIGNMENT {
-            return Err(BuildError::UnsupportedSubAllocator {
-                allocator: self.name,
-                alignment: sub.max_alignment() as u64,
-                required: state::REGION_ALIGNMENT as u64,
+        if self.growth_granule == 0 {
+            return Err(BuildError::InvalidOption {
+                allocator: name,
+                option: "growth_granule",
+                reason: "a growth granule of 0 bytes; use at least one page".to_owned(),
             });
         }
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        let frag = usize::try_from(self.max_internal_fragmentation).unwrap_or(usize::MAX);
+        let sub = self.sub.unwrap_or_else(|| Arc::new(OsSubAllocator));
+        let memory_limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let options = Options {
+            memory_limit,
+            split: self.split,
+            max_internal_fragmentation: usize::try_from(self.max_internal_fragmentation).unwrap_or(usize::MAX),
+            release_threshold: self.release_threshold.map(|t| usize::try_from(t).unwrap_or(usize::MAX)),
+            first_fit_above: usize::try_from(self.first_fit_above).unwrap_or(usize::MAX).max(MIN_ALLOCATION_SIZE),
+        };
+        let growth_options = GrowthOptions {
+            memory_limit,
+            allow_growth: self.allow_growth,
+            growth_granule: usize::try_from(self.growth_granule).unwrap_or(usize::MAX),
+        };
+        let memory = match (self.expandable, sub.expandable()) {
+            (Some(false), _) => None,
+            (Some(true), None) => {
+                return Err(BuildError::InvalidOption {
+                    allocator: name,
+                    option: "expandable",
+                    reason: format!("its sub-allocator {sub:?} cannot reserve address space; use expandable(false)"),
+                });
+            }
+            (Some(true), Some(m)) if memory_limit < m.granule() => {
+                return Err(BuildError::LimitTooSmall { allocator: name, limit, minimum: m.granule() as u64 });
+            }
+            // Unset: a limit below one granule keeps TensorFlow's regions.
+            (None, Some(m)) if memory_limit < m.granule() => None,
+            (_, m) => m,
+        };
+        let (growth, max_alignment) = match memory {
+            Some(m) => {
+                let granule = m.granule();
+                let reserved = memory_limit / granule * granule;
+                let base = m.reserve(reserved).map_err(|e| BuildError::Reserve {
+                    allocator: name.clone(),
+                    bytes: reserved as u64,
+                    memory: m.name().to_owned(),
+                    reason: e.to_string(),
+                })?;
+                tracing::debug!(allocator = %name, reserved, granule, "bfc: reserved address space");
+                (Growth::expandable(growth_options, base, reserved, m), granule)
+            }
+            None => {
+                if sub.max_alignment() < state::REGION_ALIGNMENT {
+                    return Err(BuildError::UnsupportedSubAllocator {
+                        allocator: name,
+                        alignment: sub.max_alignment() as u64,
+                        required: state::REGION_ALIGNMENT as u64,
+                    });
+                }
+                (Growth::regions(growth_options), sub.max_alignment())
+            }
+        };
         Ok(BfcAllocator {
-            name: self.name,
-            state: Mutex::new(State::new(limit, self.allow_growth, frag)),
-            max_alignment: sub.max_alignment(),
+            name,
+            state: Mutex::new(State::new(options, growth)),
+            max_alignment,
             sub,
             garbage_collection: self.garbage_collection,
             dump_on_oom: self.dump_on_oom,

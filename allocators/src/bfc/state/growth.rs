@@ -1,0 +1,398 @@
+//! How a BFC takes memory and gives it back.
+//!
+//! - **Regions** (TensorFlow): each growth step asks a [`SubAllocator`] for a new region, the
+//!   first of min(limit, 2 MiB) and each next one twice as large (or one region of the whole
+//!   limit without `allow_growth`); whole free regions go back.
+//! - **Expandable** (PyTorch's expandable segments): the limit is reserved once as address space
+//!   with nothing behind it; each growth step commits just what the request needs (rounded to
+//!   the growth granule) at the end of the committed part, so the new piece joins the region
+//!   and its free tail; giving memory back decommits free pieces at the end.
+
+use core::ptr::NonNull;
+
+use super::{Chunk, MIN_ALLOCATION_BITS, MIN_ALLOCATION_SIZE, NONE, REGION_ALIGNMENT, Region, State, rounded_bytes};
+use crate::{ExpandableMemory, SubAllocator};
+
+/// How the allocator grows.
+#[derive(Debug)]
+pub(crate) enum Growth {
+    /// Regions from the sub-allocator.
+    Regions {
+        /// The most bytes of chunks (the limit rounded down to 256).
+        usable_limit: usize,
+        /// Bytes the next region asks for.
+        next_region: usize,
+        /// Whether a refused region was already retried smaller (TensorFlow does it once).
+        backpedal: bool,
+    },
+    /// One reservation committed at its end.
+    Expandable(Expanse),
+}
+
+/// The reservation of an expandable BFC.
+#[derive(Debug)]
+pub(crate) struct Expanse {
+    base: usize,
+    /// Bytes of address space reserved at `base`.
+    reserved: usize,
+    /// The most bytes committed at once (the limit rounded down to the granule).
+    usable_limit: usize,
+    /// Bytes committed from `base`.
+    committed: usize,
+    /// The committed pieces, in address order (their sizes sum to `committed`).
+    pieces: Vec<usize>,
+    granule: usize,
+    growth_granule: usize,
+}
+
+/// The options that decide how the allocator grows.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GrowthOptions {
+    pub(crate) memory_limit: usize,
+    pub(crate) allow_growth: bool,
+    pub(crate) growth_granule: usize,
+}
+
+impl Growth {
+    /// TensorFlow's regions.
+    pub(crate) fn regions(o: GrowthOptions) -> Self {
+        let usable_limit = o.memory_limit & !(MIN_ALLOCATION_SIZE - 1);
+        let first = if o.allow_growth { usable_limit.min(2 << 20) } else { usable_limit };
+        Growth::Regions { usable_limit, next_region: first.max(MIN_ALLOCATION_SIZE), backpedal: false }
+    }
+
+    /// An expandable reservation of `reserved` bytes at `base`, made by the caller on `memory`.
+    pub(crate) fn expandable(
+        o: GrowthOptions,
+        base: NonNull<u8>,
+        reserved: usize,
+        memory: &dyn ExpandableMemory,
+    ) -> Self {
+        let granule = memory.granule();
+        Growth::Expandable(Expanse {
+            base: base.as_ptr() as usize,
+            reserved,
+            usable_limit: (o.memory_limit / granule * granule).min(reserved),
+            committed: 0,
+            pieces: Vec::new(),
+            granule,
+            growth_granule: o.growth_granule.max(granule).next_multiple_of(granule),
+        })
+    }
+
+    /// The most bytes of chunks the allocator can ever have.
+    pub(crate) fn usable_limit(&self) -> usize {
+        match self {
+            Growth::Regions { usable_limit, .. } => *usable_limit,
+            Growth::Expandable(e) => e.usable_limit,
+        }
+    }
+
+    /// `(reserved address space, committed, pieces, granule)` of an expandable allocator.
+    pub(crate) fn info(&self) -> Option<(usize, usize, usize, usize)> {
+        match self {
+            Growth::Regions { .. } => None,
+            Growth::Expandable(e) => Some((e.reserved, e.committed, e.pieces.len(), e.granule)),
+        }
+    }
+
+    /// Checks the growth bookkeeping against the regions and the reserved total.
+    pub(super) fn check(&self, regions: &[Region], reserved: usize) -> Result<(), String> {
+        match self {
+            Growth::Regions { .. } => {
+                let pieces: usize = regions.iter().flat_map(|r| r.pieces.iter().map(|p| p.1)).sum();
+                if pieces != reserved {
+                    return Err(format!("reserved {reserved} but the regions' pieces sum to {pieces}"));
+                }
+            }
+            Growth::Expandable(e) => {
+                let pieces: usize = e.pieces.iter().sum();
+                let committed_region = match regions {
+                    [] => 0,
+                    [r] if r.base == e.base => r.size,
+                    _ => return Err(format!("an expandable allocator has {} regions", regions.len())),
+                };
+                if pieces != e.committed || e.committed != reserved || committed_region != e.committed {
+                    return Err(format!(
+                        "committed {} but pieces sum to {pieces}, reserved is {reserved}, the region holds {committed_region}",
+                        e.committed
+                    ));
+                }
+                if e.committed > e.usable_limit || e.usable_limit > e.reserved {
+                    return Err(format!("committed {} over the limit {}", e.committed, e.usable_limit));
+                }
+                if e.pieces.iter().any(|p| *p == 0 || p % e.granule != 0) {
+                    return Err("a committed piece is not a whole number of granules".to_owned());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl State {
+    /// Takes more memory so that `rounded` bytes at an `align`-aligned address fit, within the
+    /// limit. Returns whether anything was added.
+    pub(super) fn extend(&mut self, rounded: usize, align: usize, sub: &dyn SubAllocator) -> bool {
+        match self.growth {
+            Growth::Regions { .. } => self.extend_regions(rounded, align, sub),
+            Growth::Expandable(_) => match sub.expandable() {
+                Some(memory) => self.grow(rounded, align, memory),
+                None => false,
+            },
+        }
+    }
+
+    /// TensorFlow's `Extend`: a region of the current size (doubled until it holds the request),
+    /// retried smaller once if refused.
+    fn extend_regions(&mut self, rounded: usize, align: usize, sub: &dyn SubAllocator) -> bool {
+        let Growth::Regions { usable_limit, next_region, backpedal } = &mut self.growth else { return false };
+        let available = usable_limit.saturating_sub(self.usable) & !(MIN_ALLOCATION_SIZE - 1);
+        if rounded > available {
+            return false;
+        }
+        let mut increased = false;
+        while rounded > *next_region {
+            *next_region = next_region.saturating_mul(2);
+            increased = true;
+        }
+        let alignment = align.max(REGION_ALIGNMENT);
+        let mut bytes = (*next_region).min(available);
+        let mut got = sub.alloc_region(bytes, alignment);
+        if got.is_none() && !*backpedal {
+            // Ask for less, once, as TensorFlow does; unlike TensorFlow, always shrink by at
+            // least 256 bytes so that small sizes cannot loop forever.
+            *backpedal = true;
+            while got.is_none() {
+                let smaller = rounded_bytes(bytes / 10 * 9).unwrap_or(bytes);
+                bytes = if smaller < bytes { smaller } else { bytes - MIN_ALLOCATION_SIZE };
+                if bytes < rounded {
+                    break;
+                }
+                got = sub.alloc_region(bytes, alignment);
+            }
+        }
+        let Some((ptr, reported)) = got else { return false };
+        if !increased {
+            *next_region = next_region.saturating_mul(2);
+        }
+        let base = ptr.as_ptr() as usize;
+        let size = reported.min(available) & !(MIN_ALLOCATION_SIZE - 1);
+        self.reserved += reported;
+        self.peak_reserved = self.peak_reserved.max(self.reserved);
+        tracing::debug!(base, bytes = reported, reserved = self.reserved, "bfc: took a region");
+        self.add_region(base, size, Some((base, reported)), sub.supports_coalescing());
+        true
+    }
+
+    /// Commits what the request needs at the end of the committed part: the request less the
+    /// free tail it will merge with, rounded up to the growth granule (or, near the limit, to
+    /// the granule).
+    fn grow(&mut self, rounded: usize, align: usize, memory: &dyn ExpandableMemory) -> bool {
+        let tail = self.free_tail().map(|h| self.chunks[h as usize]);
+        let Growth::Expandable(e) = &mut self.growth else { return false };
+        let end = e.base + e.committed;
+        let start = match tail {
+            Some(c) if c.ptr + c.size == end => c.ptr,
+            _ => end,
+        };
+        let extra = (start.next_multiple_of(align) + rounded).saturating_sub(end).max(1);
+        let available = e.usable_limit - e.committed;
+        let least = extra.next_multiple_of(e.granule);
+        if least > available {
+            return false;
+        }
+        let mut bytes = extra.next_multiple_of(e.growth_granule).min(available).max(least);
+        let Some(at) = NonNull::new(end as *mut u8) else { return false };
+        loop {
+            // SAFETY: `end..end + bytes` lies inside the reservation (committed + bytes <=
+            // usable_limit <= reserved), starts at the committed end (granule-aligned: every
+            // piece is whole granules) and is not committed yet.
+            match unsafe { memory.commit(at, bytes) } {
+                Ok(()) => break,
+                Err(error) if bytes > least => {
+                    tracing::debug!(bytes, %error, "bfc: commit refused; asking for the least that fits");
+                    bytes = least;
+                }
+                Err(error) => {
+                    tracing::warn!(memory = memory.name(), bytes, committed = e.committed, %error, "bfc: commit refused");
+                    return false;
+                }
+            }
+        }
+        e.committed += bytes;
+        e.pieces.push(bytes);
+        self.reserved += bytes;
+        self.peak_reserved = self.peak_reserved.max(self.reserved);
+        tracing::debug!(at = end, bytes, committed = self.reserved, "bfc: committed");
+        self.add_region(end, bytes, None, true);
+        true
+    }
+
+    /// Gives free memory back until at most `keep` free bytes stay committed (or nothing more
+    /// can go): whole free regions, or the free tail of an expandable region. Returns the bytes
+    /// given back.
+    pub(crate) fn release(&mut self, sub: &dyn SubAllocator, keep: usize) -> usize {
+        let free = self.usable - self.in_use;
+        if free <= keep {
+            return 0;
+        }
+        let before = self.reserved;
+        match self.growth {
+            Growth::Regions { .. } => {
+                self.free_unused_regions(sub, keep);
+            }
+            Growth::Expandable(_) => {
+                if let Some(memory) = sub.expandable() {
+                    self.decommit_tail(memory, free - keep);
+                }
+            }
+        }
+        let released = before - self.reserved;
+        if released > 0 {
+            tracing::debug!(released, reserved = self.reserved, "bfc: gave memory back");
+        }
+        released
+    }
+
+    /// Decommits up to `want` bytes (rounded up to the granule) of the free chunk at the end
+    /// of the expandable region. Returns the bytes decommitted.
+    fn decommit_tail(&mut self, memory: &dyn ExpandableMemory, want: usize) -> usize {
+        let Some(h) = self.free_tail() else { return 0 };
+        let c: Chunk = self.chunks[h as usize];
+        let Growth::Expandable(e) = &mut self.growth else { return 0 };
+        let end = e.base + e.committed;
+        if c.ptr + c.size != end {
+            return 0;
+        }
+        let cut = if memory.decommits_partially() {
+            let lowest = c.ptr.next_multiple_of(e.granule);
+            want.next_multiple_of(e.granule).min(end.saturating_sub(lowest))
+        } else {
+            // Whole pieces only, from the end, as long as they lie in the free chunk.
+            let mut cut = 0;
+            for &p in e.pieces.iter().rev() {
+                if cut >= want || cut + p > c.size {
+                    break;
+                }
+                cut += p;
+            }
+            cut
+        };
+        if cut == 0 {
+            return 0;
+        }
+        if memory.decommits_partially() {
+            if let Some(from) = NonNull::new((end - cut) as *mut u8) {
+                // SAFETY: `end - cut..end` is committed (below the committed end), granule-aligned
+                // (a multiple of the granule below a granule-aligned end, at or above the chunk's
+                // start rounded up to the granule), and inside the free tail chunk, so nothing
+                // uses it.
+                unsafe { memory.decommit(from, cut) };
+            }
+        }
+        let mut left = cut;
+        let mut piece_end = end;
+        while left > 0 {
+            let Some(last) = e.pieces.last_mut() else { break };
+            let taken = (*last).min(left);
+            if !memory.decommits_partially() {
+                if let Some(from) = NonNull::new((piece_end - taken) as *mut u8) {
+                    // SAFETY: the backend unmaps whole pieces only, and `cut` was made of whole
+                    // last pieces (so `taken` is the whole piece `piece_end - taken..piece_end`,
+                    // committed by one call), inside the free tail chunk: nothing uses it.
+                    unsafe { memory.decommit(from, taken) };
+                }
+            }
+            piece_end -= taken;
+            left -= taken;
+            if taken == *last {
+                e.pieces.pop();
+            } else {
+                *last -= taken;
+            }
+        }
+        e.committed -= cut;
+        self.reserved -= cut;
+        self.usable -= cut;
+        self.remove_free(h);
+        let ri = self.regions.len() - 1;
+        if c.size == cut {
+            // The whole chunk goes; its previous neighbour is in use (free neighbours merge).
+            self.set_handle(c.ptr, NONE);
+            self.free_handles.push(h);
+            if c.prev == NONE {
+                self.regions.pop();
+                return cut;
+            }
+            self.chunks[c.prev as usize].next = NONE;
+            self.regions[ri].last = c.prev;
+        } else {
+            self.chunks[h as usize].size -= cut;
+            self.insert_free(h);
+        }
+        let r = &mut self.regions[ri];
+        r.size -= cut;
+        r.handles.truncate(r.size >> MIN_ALLOCATION_BITS);
+        cut
+    }
+
+    /// Returns regions that hold no allocation to the sub-allocator while more than `keep` free
+    /// bytes are committed. Returns how many went back. Nothing for an expandable allocator
+    /// (its free tail goes back through [`release`](Self::release)).
+    pub(crate) fn free_unused_regions(&mut self, sub: &dyn SubAllocator, keep: usize) -> usize {
+        if !matches!(self.growth, Growth::Regions { .. }) {
+            return 0;
+        }
+        let mut freed = 0;
+        let mut i = 0;
+        while i < self.regions.len() && self.usable - self.in_use > keep {
+            let h = self.regions[i].handles[0];
+            let c = self.chunks[h as usize];
+            if c.in_use() || c.size != self.regions[i].size {
+                i += 1;
+                continue;
+            }
+            self.remove_free(h);
+            self.free_handles.push(h);
+            let region = self.regions.remove(i);
+            self.usable -= region.size;
+            for (p, bytes) in region.pieces {
+                self.reserved -= bytes;
+                if let Some(p) = NonNull::new(p as *mut u8) {
+                    // SAFETY: the piece came from this sub-allocator's `alloc_region` with this
+                    // reported size, and its only chunk is free, so nothing uses its memory.
+                    unsafe { sub.free_region(p, bytes) };
+                }
+                tracing::debug!(base = p, bytes, reserved = self.reserved, "bfc: returned a region");
+            }
+            freed += 1;
+        }
+        freed
+    }
+
+    /// Returns every region, or the whole reservation, to where it came from (on drop).
+    pub(crate) fn release_all(&mut self, sub: &dyn SubAllocator) {
+        for region in self.regions.drain(..) {
+            for (p, bytes) in region.pieces {
+                if let Some(p) = NonNull::new(p as *mut u8) {
+                    // SAFETY: the piece came from this sub-allocator with this reported size;
+                    // the allocator is being dropped, so no block of it may be used any more.
+                    unsafe { sub.free_region(p, bytes) };
+                }
+            }
+        }
+        if let (Growth::Expandable(e), Some(memory)) = (&mut self.growth, sub.expandable()) {
+            if let Some(base) = NonNull::new(e.base as *mut u8) {
+                // SAFETY: `base`/`reserved` is the reservation this allocator made on `memory`
+                // at construction and never released; the allocator is being dropped, so no
+                // block of it may be used any more.
+                unsafe { memory.release(base, e.reserved) };
+            }
+            e.committed = 0;
+            e.pieces.clear();
+        }
+        self.reserved = 0;
+        self.usable = 0;
+    }
+}

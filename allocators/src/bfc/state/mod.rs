@@ -1,0 +1,692 @@
+//! The best-fit-with-coalescing algorithm, as TensorFlow's `BFCAllocator` runs it: chunks of
+//! 256-byte multiples carved from regions, free chunks kept in 21 size-ordered bins, split on
+//! allocation, merged with free neighbours on free. All of it runs under the allocator's lock.
+//! How regions are taken and given back (TensorFlow's regions, or one expandable reservation)
+//! is in [`growth`].
+
+mod growth;
+
+use std::collections::BTreeSet;
+
+pub(crate) use growth::{Growth, GrowthOptions};
+
+use super::SplitPolicy;
+use super::dump::{BinSummary, ChunkInfo, ExpandableInfo, MemoryDump, RegionInfo};
+use crate::{AllocatorStats, SubAllocator};
+
+/// log2 of the minimum chunk size.
+pub(crate) const MIN_ALLOCATION_BITS: u32 = 8;
+/// Every chunk is a multiple of this, and every chunk address is aligned to it.
+pub const MIN_ALLOCATION_SIZE: usize = 1 << MIN_ALLOCATION_BITS;
+/// Bin `i` holds free chunks of at least `256 << i` bytes (the last one, everything larger).
+pub const NUM_BINS: usize = 21;
+/// Regions are asked for with at least this alignment, so chunk addresses are 256-byte aligned.
+pub(crate) const REGION_ALIGNMENT: usize = MIN_ALLOCATION_SIZE;
+
+type Handle = u32;
+const NONE: Handle = Handle::MAX;
+const NO_BIN: u8 = u8::MAX;
+
+/// `n` rounded up to a multiple of 256 (at least 256), or `None` if that overflows.
+pub(crate) fn rounded_bytes(n: usize) -> Option<usize> {
+    n.max(1).checked_add(MIN_ALLOCATION_SIZE - 1).map(|v| v & !(MIN_ALLOCATION_SIZE - 1))
+}
+
+/// Classes of the address-ordered index: four per power of two from 256 bytes, the last holding
+/// everything from 2^39 bytes.
+const ADDRESS_CLASSES: usize = 128;
+
+/// The address-ordered index's class of a free chunk of `n` bytes: chunks of a higher class are
+/// all larger than any chunk of a lower one.
+fn address_class(n: usize) -> usize {
+    let units = (n.max(MIN_ALLOCATION_SIZE) >> MIN_ALLOCATION_BITS) as u64;
+    let lg = 63 - units.leading_zeros() as usize;
+    let quarter = if lg >= 2 { (units >> (lg - 2)) as usize & 3 } else { (units << (2 - lg)) as usize & 3 };
+    (lg * 4 + quarter).min(ADDRESS_CLASSES - 1)
+}
+
+/// TensorFlow's `BinNumForSize`: `min(20, floor(log2(max(n, 256) >> 8)))`.
+pub(crate) fn bin_for_size(n: usize) -> usize {
+    let units = (n.max(MIN_ALLOCATION_SIZE) >> MIN_ALLOCATION_BITS) as u64;
+    (63 - units.leading_zeros() as usize).min(NUM_BINS - 1)
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Chunk {
+    ptr: usize,
+    size: usize,
+    requested: usize,
+    /// 0 while free.
+    id: u64,
+    prev: Handle,
+    next: Handle,
+    bin: u8,
+}
+
+impl Chunk {
+    fn in_use(&self) -> bool {
+        self.id != 0
+    }
+}
+
+#[derive(Debug)]
+struct Region {
+    base: usize,
+    /// Usable bytes (a multiple of 256).
+    size: usize,
+    /// The chunk starting at `base + (i << 8)`, or `NONE`.
+    handles: Vec<Handle>,
+    /// The sub-allocator's pieces behind this region (more than one when adjacent regions were
+    /// coalesced), as `(address, bytes it reported)`; empty for an expandable region, whose
+    /// pieces the [`Growth`] keeps.
+    pieces: Vec<(usize, usize)>,
+    /// The region's last chunk.
+    last: Handle,
+}
+
+impl Region {
+    fn end(&self) -> usize {
+        self.base + self.size
+    }
+}
+
+/// Why a free was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum FreeError {
+    /// No region of this allocator contains the address.
+    Foreign,
+    /// The address is inside a region but no chunk starts there, and it is not inside a free
+    /// chunk either.
+    NotAChunk,
+    /// A chunk starts there but is free, or the address lies inside a free chunk (the freed
+    /// block was merged into a free neighbour): a double free.
+    AlreadyFree,
+}
+
+/// Why an allocation failed.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum AllocFailure {
+    /// The rounded request is larger than the memory limit.
+    OverLimit,
+    /// No free chunk fits and no memory could be added within the limit.
+    OutOfMemory,
+}
+
+/// The allocator's options, fixed at construction.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Options {
+    /// The limit as configured (reported in the stats).
+    pub(crate) memory_limit: usize,
+    pub(crate) split: SplitPolicy,
+    pub(crate) max_internal_fragmentation: usize,
+    /// Free bytes kept committed before frees give memory back; `None`: keep everything.
+    pub(crate) release_threshold: Option<usize>,
+    /// Requests of at least this many bytes take the lowest-address free chunk that fits.
+    pub(crate) first_fit_above: usize,
+}
+
+/// The allocator's whole state.
+#[derive(Debug)]
+pub(crate) struct State {
+    chunks: Vec<Chunk>,
+    free_handles: Vec<Handle>,
+    /// Sorted by base address.
+    regions: Vec<Region>,
+    /// Free chunks below `first_fit_above` bytes by `(size, address, handle)`, in TensorFlow's
+    /// bins: the first one fitting is the smallest fit with the lowest address.
+    bins: Vec<BTreeSet<(usize, usize, Handle)>>,
+    /// Bit `b` set when `bins[b]` is not empty.
+    nonempty_bins: u32,
+    /// The free chunks of at least `first_fit_above` bytes, by [`address_class`] and then
+    /// `(address, size, handle)`, for address-ordered first fit. Every free chunk is in the
+    /// bins or here.
+    by_address: Vec<BTreeSet<(usize, usize, Handle)>>,
+    /// Bit `c` set when `by_address[c]` is not empty.
+    by_address_classes: u128,
+    options: Options,
+    growth: Growth,
+    /// Bytes taken from the backing memory (as it reported them; committed bytes when
+    /// expandable).
+    reserved: usize,
+    peak_reserved: usize,
+    /// Bytes of regions usable for chunks.
+    usable: usize,
+    next_id: u64,
+    pub(crate) num_allocs: u64,
+    pub(crate) num_frees: u64,
+    in_use: usize,
+    peak_in_use: usize,
+    largest_alloc: usize,
+    pub(crate) num_ooms: u64,
+}
+
+impl State {
+    pub(crate) fn new(options: Options, growth: Growth) -> Self {
+        Self {
+            chunks: Vec::new(),
+            free_handles: Vec::new(),
+            regions: Vec::new(),
+            bins: (0..NUM_BINS).map(|_| BTreeSet::new()).collect(),
+            nonempty_bins: 0,
+            by_address: (0..ADDRESS_CLASSES).map(|_| BTreeSet::new()).collect(),
+            by_address_classes: 0,
+            options,
+            growth,
+            reserved: 0,
+            peak_reserved: 0,
+            usable: 0,
+            next_id: 1,
+            num_allocs: 0,
+            num_frees: 0,
+            in_use: 0,
+            peak_in_use: 0,
+            largest_alloc: 0,
+            num_ooms: 0,
+        }
+    }
+
+    pub(crate) fn in_use(&self) -> usize {
+        self.in_use
+    }
+
+    /// The limit as configured.
+    pub(crate) fn memory_limit(&self) -> usize {
+        self.options.memory_limit
+    }
+
+    /// Whether the allocator grows one expandable region.
+    pub(crate) fn is_expandable(&self) -> bool {
+        matches!(self.growth, Growth::Expandable(_))
+    }
+
+    /// Bytes taken from the backing memory now.
+    pub(crate) fn reserved(&self) -> usize {
+        self.reserved
+    }
+
+    /// Allocates `rounded` bytes (already a multiple of 256) at an `align`-aligned address for a
+    /// request of `requested`.
+    pub(crate) fn allocate(
+        &mut self,
+        requested: usize,
+        rounded: usize,
+        align: usize,
+        sub: &dyn SubAllocator,
+        garbage_collection: bool,
+    ) -> Result<usize, AllocFailure> {
+        if rounded > self.growth.usable_limit() {
+            return Err(AllocFailure::OverLimit);
+        }
+        if let Some(p) = self.find_chunk(rounded, align, requested) {
+            return Ok(p);
+        }
+        if self.extend(rounded, align, sub) {
+            if let Some(p) = self.find_chunk(rounded, align, requested) {
+                return Ok(p);
+            }
+        }
+        if garbage_collection && self.free_unused_regions(sub, 0) > 0 && self.extend(rounded, align, sub) {
+            if let Some(p) = self.find_chunk(rounded, align, requested) {
+                return Ok(p);
+            }
+        }
+        Err(AllocFailure::OutOfMemory)
+    }
+
+    /// Takes a free chunk that holds `rounded` bytes at an `align`-aligned address and hands
+    /// those bytes out: the lowest-address one for requests of at least `first_fit_above`
+    /// bytes (address-ordered first fit keeps large free space together), else the smallest
+    /// one (the lowest address on a tie). For alignments up to 256 every chunk of at least
+    /// `rounded` bytes fits; for larger ones each candidate is checked with its real padding,
+    /// so a chunk that happens to be aligned is not passed over.
+    fn find_chunk(&mut self, rounded: usize, align: usize, requested: usize) -> Option<usize> {
+        // The padding before the first aligned address is below `align`; a chunk fits when what
+        // is left after it still holds `rounded` bytes.
+        let fits = |size: usize, ptr: usize| {
+            size >= rounded
+                && (align <= MIN_ALLOCATION_SIZE
+                    || size.checked_sub(ptr.next_multiple_of(align) - ptr).is_some_and(|s| s >= rounded))
+        };
+        let found = if rounded >= self.options.first_fit_above {
+            self.first_fit(address_class(rounded), fits)
+        } else {
+            // The smallest small chunk that fits, else the lowest address of the smallest class
+            // of large ones that has one.
+            let lowest = bin_for_size(rounded);
+            let mut bins = self.nonempty_bins >> lowest << lowest;
+            let mut found = None;
+            while bins != 0 && found.is_none() {
+                let b = bins.trailing_zeros() as usize;
+                bins &= bins - 1;
+                found = self.bins[b].range((rounded, 0, 0)..).find(|e| fits(e.0, e.1)).map(|e| e.2);
+            }
+            found.or_else(|| self.smallest_class_fit(fits))
+        };
+        let mut h = found?;
+        self.remove_free(h);
+        let ptr = self.chunks[h as usize].ptr;
+        let prefix = ptr.next_multiple_of(align) - ptr;
+        if prefix > 0 {
+            // Keep the misaligned prefix as a free chunk of its own (its previous neighbour is in
+            // use, or it would have been merged with this chunk already).
+            self.split(h, prefix);
+            let aligned = self.chunks[h as usize].next;
+            self.remove_free(aligned);
+            self.insert_free(h);
+            h = aligned;
+        }
+        let size = self.chunks[h as usize].size;
+        if self.options.split.splits(size, rounded, self.options.max_internal_fragmentation) {
+            self.split(h, rounded);
+        }
+        let c = &mut self.chunks[h as usize];
+        c.requested = requested;
+        c.id = self.next_id;
+        self.next_id += 1;
+        let (ptr, size) = (c.ptr, c.size);
+        self.num_allocs += 1;
+        self.in_use += size;
+        self.peak_in_use = self.peak_in_use.max(self.in_use);
+        self.largest_alloc = self.largest_alloc.max(requested);
+        Some(ptr)
+    }
+
+    /// The lowest-address large free chunk for which `fits(size, address)` holds, among the
+    /// address classes from `lowest` up: every chunk of a higher class is larger than any of a
+    /// lower one, so the answer is the least of each class's first fit.
+    fn first_fit(&self, lowest: usize, fits: impl Fn(usize, usize) -> bool) -> Option<Handle> {
+        let mut first: Option<(usize, Handle)> = None;
+        let mut classes = self.by_address_classes >> lowest << lowest;
+        while classes != 0 {
+            let c = classes.trailing_zeros() as usize;
+            classes &= classes - 1;
+            let below = first.map_or(usize::MAX, |f| f.0);
+            if let Some(e) = self.by_address[c].iter().take_while(|e| e.0 < below).find(|e| fits(e.1, e.0)) {
+                first = Some((e.0, e.2));
+            }
+        }
+        first.map(|f| f.1)
+    }
+
+    /// The lowest-address large free chunk for which `fits(size, address)` holds in the smallest
+    /// address class that has one (for a small request no small chunk can serve).
+    fn smallest_class_fit(&self, fits: impl Fn(usize, usize) -> bool) -> Option<Handle> {
+        let mut classes = self.by_address_classes;
+        while classes != 0 {
+            let c = classes.trailing_zeros() as usize;
+            classes &= classes - 1;
+            if let Some(e) = self.by_address[c].iter().find(|e| fits(e.1, e.0)) {
+                return Some(e.2);
+            }
+        }
+        None
+    }
+
+    /// Splits chunk `h` (not in a bin) so that it keeps `size` bytes; the rest becomes a free chunk.
+    fn split(&mut self, h: Handle, size: usize) {
+        let c = self.chunks[h as usize];
+        let rest = self.new_chunk(Chunk {
+            ptr: c.ptr + size,
+            size: c.size - size,
+            requested: 0,
+            id: 0,
+            prev: h,
+            next: c.next,
+            bin: NO_BIN,
+        });
+        self.chunks[h as usize].size = size;
+        self.chunks[h as usize].next = rest;
+        if c.next != NONE {
+            self.chunks[c.next as usize].prev = rest;
+        } else {
+            self.set_last(c.ptr, rest);
+        }
+        self.set_handle(c.ptr + size, rest);
+        self.insert_free(rest);
+    }
+
+    /// Frees the chunk at `ptr` and merges it with free neighbours; with a release threshold,
+    /// gives free memory back past it. Returns the chunk's size.
+    pub(crate) fn deallocate(&mut self, ptr: usize, sub: &dyn SubAllocator) -> Result<usize, FreeError> {
+        let h = self.handle_at(ptr).ok_or_else(|| self.why_not_a_chunk(ptr))?;
+        if !self.chunks[h as usize].in_use() {
+            return Err(FreeError::AlreadyFree);
+        }
+        let size = self.chunks[h as usize].size;
+        self.chunks[h as usize].id = 0;
+        self.chunks[h as usize].requested = 0;
+        self.in_use -= size;
+        self.num_frees += 1;
+        let mut h = h;
+        let next = self.chunks[h as usize].next;
+        if next != NONE && !self.chunks[next as usize].in_use() {
+            self.remove_free(next);
+            self.merge(h, next);
+        }
+        let prev = self.chunks[h as usize].prev;
+        if prev != NONE && !self.chunks[prev as usize].in_use() {
+            self.remove_free(prev);
+            self.merge(prev, h);
+            h = prev;
+        }
+        self.insert_free(h);
+        if let Some(keep) = self.options.release_threshold {
+            if self.usable - self.in_use > keep {
+                self.release(sub, keep);
+            }
+        }
+        Ok(size)
+    }
+
+    /// Why no chunk starts at `ptr`: outside every region, inside a free chunk (a block that
+    /// was freed and merged with a neighbour, freed again), or inside a live block.
+    #[cold]
+    fn why_not_a_chunk(&self, ptr: usize) -> FreeError {
+        let Some(r) = self.region_of(ptr).map(|i| &self.regions[i]) else { return FreeError::Foreign };
+        let mut i = (ptr - r.base) >> MIN_ALLOCATION_BITS;
+        // The chunk holding `ptr` is the nearest one starting at or before it.
+        while r.handles[i] == NONE {
+            if i == 0 {
+                return FreeError::NotAChunk;
+            }
+            i -= 1;
+        }
+        if self.chunks[r.handles[i] as usize].in_use() || ptr % MIN_ALLOCATION_SIZE != 0 {
+            FreeError::NotAChunk
+        } else {
+            FreeError::AlreadyFree
+        }
+    }
+
+    /// Absorbs `b` (which directly follows `a`) into `a`. Neither may be in a bin.
+    fn merge(&mut self, a: Handle, b: Handle) {
+        let cb = self.chunks[b as usize];
+        self.chunks[a as usize].size += cb.size;
+        self.chunks[a as usize].next = cb.next;
+        if cb.next != NONE {
+            self.chunks[cb.next as usize].prev = a;
+        } else {
+            self.set_last(cb.ptr, a);
+        }
+        self.set_handle(cb.ptr, NONE);
+        self.free_handles.push(b);
+    }
+
+    /// Adds `size` usable bytes at `base`, `reported` of them taken from the backing memory,
+    /// after the region ending at `base` when there is one and `coalesce` allows it (the new
+    /// chunk merges with that region's free tail), else as a region of its own.
+    fn add_region(&mut self, base: usize, size: usize, piece: Option<(usize, usize)>, coalesce: bool) {
+        self.usable += size;
+        let at = self.regions.partition_point(|r| r.base < base);
+        if coalesce && at > 0 && self.regions[at - 1].end() == base {
+            let last = self.regions[at - 1].last;
+            let h = self.new_chunk(Chunk { ptr: base, size, requested: 0, id: 0, prev: last, next: NONE, bin: NO_BIN });
+            self.chunks[last as usize].next = h;
+            let r = &mut self.regions[at - 1];
+            r.size += size;
+            r.handles.resize(r.size >> MIN_ALLOCATION_BITS, NONE);
+            r.pieces.extend(piece);
+            r.last = h;
+            self.set_handle(base, h);
+            if !self.chunks[last as usize].in_use() {
+                self.remove_free(last);
+                self.merge(last, h);
+                self.insert_free(last);
+            } else {
+                self.insert_free(h);
+            }
+            return;
+        }
+        let h = self.new_chunk(Chunk { ptr: base, size, requested: 0, id: 0, prev: NONE, next: NONE, bin: NO_BIN });
+        let mut handles = vec![NONE; size >> MIN_ALLOCATION_BITS];
+        handles[0] = h;
+        self.regions.insert(at, Region { base, size, handles, pieces: piece.into_iter().collect(), last: h });
+        self.insert_free(h);
+    }
+
+    /// The free chunk at the very end of the last region, if the region ends with one.
+    fn free_tail(&self) -> Option<Handle> {
+        let h = self.regions.last()?.last;
+        (!self.chunks[h as usize].in_use()).then_some(h)
+    }
+
+    /// Records `h` as the last chunk of the region holding `ptr`.
+    fn set_last(&mut self, ptr: usize, h: Handle) {
+        if let Some(i) = self.region_of(ptr) {
+            self.regions[i].last = h;
+        }
+    }
+
+    fn new_chunk(&mut self, c: Chunk) -> Handle {
+        match self.free_handles.pop() {
+            Some(h) => {
+                self.chunks[h as usize] = c;
+                h
+            }
+            None => {
+                self.chunks.push(c);
+                (self.chunks.len() - 1) as Handle
+            }
+        }
+    }
+
+    fn insert_free(&mut self, h: Handle) {
+        let c = &mut self.chunks[h as usize];
+        let bin = bin_for_size(c.size);
+        c.bin = bin as u8;
+        if c.size < self.options.first_fit_above {
+            self.bins[bin].insert((c.size, c.ptr, h));
+            self.nonempty_bins |= 1 << bin;
+        } else {
+            let class = address_class(c.size);
+            self.by_address[class].insert((c.ptr, c.size, h));
+            self.by_address_classes |= 1 << class;
+        }
+    }
+
+    fn remove_free(&mut self, h: Handle) {
+        let c = &mut self.chunks[h as usize];
+        let bin = c.bin as usize;
+        c.bin = NO_BIN;
+        if c.size < self.options.first_fit_above {
+            self.bins[bin].remove(&(c.size, c.ptr, h));
+            if self.bins[bin].is_empty() {
+                self.nonempty_bins &= !(1 << bin);
+            }
+        } else {
+            let class = address_class(c.size);
+            self.by_address[class].remove(&(c.ptr, c.size, h));
+            if self.by_address[class].is_empty() {
+                self.by_address_classes &= !(1 << class);
+            }
+        }
+    }
+
+    fn region_of(&self, ptr: usize) -> Option<usize> {
+        let i = self.regions.partition_point(|r| r.end() <= ptr);
+        (i < self.regions.len() && self.regions[i].base <= ptr).then_some(i)
+    }
+
+    fn set_handle(&mut self, ptr: usize, h: Handle) {
+        if let Some(i) = self.region_of(ptr) {
+            let r = &mut self.regions[i];
+            r.handles[(ptr - r.base) >> MIN_ALLOCATION_BITS] = h;
+        }
+    }
+
+    /// The chunk starting exactly at `ptr`, in O(log regions).
+    fn handle_at(&self, ptr: usize) -> Option<Handle> {
+        let r = &self.regions[self.region_of(ptr)?];
+        let offset = ptr - r.base;
+        if offset % MIN_ALLOCATION_SIZE != 0 {
+            return None;
+        }
+        let h = r.handles[offset >> MIN_ALLOCATION_BITS];
+        (h != NONE).then_some(h)
+    }
+
+    /// `(requested, allocated, id)` of the live chunk at `ptr`.
+    pub(crate) fn live_chunk(&self, ptr: usize) -> Option<(usize, usize, u64)> {
+        let c = &self.chunks[self.handle_at(ptr)? as usize];
+        c.in_use().then_some((c.requested, c.size, c.id))
+    }
+
+    /// The largest free chunk.
+    pub(crate) fn largest_free(&self) -> usize {
+        match self.by_address_classes.checked_ilog2() {
+            Some(top) => self.by_address[top as usize].iter().map(|e| e.1).max().unwrap_or(0),
+            None => self.bins.iter().rev().find_map(|b| b.last().map(|e| e.0)).unwrap_or(0),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> AllocatorStats {
+        let largest_free = self.largest_free();
+        let free = self.usable - self.in_use;
+        AllocatorStats {
+            num_allocs: self.num_allocs,
+            num_frees: self.num_frees,
+            bytes_in_use: self.in_use as u64,
+            peak_bytes_in_use: self.peak_in_use as u64,
+            largest_alloc_size: self.largest_alloc as u64,
+            bytes_limit: Some(self.options.memory_limit as u64),
+            bytes_reserved: self.reserved as u64,
+            peak_bytes_reserved: self.peak_reserved as u64,
+            largest_free_block_bytes: Some(largest_free as u64),
+            fragmentation: Some(if free == 0 { 0.0 } else { (free - largest_free) as f64 / free as f64 }),
+            num_alloc_retries: 0,
+            num_ooms: self.num_ooms,
+        }
+    }
+
+    /// TensorFlow's `ClearStats`.
+    pub(crate) fn clear_stats(&mut self) {
+        self.num_allocs = 0;
+        self.num_frees = 0;
+        self.peak_in_use = self.in_use;
+        self.largest_alloc = 0;
+        self.peak_reserved = self.reserved;
+    }
+
+    pub(crate) fn dump(&self, name: &str) -> MemoryDump {
+        let mut bins: Vec<BinSummary> = (0..NUM_BINS).map(|bin| BinSummary { bin, ..BinSummary::default() }).collect();
+        let mut chunks = Vec::new();
+        let mut regions = Vec::new();
+        for (ri, r) in self.regions.iter().enumerate() {
+            regions.push(RegionInfo { base: r.base, size: r.size });
+            let mut h = r.handles[0];
+            while h != NONE {
+                let c = &self.chunks[h as usize];
+                let b = &mut bins[bin_for_size(c.size)];
+                b.bytes_in_bin += c.size as u64;
+                b.chunks_in_bin += 1;
+                if c.in_use() {
+                    b.bytes_in_use += c.size as u64;
+                    b.chunks_in_use += 1;
+                }
+                chunks.push(ChunkInfo {
+                    region: ri,
+                    offset: c.ptr - r.base,
+                    size: c.size,
+                    requested_size: c.requested,
+                    bin: (!c.in_use()).then_some(c.bin as usize),
+                    in_use: c.in_use(),
+                    allocation_id: c.in_use().then_some(c.id),
+                });
+                h = c.next;
+            }
+        }
+        let expandable = self.growth.info().map(|(reserved, committed, pieces, granule)| ExpandableInfo {
+            reserved_address_space: reserved as u64,
+            committed: committed as u64,
+            pieces,
+            granule: granule as u64,
+        });
+        MemoryDump::new(name.to_owned(), self.stats(), bins, regions, chunks).with_expandable(expandable)
+    }
+
+    /// Checks every invariant; for tests. Returns a description of the first violation.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let mut in_use = 0;
+        let mut free_chunks = 0;
+        let mut usable = 0;
+        for r in &self.regions {
+            usable += r.size;
+            let mut h = r.handles[0];
+            let mut expect = r.base;
+            let mut prev = NONE;
+            while h != NONE {
+                let c = &self.chunks[h as usize];
+                if c.ptr != expect || c.prev != prev {
+                    return Err(format!("chunk list broken at {:#x}", c.ptr));
+                }
+                if c.size == 0 || c.size % MIN_ALLOCATION_SIZE != 0 {
+                    return Err(format!("chunk at {:#x} has size {}", c.ptr, c.size));
+                }
+                if r.handles[(c.ptr - r.base) >> MIN_ALLOCATION_BITS] != h {
+                    return Err(format!("handle map wrong at {:#x}", c.ptr));
+                }
+                if c.in_use() {
+                    in_use += c.size;
+                } else {
+                    free_chunks += 1;
+                    if prev != NONE && !self.chunks[prev as usize].in_use() {
+                        return Err(format!("two free neighbours at {:#x}", c.ptr));
+                    }
+                    let indexed = if c.size < self.options.first_fit_above {
+                        self.bins[c.bin as usize].contains(&(c.size, c.ptr, h))
+                    } else {
+                        self.by_address[address_class(c.size)].contains(&(c.ptr, c.size, h))
+                    };
+                    if !indexed || c.bin as usize != bin_for_size(c.size) {
+                        return Err(format!("free chunk at {:#x} is not in its bin", c.ptr));
+                    }
+                }
+                expect = c.ptr + c.size;
+                prev = h;
+                h = c.next;
+            }
+            if expect != r.end() {
+                return Err(format!("region {:#x} not covered by its chunks", r.base));
+            }
+            if prev != r.last {
+                return Err(format!("region {:#x}: wrong last chunk", r.base));
+            }
+            let starts = r.handles.iter().filter(|&&h| h != NONE).count();
+            let mut chunks_here = 0;
+            let mut h = r.handles[0];
+            while h != NONE {
+                chunks_here += 1;
+                h = self.chunks[h as usize].next;
+            }
+            if starts != chunks_here {
+                return Err(format!("region {:#x}: {starts} handles for {chunks_here} chunks", r.base));
+            }
+        }
+        if self.bins.iter().flatten().any(|e| e.0 >= self.options.first_fit_above) {
+            return Err("a large free chunk is in the best-fit bins".to_owned());
+        }
+        if (0..NUM_BINS).any(|b| (self.nonempty_bins & (1 << b) != 0) == self.bins[b].is_empty()) {
+            return Err("the mask of non-empty bins is out of date".to_owned());
+        }
+        for (class, by_address) in self.by_address.iter().enumerate() {
+            let marked = self.by_address_classes & (1 << class) != 0;
+            let misplaced =
+                by_address.iter().any(|e| address_class(e.1) != class || e.1 < self.options.first_fit_above);
+            if marked == by_address.is_empty() || misplaced {
+                return Err(format!("address class {class} of the first-fit index is out of date"));
+            }
+        }
+        let binned: usize = self.bins.iter().map(BTreeSet::len).sum::<usize>()
+            + self.by_address.iter().map(BTreeSet::len).sum::<usize>();
+        if binned != free_chunks {
+            return Err(format!("{binned} chunks in bins, {free_chunks} free chunks in regions"));
+        }
+        if in_use != self.in_use {
+            return Err(format!("in use {} but chunks in use sum to {in_use}", self.in_use));
+        }
+        if usable != self.usable {
+            return Err(format!("usable {} but regions sum to {usable}", self.usable));
+        }
+        self.growth.check(&self.regions, self.reserved)
+    }
+}

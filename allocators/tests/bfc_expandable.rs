@@ -1,0 +1,470 @@
+//! BfcAllocator over expandable memory: reservation, need-sized growth, coalescing across growth
+//! steps, giving memory back, the release threshold, split policies, and the faults: a refused
+//! reservation (RLIMIT_AS), a refused commit, a limit below one granule.
+
+use std::alloc::Layout;
+use std::io;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+
+use parking_lot::Mutex;
+use tensormem_allocators::{
+    AllocErrorKind, AllocationAttributes, Allocator, AllocatorExt, BfcAllocator, BuildError, ExpandableMemory,
+    OsMemory, OsSubAllocator, SplitPolicy, SubAllocator,
+};
+
+const KIB: usize = 1024;
+const MIB: usize = 1 << 20;
+
+fn alloc(bfc: &BfcAllocator, size: usize) -> NonNull<u8> {
+    bfc.allocate_raw(Layout::from_size_align(size, 8).unwrap(), &AllocationAttributes::default()).unwrap()
+}
+
+fn free(bfc: &BfcAllocator, p: NonNull<u8>, size: usize) {
+    // SAFETY: tests free each block once with the size it was allocated with.
+    unsafe { bfc.deallocate_raw(p, Layout::from_size_align(size, 8).unwrap()) };
+}
+
+fn reserved(bfc: &BfcAllocator) -> usize {
+    bfc.check_invariants().unwrap();
+    bfc.stats().unwrap().bytes_reserved as usize
+}
+
+/// Host memory that counts what is committed, can refuse commits, and (when it cannot decommit
+/// partially, like a GPU mapping) checks that every decommit is exactly one earlier commit.
+#[derive(Debug)]
+struct Counting {
+    committed: AtomicUsize,
+    refuse: AtomicBool,
+    partial: bool,
+    pieces: Mutex<Vec<(usize, usize)>>,
+    bad_decommits: AtomicUsize,
+}
+
+impl Counting {
+    fn new(partial: bool) -> Arc<Self> {
+        Arc::new(Self {
+            committed: AtomicUsize::new(0),
+            refuse: AtomicBool::new(false),
+            partial,
+            pieces: Mutex::new(Vec::new()),
+            bad_decommits: AtomicUsize::new(0),
+        })
+    }
+}
+
+// SAFETY: every call is forwarded to `OsMemory`, which keeps the contract; this type only counts.
+unsafe impl ExpandableMemory for Counting {
+    fn granule(&self) -> usize {
+        OsMemory.granule()
+    }
+    fn reserve(&self, bytes: usize) -> io::Result<NonNull<u8>> {
+        OsMemory.reserve(bytes)
+    }
+    unsafe fn commit(&self, ptr: NonNull<u8>, bytes: usize) -> io::Result<()> {
+        if self.refuse.load(SeqCst) {
+            return Err(io::Error::new(io::ErrorKind::OutOfMemory, "refused by the test"));
+        }
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { OsMemory.commit(ptr, bytes) }?;
+        self.committed.fetch_add(bytes, SeqCst);
+        self.pieces.lock().push((ptr.as_ptr() as usize, bytes));
+        Ok(())
+    }
+    unsafe fn decommit(&self, ptr: NonNull<u8>, bytes: usize) {
+        let mut pieces = self.pieces.lock();
+        match pieces.iter().position(|&p| p == (ptr.as_ptr() as usize, bytes)) {
+            Some(i) => {
+                pieces.remove(i);
+            }
+            None if !self.partial => {
+                self.bad_decommits.fetch_add(1, SeqCst);
+            }
+            None => {}
+        }
+        self.committed.fetch_sub(bytes, SeqCst);
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { OsMemory.decommit(ptr, bytes) }
+    }
+    unsafe fn release(&self, ptr: NonNull<u8>, bytes: usize) {
+        self.committed.store(0, SeqCst);
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { OsMemory.release(ptr, bytes) }
+    }
+    fn decommits_partially(&self) -> bool {
+        self.partial
+    }
+    fn name(&self) -> &str {
+        "counting"
+    }
+}
+
+/// The sub-allocator handing out `Counting` memory.
+#[derive(Debug)]
+struct CountingSub(Arc<Counting>);
+
+// SAFETY: regions come from the OS sub-allocator; the expandable form is `Counting`.
+unsafe impl SubAllocator for CountingSub {
+    fn alloc_region(&self, min_bytes: usize, alignment: usize) -> Option<(NonNull<u8>, usize)> {
+        OsSubAllocator.alloc_region(min_bytes, alignment)
+    }
+    unsafe fn free_region(&self, ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { OsSubAllocator.free_region(ptr, bytes) }
+    }
+    fn max_alignment(&self) -> usize {
+        OsSubAllocator.max_alignment()
+    }
+    fn expandable(&self) -> Option<&dyn ExpandableMemory> {
+        Some(&*self.0)
+    }
+}
+
+fn counting_bfc(limit: usize, partial: bool) -> (Arc<Counting>, BfcAllocator) {
+    let memory = Counting::new(partial);
+    let bfc = BfcAllocator::builder()
+        .memory_limit(limit as u64)
+        .sub_allocator(Arc::new(CountingSub(memory.clone())))
+        .build()
+        .unwrap();
+    (memory, bfc)
+}
+
+#[test]
+fn the_limit_costs_address_space_not_memory() {
+    // Without allow_growth, TensorFlow's allocator took its whole limit at the first allocation.
+    let bfc = BfcAllocator::builder().memory_limit(64 << 30).build().unwrap();
+    assert!(bfc.is_expandable());
+    assert_eq!(reserved(&bfc), 0);
+    let p = alloc(&bfc, 100);
+    assert_eq!(reserved(&bfc), 2 * MIB, "one growth granule, not 64 GiB");
+    let d = bfc.memory_dump();
+    let e = d.expandable.as_ref().unwrap();
+    assert_eq!((e.reserved_address_space, e.committed, e.pieces, e.granule), (64 << 30, 2 << 20, 1, 4096));
+    assert!(d.render().contains("expandable: 2.0 MiB committed in 1 pieces of 64.0 GiB reserved"), "{}", d.render());
+    free(&bfc, p, 100);
+}
+
+#[test]
+fn growth_is_sized_to_need_and_chunks_coalesce_across_growth_steps() {
+    let (memory, bfc) = counting_bfc(1 << 30, true);
+    let a = alloc(&bfc, 3 * MIB); // commits 4 MiB (3 MiB rounded up to the 2 MiB granule)
+    assert_eq!(reserved(&bfc), 4 * MIB);
+    // 1 MiB is free at the end: a 5 MiB block needs 4 MiB more, and spans both commits.
+    let b = alloc(&bfc, 5 * MIB);
+    assert_eq!(reserved(&bfc), 8 * MIB);
+    assert_eq!(b.as_ptr() as usize, a.as_ptr() as usize + 3 * MIB, "b starts right after a, in the first piece");
+    assert_eq!(memory.committed.load(SeqCst), 8 * MIB, "committed bytes = what the stats call reserved");
+    let d = bfc.memory_dump();
+    assert_eq!(d.regions.len(), 1, "one region grows: {:?}", d.regions);
+    assert_eq!(d.expandable.unwrap().pieces, 2);
+    // A doubling allocator would have taken 2 + 4 + 8 = 14 MiB; a 30 MiB request now takes 30.
+    let c = alloc(&bfc, 30 * MIB);
+    assert_eq!(reserved(&bfc), 38 * MIB);
+    for (p, n) in [(a, 3 * MIB), (b, 5 * MIB), (c, 30 * MIB)] {
+        free(&bfc, p, n);
+    }
+    assert_eq!(bfc.memory_dump().chunks.len(), 1, "all of it merged into one free chunk");
+    assert_eq!(bfc.stats().unwrap().peak_bytes_reserved, 38 * MIB as u64);
+}
+
+#[test]
+fn release_cached_decommits_the_free_tail_and_keeps_live_blocks() {
+    let (memory, bfc) = counting_bfc(1 << 30, true);
+    let a = alloc(&bfc, 10 * MIB);
+    let b = alloc(&bfc, 20 * MIB);
+    // SAFETY: `a` holds 10 MiB; mark it to check it survives the release.
+    unsafe { a.as_ptr().write_bytes(0x5A, 10 * MIB) };
+    free(&bfc, b, 20 * MIB);
+    assert_eq!(reserved(&bfc), 30 * MIB);
+    assert_eq!(bfc.release_cached(), 20 * MIB, "the free 20 MiB after `a` go back");
+    assert_eq!((reserved(&bfc), memory.committed.load(SeqCst)), (10 * MIB, 10 * MIB));
+    // SAFETY: `a` is still live.
+    assert!(unsafe { std::slice::from_raw_parts(a.as_ptr(), 10 * MIB) }.iter().all(|&x| x == 0x5A));
+    assert_eq!(bfc.release_cached(), 0, "nothing more can go while `a` lives");
+    free(&bfc, a, 10 * MIB);
+    assert_eq!(bfc.release_cached(), 10 * MIB);
+    assert_eq!((reserved(&bfc), memory.committed.load(SeqCst)), (0, 0), "nothing live: nothing committed");
+    assert!(bfc.memory_dump().regions.is_empty());
+    // It grows again from the start of the reservation.
+    let c = alloc(&bfc, MIB);
+    assert_eq!(c, a);
+    assert_eq!(reserved(&bfc), 2 * MIB);
+    free(&bfc, c, MIB);
+}
+
+#[test]
+fn a_free_hole_before_a_live_block_stays_committed() {
+    let (_, bfc) = counting_bfc(1 << 30, true);
+    let a = alloc(&bfc, 8 * MIB);
+    let b = alloc(&bfc, MIB);
+    free(&bfc, a, 8 * MIB);
+    // Only the 1 MiB tail after `b` (of the 10 MiB committed) can go: the hole before it stays.
+    let before = reserved(&bfc);
+    assert_eq!(before, 10 * MIB);
+    let released = bfc.release_cached();
+    assert_eq!(released, MIB, "{released}");
+    assert_eq!(reserved(&bfc), 9 * MIB);
+    free(&bfc, b, MIB);
+    assert_eq!(bfc.release_cached(), 9 * MIB);
+}
+
+#[test]
+fn memory_that_decommits_whole_pieces_only_gets_whole_pieces_back() {
+    // Like a GPU mapping: only what one commit mapped can be unmapped.
+    let (memory, bfc) = counting_bfc(1 << 30, false);
+    let a = alloc(&bfc, 3 * MIB); // piece 1: 4 MiB
+    let b = alloc(&bfc, 6 * MIB); // piece 2: 6 MiB - 1 MiB free tail = 5 MiB, rounded to 6 MiB
+    let c = alloc(&bfc, 11 * MIB); // piece 3: 11 MiB - 1 MiB free tail = 10 MiB
+    assert_eq!(reserved(&bfc), 20 * MIB);
+    free(&bfc, c, 11 * MIB);
+    // The free tail is 1 MiB of piece 2 + piece 3: only piece 3 lies wholly inside it.
+    assert_eq!(bfc.release_cached(), 10 * MIB);
+    assert_eq!(reserved(&bfc), 10 * MIB);
+    free(&bfc, b, 6 * MIB);
+    free(&bfc, a, 3 * MIB);
+    assert_eq!(bfc.release_cached(), 10 * MIB);
+    assert_eq!(memory.committed.load(SeqCst), 0);
+    assert_eq!(memory.bad_decommits.load(SeqCst), 0, "every decommit was exactly one commit");
+    assert!(memory.pieces.lock().is_empty());
+}
+
+#[test]
+fn a_release_threshold_gives_memory_back_as_frees_happen() {
+    let bfc = BfcAllocator::builder().memory_limit(1 << 30).release_threshold(Some(4 * MIB as u64)).build().unwrap();
+    let a = alloc(&bfc, 64 * MIB);
+    let b = alloc(&bfc, MIB);
+    assert_eq!(reserved(&bfc), 66 * MIB);
+    free(&bfc, b, MIB);
+    // 2 MiB free: under the threshold, kept.
+    assert_eq!(reserved(&bfc), 66 * MIB);
+    free(&bfc, a, 64 * MIB);
+    // 66 MiB free: all but 4 MiB go at once.
+    assert_eq!(reserved(&bfc), 4 * MIB);
+    let s = bfc.stats().unwrap();
+    assert_eq!((s.bytes_in_use, s.peak_bytes_reserved), (0, 66 * MIB as u64));
+}
+
+#[test]
+fn release_cached_from_two_threads_while_blocks_live() {
+    let bfc = BfcAllocator::builder().memory_limit(1 << 30).build().unwrap();
+    std::thread::scope(|s| {
+        for t in 0..2u8 {
+            let bfc = &bfc;
+            s.spawn(move || {
+                let mut live = Vec::new();
+                for i in 0..2000usize {
+                    let n = 1 + (i * 7919 + usize::from(t) * 31) % (3 * MIB);
+                    let p = alloc(bfc, n);
+                    // SAFETY: `p` holds `n` bytes.
+                    unsafe { p.as_ptr().add(n - 1).write(t) };
+                    live.push((p, n));
+                    if live.len() > 40 {
+                        let (p, n) = live.swap_remove(i % live.len());
+                        // SAFETY: only this thread wrote it.
+                        assert_eq!(unsafe { p.as_ptr().add(n - 1).read() }, t);
+                        free(bfc, p, n);
+                    }
+                    if i % 50 == 0 {
+                        bfc.release_cached();
+                    }
+                }
+                for (p, n) in live {
+                    // SAFETY: only this thread wrote it; it survived every release.
+                    assert_eq!(unsafe { p.as_ptr().add(n - 1).read() }, t);
+                    free(bfc, p, n);
+                }
+            });
+        }
+    });
+    bfc.check_invariants().unwrap();
+    bfc.release_cached();
+    assert_eq!(reserved(&bfc), 0);
+}
+
+#[test]
+fn a_commit_the_system_refuses_is_an_oom_naming_the_request_and_the_state_stays_intact() {
+    let (memory, bfc) = counting_bfc(1 << 30, true);
+    let a = alloc(&bfc, MIB);
+    memory.refuse.store(true, SeqCst);
+    let err = bfc.allocate::<u8>(8 * MIB).unwrap_err();
+    assert_eq!(err.kind(), AllocErrorKind::OutOfMemory);
+    let text = err.to_string();
+    assert!(text.contains("could not allocate 8.0 MiB (8388608 bytes") && text.contains("out of memory"), "{text}");
+    assert!(text.contains("1.0 MiB in use of a 1.0 GiB limit; largest free block 1.0 MiB"), "{text}");
+    // What fits in committed memory still works; the state is intact.
+    let b = alloc(&bfc, 512 * KIB);
+    bfc.check_invariants().unwrap();
+    memory.refuse.store(false, SeqCst);
+    let c = alloc(&bfc, 8 * MIB);
+    for (p, n) in [(a, MIB), (b, 512 * KIB), (c, 8 * MIB)] {
+        free(&bfc, p, n);
+    }
+    assert_eq!(bfc.stats().unwrap().num_ooms, 1);
+    assert_eq!(memory.committed.load(SeqCst), reserved(&bfc));
+}
+
+#[test]
+fn a_limit_below_one_granule() {
+    // Asked for explicitly: an error naming the granule.
+    let err = BfcAllocator::builder().memory_limit(1000).expandable(true).build().unwrap_err();
+    assert_eq!(err, BuildError::LimitTooSmall { allocator: "bfc".into(), limit: 1000, minimum: 4096 });
+    // Left to the default: TensorFlow's regions, which can hold 768 bytes of chunks.
+    let bfc = BfcAllocator::builder().memory_limit(1000).build().unwrap();
+    assert!(!bfc.is_expandable());
+    let p = alloc(&bfc, 700);
+    let s = bfc.stats().unwrap();
+    assert_eq!(s.bytes_limit, Some(1000), "the limit is reported as configured");
+    let err = bfc.allocate::<u8>(300).unwrap_err();
+    assert!(err.to_string().contains("of a 1000 B limit"), "{err}");
+    free(&bfc, p, 700);
+    // A sub-allocator without expandable memory, asked to expand.
+    let err = BfcAllocator::builder()
+        .memory_limit(1 << 20)
+        .sub_allocator(Arc::new(NoExpand))
+        .expandable(true)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("invalid expandable: its sub-allocator NoExpand cannot reserve"), "{err}");
+    let err = BfcAllocator::builder().memory_limit(1 << 20).growth_granule(0).build().unwrap_err();
+    assert!(err.to_string().contains("invalid growth_granule"), "{err}");
+}
+
+#[derive(Debug)]
+struct NoExpand;
+
+// SAFETY: regions come from the OS sub-allocator.
+unsafe impl SubAllocator for NoExpand {
+    fn alloc_region(&self, min_bytes: usize, alignment: usize) -> Option<(NonNull<u8>, usize)> {
+        OsSubAllocator.alloc_region(min_bytes, alignment)
+    }
+    unsafe fn free_region(&self, ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { OsSubAllocator.free_region(ptr, bytes) }
+    }
+    fn max_alignment(&self) -> usize {
+        4096
+    }
+}
+
+#[test]
+fn a_reservation_refused_under_rlimit_as_is_a_build_error_naming_the_size() {
+    // setrlimit is process-wide: run the check in a child process of this test binary.
+    if std::env::var_os("TENSORMEM_TEST_RLIMIT_CHILD").is_some() {
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "rlimit_child", "--nocapture", "--test-threads=1"])
+        .env("TENSORMEM_TEST_RLIMIT_CHILD", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("RESERVE ERROR: allocator 'huge': could not reserve 1.0 TiB of address space (1099511627776 bytes) from os memory"), "{text}");
+    assert!(text.contains("lower the memory limit, raise the address-space limit"), "{text}");
+}
+
+#[test]
+fn rlimit_child() {
+    if std::env::var_os("TENSORMEM_TEST_RLIMIT_CHILD").is_none() {
+        return;
+    }
+    let limit = libc::rlimit { rlim_cur: 64 << 30, rlim_max: 64 << 30 };
+    // SAFETY: setrlimit reads the struct we pass; it only lowers this child's address-space limit.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+    let err = BfcAllocator::builder().name("huge").memory_limit(1 << 40).build().unwrap_err();
+    println!("RESERVE ERROR: {err}");
+    assert!(matches!(err, BuildError::Reserve { bytes, .. } if bytes == 1 << 40));
+    // A limit that fits is fine in the same process.
+    let bfc = BfcAllocator::builder().memory_limit(1 << 30).build().unwrap();
+    let p = alloc(&bfc, MIB);
+    free(&bfc, p, MIB);
+}
+
+#[test]
+fn over_aligned_requests_that_fit_are_served() {
+    for expandable in [true, false] {
+        // A 1 MiB, page-aligned request on a fresh 1 MiB allocator.
+        let bfc = BfcAllocator::builder().memory_limit(MIB as u64).expandable(expandable).build().unwrap();
+        let page = Layout::from_size_align(MIB, 4096).unwrap();
+        let p = bfc.allocate_raw(page, &AllocationAttributes::default()).unwrap();
+        assert_eq!(p.as_ptr() as usize % 4096, 0);
+        // SAFETY: freed once with its layout.
+        unsafe { bfc.deallocate_raw(p, page) };
+        // 512 KiB page-aligned beside a free, page-aligned 512 KiB chunk.
+        let first = alloc(&bfc, 512 * KIB);
+        let half = Layout::from_size_align(512 * KIB, 4096).unwrap();
+        let q = bfc.allocate_raw(half, &AllocationAttributes::default()).unwrap();
+        assert_eq!(q.as_ptr() as usize, first.as_ptr() as usize + 512 * KIB);
+        bfc.check_invariants().unwrap();
+        // SAFETY: freed once with its layout.
+        unsafe { bfc.deallocate_raw(q, half) };
+        free(&bfc, first, 512 * KIB);
+    }
+}
+
+#[test]
+fn a_double_free_of_a_block_merged_into_a_free_neighbour_is_called_a_double_free() {
+    let bfc = BfcAllocator::builder().name("arena").memory_limit(1 << 30).build().unwrap();
+    let a = alloc(&bfc, 4 * KIB);
+    let b = alloc(&bfc, 4 * KIB);
+    let c = alloc(&bfc, 4 * KIB);
+    free(&bfc, a, 4 * KIB);
+    free(&bfc, b, 4 * KIB); // merges into a's free chunk: no chunk starts at b any more
+    let e = catch_unwind(AssertUnwindSafe(|| free(&bfc, b, 4 * KIB))).unwrap_err();
+    let m = e.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(m.contains("BfcAllocator 'arena'") && m.contains("double free"), "{m}");
+    bfc.check_invariants().unwrap();
+    free(&bfc, c, 4 * KIB);
+}
+
+#[test]
+fn split_policies_decide_the_waste() {
+    // A 1 MiB hole at the start, then a 600 KiB request (large: first fit takes the hole).
+    let hole = |policy: SplitPolicy| {
+        let bfc = BfcAllocator::builder().memory_limit(1 << 30).split(policy).build().unwrap();
+        let h = alloc(&bfc, MIB);
+        let c = alloc(&bfc, KIB);
+        free(&bfc, h, MIB);
+        let p = alloc(&bfc, 600 * KIB);
+        assert_eq!(p, h);
+        let got = bfc.allocated_size(p).unwrap();
+        for (q, n) in [(p, 600 * KIB), (c, KIB)] {
+            free(&bfc, q, n);
+        }
+        got
+    };
+    assert_eq!(hole(SplitPolicy::default()), 600 * KIB, "the default splits off every whole chunk");
+    assert_eq!(hole(SplitPolicy::PyTorch), 600 * KIB, "PyTorch splits a small request's block above 512 B");
+    assert_eq!(hole(SplitPolicy::TensorFlow), MIB, "TensorFlow keeps a chunk under twice the request whole");
+    assert_eq!(hole(SplitPolicy::Remainder(512 * KIB)), MIB, "424 KiB left is below the 512 KiB minimum");
+}
+
+#[test]
+fn large_requests_take_the_lowest_address_that_fits_and_small_ones_the_smallest_hole() {
+    let bfc = BfcAllocator::builder().memory_limit(1 << 30).build().unwrap();
+    // Holes of 16 MiB (low) and 4 MiB (high), with live blocks between.
+    let sizes = [16 * MIB, KIB, 4 * MIB, KIB];
+    let p: Vec<_> = sizes.iter().map(|&n| alloc(&bfc, n)).collect();
+    free(&bfc, p[0], 16 * MIB);
+    free(&bfc, p[2], 4 * MIB);
+    // 3 MiB is large: first fit takes the low 16 MiB hole (best fit would take the 4 MiB one).
+    let big = alloc(&bfc, 3 * MIB);
+    assert_eq!(big, p[0]);
+    // 64 KiB is large too, and goes right after it.
+    let mid = alloc(&bfc, 64 * KIB);
+    assert_eq!(mid.as_ptr() as usize, p[0].as_ptr() as usize + 3 * MIB);
+    // A small request takes a hole of the smallest size class, not the lowest address: of the
+    // 12.9 MiB left of the low hole, the 4 MiB hole and the 2 MiB - 2 KiB left at the end of the
+    // last growth step, the last.
+    let small = alloc(&bfc, 10 * KIB);
+    assert_eq!(small.as_ptr() as usize, p[3].as_ptr() as usize + KIB);
+    // With first fit off (TensorFlow's best fit everywhere) the 3 MiB block takes the 4 MiB hole.
+    let best = BfcAllocator::builder().memory_limit(1 << 30).first_fit_above(u64::MAX).build().unwrap();
+    let q: Vec<_> = sizes.iter().map(|&n| alloc(&best, n)).collect();
+    free(&best, q[0], 16 * MIB);
+    free(&best, q[2], 4 * MIB);
+    assert_eq!(alloc(&best, 3 * MIB), q[2]);
+}
