@@ -113,30 +113,181 @@ fn least_recently_freed_buffers_are_evicted_past_the_limit() {
 }
 
 #[test]
-fn frequent_evictions_grow_the_limit() {
+fn frequent_evictions_grow_the_limit_as_tensorflow_does() {
     let inner = Arc::new(SystemAllocator::new());
     let p = PoolAllocator::builder(inner).size_limit(BIG as u64).build().unwrap();
-    // Working set of 4 big buffers against a pool of one: every round evicts.
-    for _ in 0..200 {
+    // Working set of 4 big buffers against a pool of one: every round evicts 3 and misses 3.
+    let round = || {
         let bufs: Vec<NonNull<u8>> = (0..4).map(|_| p.allocate::<u8>(BIG).unwrap()).collect();
         for b in bufs {
             // SAFETY: freed once with its count.
             unsafe { p.deallocate(b, BIG) };
         }
+    };
+    // TensorFlow checks every 1000 evictions: nothing grows before the first check...
+    for _ in 0..333 {
+        round();
     }
-    let s = p.pool_stats();
-    assert!(s.size_limit >= 4 * BIG as u64, "the limit did not grow: {s:?}");
-    assert!(s.hits > 0);
+    assert_eq!(p.pool_stats().size_limit, BIG as u64, "{:?}", p.pool_stats());
+    round();
+    // ...then the limit grows by 10%, and the window restarts.
+    assert_eq!(p.pool_stats().size_limit, (BIG as f64 * 1.1) as u64, "{:?}", p.pool_stats());
+    let mut rounds = 334;
+    while p.pool_stats().size_limit < 4 * BIG as u64 {
+        round();
+        rounds += 1;
+        assert!(rounds < 100_000, "the limit stopped growing: {:?}", p.pool_stats());
+    }
+    // 1.1^15 > 4: 15 checks of 1000 evictions each; a round evicts 3 buffers while one fits (8
+    // checks), 2 while two fit (4 checks), 1 while three fit (3 checks): about 7,700 rounds.
+    assert!((7000..8500).contains(&rounds), "{rounds} rounds");
     // Once it grew, the working set fits and the pool stops evicting.
-    let evictions = s.evictions;
+    let evictions = p.pool_stats().evictions;
     for _ in 0..50 {
-        let bufs: Vec<NonNull<u8>> = (0..4).map(|_| p.allocate::<u8>(BIG).unwrap()).collect();
-        for b in bufs {
-            // SAFETY: freed once with its count.
-            unsafe { p.deallocate(b, BIG) };
-        }
+        round();
     }
     assert_eq!(p.pool_stats().evictions, evictions);
+}
+
+#[test]
+fn release_cached_empties_the_caches_of_threads_that_are_still_alive() {
+    let inner = Arc::new(SystemAllocator::new());
+    let p = Arc::new(PoolAllocator::builder(inner.clone()).build().unwrap());
+    let (parked_tx, parked_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let q = Arc::clone(&p);
+    let worker = std::thread::spawn(move || {
+        let bufs: Vec<_> = (0..10).map(|_| q.allocate::<u8>(4000).unwrap()).collect();
+        for b in bufs {
+            // SAFETY: freed once with its count.
+            unsafe { q.deallocate(b, 4000) };
+        }
+        parked_tx.send(q.pool_stats().thread_cached_buffers).unwrap();
+        go_rx.recv().unwrap(); // alive and idle while the main thread releases
+        // Its cache was emptied; it keeps working.
+        let b = q.allocate::<u8>(4000).unwrap();
+        // SAFETY: freed once with its count.
+        unsafe { q.deallocate(b, 4000) };
+    });
+    assert_eq!(parked_rx.recv().unwrap(), 10);
+    assert_eq!(inner.stats().unwrap().bytes_in_use, 10 * 4096);
+    assert_eq!(p.release_cached(), 10 * 4096, "the other thread's 10 buffers went back");
+    assert_eq!(inner.stats().unwrap().bytes_in_use, 0);
+    let s = p.pool_stats();
+    assert_eq!((s.thread_cached_buffers, s.cached_buffers), (0, 0));
+    assert_eq!(p.stats().unwrap().bytes_reserved, 0);
+    go_tx.send(()).unwrap();
+    worker.join().unwrap();
+}
+
+#[test]
+fn release_cached_while_other_threads_allocate_loses_and_corrupts_nothing() {
+    let inner = Arc::new(SystemAllocator::new());
+    let p = Arc::new(PoolAllocator::builder(inner.clone()).build().unwrap());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..2u8)
+        .map(|t| {
+            let (p, stop) = (Arc::clone(&p), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut live: Vec<(NonNull<u8>, usize)> = Vec::new();
+                let mut i = 0usize;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || i < 10_000 {
+                    let n = 1 + (i * 7919 + usize::from(t)) % 60_000;
+                    let q = p.allocate::<u8>(n).unwrap();
+                    // SAFETY: `q` holds `n` bytes.
+                    unsafe { q.as_ptr().write_bytes(t + 1, n) };
+                    live.push((q, n));
+                    if live.len() > 8 {
+                        let (q, n) = live.swap_remove(i % live.len());
+                        // SAFETY: only this thread wrote it, and nobody else was handed it.
+                        let bytes = unsafe { std::slice::from_raw_parts(q.as_ptr(), n) };
+                        assert!(bytes.iter().all(|&b| b == t + 1), "a live buffer was handed out twice");
+                        // SAFETY: freed once with its count.
+                        unsafe { p.deallocate(q, n) };
+                    }
+                    i += 1;
+                }
+                for (q, n) in live {
+                    // SAFETY: freed once with its count.
+                    unsafe { p.deallocate(q, n) };
+                }
+            })
+        })
+        .collect();
+    for _ in 0..200 {
+        p.release_cached();
+        std::thread::yield_now();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    p.release_cached();
+    assert_eq!(inner.stats().unwrap().bytes_in_use, 0, "every buffer went back exactly once");
+    assert_eq!(p.stats().unwrap().bytes_in_use, 0);
+}
+
+#[test]
+fn large_requests_go_to_an_expandable_bfc_that_merges_them() {
+    let inner = Arc::new(SystemAllocator::new());
+    let p = PoolAllocator::builder(inner.clone()).build().unwrap();
+    let (threshold, large) = p.large_allocator().expect("routing is on over an unlimited inner allocator");
+    assert_eq!((threshold, large.name()), (1 << 20, "pool.large"));
+    let a = p.allocate::<u8>(3 << 20).unwrap();
+    let b = p.allocate::<u8>((5 << 20) + 100).unwrap();
+    assert_eq!(inner.stats().unwrap().bytes_in_use, 0, "nothing large came from the inner allocator");
+    let s = p.stats().unwrap();
+    assert_eq!(s.bytes_in_use, (3 << 20) + (5 << 20) + 256, "large requests count their 256-byte multiple");
+    assert_eq!(p.pool_stats().large_allocations, 2);
+    // SAFETY: freed once with their counts.
+    unsafe {
+        p.deallocate(a, 3 << 20);
+        p.deallocate(b, (5 << 20) + 100);
+    }
+    // The two freed blocks merged: a 7 MiB request reuses their memory without growing.
+    let reserved = p.stats().unwrap().bytes_reserved;
+    let c = p.allocate::<u8>(7 << 20).unwrap();
+    assert_eq!(c, a);
+    assert_eq!(p.stats().unwrap().bytes_reserved, reserved);
+    // SAFETY: freed once with its count.
+    unsafe { p.deallocate(c, 7 << 20) };
+    assert!(p.release_cached() >= 8 << 20);
+    assert_eq!(p.stats().unwrap().bytes_reserved, 0);
+    // Routing off: TensorFlow's pool, power-of-two classes from the inner allocator.
+    let tf = PoolAllocator::builder(inner.clone()).large_threshold(None).build().unwrap();
+    assert!(tf.large_allocator().is_none());
+    let d = tf.allocate::<u8>(3 << 20).unwrap();
+    assert_eq!(inner.stats().unwrap().bytes_in_use, 4 << 20);
+    // SAFETY: freed once with its count.
+    unsafe { tf.deallocate(d, 3 << 20) };
+}
+
+#[test]
+fn a_limited_inner_allocator_keeps_its_limit_for_large_requests() {
+    let inner = Arc::new(SystemAllocator::builder().bytes_limit(4 << 20).build().unwrap());
+    let p = PoolAllocator::builder(inner.clone()).build().unwrap();
+    assert!(p.large_allocator().is_none());
+    let err = p.allocate::<u8>(5 << 20).unwrap_err();
+    assert_eq!(err.kind(), tensormem_allocators::AllocErrorKind::LimitExceeded);
+}
+
+#[test]
+fn an_exhausted_inner_allocator_is_retried_after_flushing_every_cache() {
+    // 64 KiB of room: four 16 KiB buffers fill it, and they wait in this thread's cache once freed.
+    let inner = Arc::new(SystemAllocator::builder().bytes_limit(64 << 10).build().unwrap());
+    let p = PoolAllocator::builder(inner.clone()).build().unwrap();
+    let bufs: Vec<_> = (0..4).map(|_| p.allocate::<u8>(16 << 10).unwrap()).collect();
+    for b in bufs {
+        // SAFETY: freed once with its count.
+        unsafe { p.deallocate(b, 16 << 10) };
+    }
+    assert_eq!(p.pool_stats().thread_cached_buffers, 4);
+    // A 32 KiB request misses; the inner allocator is full of cached 16 KiB buffers.
+    let big = p.allocate::<u8>(32 << 10).unwrap();
+    assert_eq!(p.pool_stats().thread_cached_buffers, 0, "the cache was flushed to make room");
+    assert_eq!(inner.stats().unwrap().bytes_in_use, 32 << 10);
+    // SAFETY: freed once with its count.
+    unsafe { p.deallocate(big, 32 << 10) };
 }
 
 #[test]

@@ -1,19 +1,23 @@
 //! [`PoolAllocator`]: TensorFlow's pool allocator: freed buffers are kept in free lists by
-//! rounded size and handed out again, the least recently used evicted past a size limit.
+//! rounded size and handed out again, the least recently used evicted past a size limit; per-thread
+//! caches in front; large requests served by an expandable BFC that merges what they free.
+
+mod lru;
+mod thread_cache;
 
 use core::alloc::Layout;
 use core::fmt;
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use core::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use lru::Pool;
+pub use thread_cache::THREAD_CACHE_MAX_CLASS;
+use thread_cache::{Core, ThreadCache};
 
 use crate::{
-    AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorStats, BuildError, PerThread, StatsCounters,
-    ThreadValue, dangling,
+    AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorStats, BfcAllocator, BuildError, PerThread,
+    StatsCounters, dangling,
 };
 
 /// How a request's size is rounded to pick its free list.
@@ -38,12 +42,8 @@ impl SizeRounding {
     }
 }
 
-/// Evictions between two checks of whether the pool should grow.
-const CHECK_INTERVAL: u64 = 100;
-/// Grow when more than this share of the buffers put in the pool were later evicted...
-const MIN_EVICTION_RATE: f64 = 0.1;
-/// ...and more than this share of requests missed the pool.
-const TOLERABLE_MISS_RATE: f64 = 2e-3;
+/// The default size above which requests go to the pool's large allocator: 1 MiB.
+pub const DEFAULT_LARGE_THRESHOLD: u64 = 1 << 20;
 
 /// The pool's own figures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -66,313 +66,37 @@ pub struct PoolStats {
     pub thread_cached_buffers: u64,
     /// The current size limit on cached bytes (grown by auto-resize).
     pub size_limit: u64,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Cached {
-    ptr: usize,
-    class: (usize, usize),
-    /// Neighbours in the LRU list (toward newer, toward older).
-    newer: usize,
-    older: usize,
-    /// Index in its class's stack.
-    slot: usize,
-}
-
-const NIL: usize = usize::MAX;
-
-/// FxHash-style word hasher: addresses and size classes are already well spread, and SipHash
-/// would cost more than the pool operation itself.
-#[derive(Default)]
-struct WordHasher(u64);
-
-impl Hasher for WordHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_usize(b as usize);
-        }
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (self.0.rotate_left(5) ^ n as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<WordHasher>>;
-
-#[derive(Debug, Default)]
-struct Pool {
-    entries: Vec<Cached>,
-    vacant: Vec<usize>,
-    /// Most and least recently freed.
-    newest: usize,
-    oldest: usize,
-    classes: FastMap<(usize, usize), Vec<usize>>,
-    size_limit: usize,
-    stats: PoolStats,
-    /// Bytes currently held from the inner allocator (in use, in the pool, in thread caches).
-    held: u64,
-    peak_held: u64,
-    num_ooms: u64,
-}
-
-impl Pool {
-    fn take(&mut self, class: (usize, usize)) -> Option<usize> {
-        let idx = self.classes.get_mut(&class)?.pop()?;
-        self.unlink(idx);
-        let ptr = self.entries[idx].ptr;
-        self.vacant.push(idx);
-        self.stats.cached_bytes -= class.0 as u64;
-        self.stats.cached_buffers -= 1;
-        Some(ptr)
-    }
-
-    fn put(&mut self, ptr: usize, class: (usize, usize)) {
-        let stack = self.classes.entry(class).or_default();
-        let e = Cached { ptr, class, newer: NIL, older: self.newest, slot: stack.len() };
-        let idx = match self.vacant.pop() {
-            Some(i) => {
-                self.entries[i] = e;
-                i
-            }
-            None => {
-                self.entries.push(e);
-                self.entries.len() - 1
-            }
-        };
-        stack.push(idx);
-        if self.newest != NIL {
-            self.entries[self.newest].newer = idx;
-        }
-        self.newest = idx;
-        if self.oldest == NIL {
-            self.oldest = idx;
-        }
-        self.stats.cached_bytes += class.0 as u64;
-        self.stats.cached_buffers += 1;
-        self.stats.puts += 1;
-    }
-
-    /// Removes the least recently freed buffer; returns it. Callers that evict for the limit
-    /// count it.
-    fn evict_one(&mut self) -> Option<(usize, (usize, usize))> {
-        let idx = self.oldest;
-        if idx == NIL {
-            return None;
-        }
-        let Cached { ptr, class, slot, .. } = self.entries[idx];
-        let stack = self.classes.get_mut(&class)?;
-        stack.swap_remove(slot);
-        if let Some(&moved) = stack.get(slot) {
-            self.entries[moved].slot = slot;
-        }
-        self.unlink(idx);
-        self.vacant.push(idx);
-        self.stats.cached_bytes -= class.0 as u64;
-        self.stats.cached_buffers -= 1;
-        Some((ptr, class))
-    }
-
-    fn unlink(&mut self, idx: usize) {
-        let Cached { newer, older, .. } = self.entries[idx];
-        if newer != NIL {
-            self.entries[newer].older = older;
-        } else {
-            self.newest = older;
-        }
-        if older != NIL {
-            self.entries[older].newer = newer;
-        } else {
-            self.oldest = newer;
-        }
-    }
-
-    /// TensorFlow's auto-resize: when evictions are frequent and requests still miss, double the
-    /// limit.
-    fn maybe_grow(&mut self) {
-        if self.stats.evictions % CHECK_INTERVAL != 0 || self.stats.puts == 0 {
-            return;
-        }
-        let eviction_rate = self.stats.evictions as f64 / self.stats.puts as f64;
-        let requests = self.stats.hits + self.stats.misses;
-        let miss_rate = if requests == 0 { 0.0 } else { self.stats.misses as f64 / requests as f64 };
-        if eviction_rate > MIN_EVICTION_RATE && miss_rate > TOLERABLE_MISS_RATE {
-            self.size_limit = self.size_limit.saturating_mul(2);
-            self.stats.size_limit = self.size_limit as u64;
-        }
-    }
-}
-
-/// Size classes a thread cache holds at once.
-const MAGAZINE_CLASSES: usize = 8;
-/// Buffers a thread cache holds per class.
-const MAGAZINE_DEPTH: usize = 16;
-/// Rounded sizes above this skip the thread caches and go straight to the shared pool.
-pub const THREAD_CACHE_MAX_CLASS: usize = 64 << 10;
-
-/// Up to `MAGAZINE_DEPTH` cached buffers of one class, written only by the owner thread.
-#[derive(Debug, Default)]
-struct Magazine {
-    /// Rounded size of the class (0: unused).
-    size: AtomicUsize,
-    align: AtomicUsize,
-    len: AtomicUsize,
-    ptrs: [AtomicUsize; MAGAZINE_DEPTH],
-}
-
-/// One thread's magazines and hit count.
-#[derive(Debug, Default)]
-struct ThreadCache {
-    mags: [Magazine; MAGAZINE_CLASSES],
-    hits: AtomicU64,
-    /// Next magazine to give back when all are taken by other classes.
-    victim: AtomicUsize,
-}
-
-impl ThreadCache {
-    #[inline(always)]
-    fn find(&self, (size, align): (usize, usize)) -> Option<&Magazine> {
-        self.mags.iter().find(|m| m.size.load(Relaxed) == size && m.align.load(Relaxed) == align)
-    }
-
-    /// Owner only: a cached buffer of `class`, if any.
-    #[inline(always)]
-    fn pop(&self, class: (usize, usize)) -> Option<usize> {
-        let m = self.find(class)?;
-        let len = m.len.load(Relaxed);
-        if len == 0 {
-            return None;
-        }
-        m.len.store(len - 1, Relaxed);
-        bump(&self.hits);
-        Some(m.ptrs[len - 1].load(Relaxed))
-    }
-
-    /// Owner only: keeps `ptr`; false when its magazine is full.
-    #[inline(always)]
-    fn push(&self, ptr: usize, class: (usize, usize), core: &Core) -> bool {
-        let m = match self.find(class) {
-            Some(m) => m,
-            None => self.claim(class, core),
-        };
-        let len = m.len.load(Relaxed);
-        if len == MAGAZINE_DEPTH {
-            return false;
-        }
-        m.ptrs[len].store(ptr, Relaxed);
-        m.len.store(len + 1, Relaxed);
-        true
-    }
-
-    /// Owner only: a magazine for `class`, emptying another class's into the shared pool if
-    /// they are all taken.
-    #[cold]
-    fn claim(&self, (size, align): (usize, usize), core: &Core) -> &Magazine {
-        let m = match self.mags.iter().find(|m| m.len.load(Relaxed) == 0) {
-            Some(m) => m,
-            None => {
-                let i = self.victim.load(Relaxed) % MAGAZINE_CLASSES;
-                self.victim.store(i + 1, Relaxed);
-                core.absorb(&self.mags[i]);
-                &self.mags[i]
-            }
-        };
-        m.size.store(size, Relaxed);
-        m.align.store(align, Relaxed);
-        m
-    }
-
-    fn cached(&self) -> (u64, u64) {
-        self.mags.iter().fold((0, 0), |(bytes, n), m| {
-            let len = m.len.load(Relaxed) as u64;
-            (bytes + len * m.size.load(Relaxed) as u64, n + len)
-        })
-    }
-}
-
-fn bump(a: &AtomicU64) {
-    a.store(a.load(Relaxed) + 1, Relaxed);
-}
-
-impl ThreadValue for ThreadCache {
-    type Shared = Core;
-
-    /// The exiting thread's buffers go to the shared pool.
-    fn retire(&self, core: &Core) {
-        for m in &self.mags {
-            core.absorb(m);
-        }
-    }
-}
-
-/// What all threads share: the inner allocator and the LRU pool behind the thread caches.
-#[derive(Debug)]
-struct Core {
-    inner: Arc<dyn Allocator>,
-    pool: Mutex<Pool>,
-    auto_resize: bool,
-}
-
-impl Core {
-    /// Puts a freed buffer in the shared pool, evicting past the limit.
-    fn put(&self, ptr: usize, class: (usize, usize)) {
-        let mut pool = self.pool.lock();
-        if class.0 > pool.size_limit {
-            pool.held -= class.0 as u64;
-            drop(pool);
-            return self.release(ptr, class);
-        }
-        pool.put(ptr, class);
-        while pool.stats.cached_bytes as usize > pool.size_limit {
-            let Some((p, c)) = pool.evict_one() else { break };
-            pool.stats.evictions += 1;
-            pool.held -= c.0 as u64;
-            self.release(p, c);
-            if self.auto_resize {
-                pool.maybe_grow();
-            }
-        }
-    }
-
-    /// Moves a magazine's buffers to the shared pool.
-    fn absorb(&self, m: &Magazine) {
-        let class = (m.size.load(Relaxed), m.align.load(Relaxed));
-        let len = m.len.load(Relaxed);
-        m.len.store(0, Relaxed);
-        for slot in &m.ptrs[..len] {
-            self.put(slot.load(Relaxed), class);
-        }
-    }
-
-    fn release(&self, ptr: usize, (size, align): (usize, usize)) {
-        if let (Some(p), Ok(layout)) = (NonNull::new(ptr as *mut u8), Layout::from_size_align(size, align)) {
-            // SAFETY: the buffer was allocated from `inner` with exactly this layout, was freed
-            // into the pool by its user, and has just been removed from the pool.
-            unsafe { self.inner.deallocate_raw(p, layout) };
-        }
-    }
+    /// Requests above the large threshold, served by the large allocator.
+    #[serde(default)]
+    pub large_allocations: u64,
 }
 
 /// Keeps freed buffers of an inner allocator in free lists by rounded size (powers of two by
 /// default) and hands them out again, as TensorFlow's `PoolAllocator` does for pinned host
 /// memory. Past `size_limit` cached bytes the least recently freed buffers go back to the inner
-/// allocator; with auto-resize the limit doubles when that happens often while requests still
-/// miss the pool.
+/// allocator; with auto-resize the limit grows as TensorFlow's does (10% per 1000 evictions while
+/// evictions and misses are both frequent).
 ///
 /// In front of the shared pool, each thread keeps a small cache (8 classes of up to 16 buffers,
-/// for rounded sizes up to [`THREAD_CACHE_MAX_CLASS`]), so a hit of a small size takes no lock;
-/// a thread's cache goes back to the shared pool when the thread exits. These caches are outside
-/// `size_limit` (at most 8 MiB per thread) and [`trim`](Self::trim) does not reach them.
+/// for rounded sizes up to [`THREAD_CACHE_MAX_CLASS`]), so a hit of a small size takes no lock
+/// and no locked instruction; a thread's cache goes back to the shared pool when the thread
+/// exits, and [`release_cached`](Allocator::release_cached) empties every thread's cache.
 ///
-/// Stats count rounded sizes: `bytes_in_use` is what is handed out, `bytes_reserved` all that is
-/// held from the inner allocator; [`pool_stats`](Self::pool_stats) adds hits, misses and
-/// evictions. Like TensorFlow's pool it keeps no per-pointer records: freeing a pointer it did
-/// not hand out, or with another layout, breaks the [`Allocator`] contract; wrap it in a
-/// tracking allocator to have such frees caught.
+/// **Large requests** (above 1 MiB by default, [`PoolBuilder::large_threshold`]) do not go to
+/// power-of-two free lists, which waste up to half of each block and keep blocks of sizes never
+/// asked for again: they go to a [`BfcAllocator`] over expandable memory (the default large
+/// allocator, [`PoolBuilder::large_allocator`]), which splits and merges them and keeps their
+/// memory for reuse until [`release_cached`](Allocator::release_cached). This is on by default
+/// when the inner allocator has no byte limit (a limited inner allocator keeps serving large
+/// requests, so its limit holds).
+///
+/// Stats count rounded sizes: `bytes_in_use` is what is handed out (the class size, or the size
+/// rounded to 256 bytes for a large request), `bytes_reserved` all that is held (in use, cached,
+/// and the large allocator's committed memory); `peak_bytes_reserved` is the sum of the two
+/// parts' peaks. [`pool_stats`](Self::pool_stats) adds hits, misses and evictions. Like
+/// TensorFlow's pool it keeps no per-pointer records: freeing a pointer it did not hand out, or
+/// with another layout, breaks the [`Allocator`] contract; wrap it in a tracking allocator to
+/// have such frees caught.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -388,6 +112,7 @@ impl Core {
 /// assert_eq!((p.hits, p.misses), (1, 1));
 /// // SAFETY: as above.
 /// unsafe { pool.deallocate(b, 4000) };
+/// assert_eq!(pool.release_cached(), 4096, "every thread's cache goes back");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct PoolAllocator {
@@ -397,6 +122,14 @@ pub struct PoolAllocator {
     thread_caches: bool,
     caches: PerThread<ThreadCache>,
     counters: StatsCounters,
+    /// Requests above `large.0` bytes go to `large.1`.
+    large: Option<(usize, Arc<dyn Allocator>)>,
+    large_allocations: core::sync::atomic::AtomicU64,
+}
+
+/// Bytes a large request is counted as: the 256-byte multiple a BFC hands out.
+fn large_size(n: usize) -> usize {
+    n.div_ceil(256).saturating_mul(256)
 }
 
 impl PoolAllocator {
@@ -408,11 +141,18 @@ impl PoolAllocator {
             size_limit: 256 << 20,
             rounding: SizeRounding::default(),
             auto_resize: true,
+            large_threshold: Some(DEFAULT_LARGE_THRESHOLD),
+            large: None,
         }
     }
 
     fn core(&self) -> &Core {
         self.caches.shared()
+    }
+
+    /// The allocator large requests go to, and the size above which they do, if routing is on.
+    pub fn large_allocator(&self) -> Option<(usize, &Arc<dyn Allocator>)> {
+        self.large.as_ref().map(|(t, a)| (*t, a))
     }
 
     /// Hits, misses, evictions and what is cached.
@@ -424,19 +164,13 @@ impl PoolAllocator {
             stats.thread_cached_bytes += bytes;
             stats.thread_cached_buffers += n;
         });
+        stats.large_allocations = self.large_allocations.load(Relaxed);
         stats
     }
 
-    /// Returns every buffer cached in the shared pool and in this thread's cache to the inner
-    /// allocator (other threads' caches go back when those threads exit or the pool is dropped).
-    pub fn trim(&self) {
-        let core = self.core();
-        self.caches.with_or(|| (), |cache, core| cache.mags.iter().for_each(|m| core.absorb(m)));
-        let mut pool = core.pool.lock();
-        while let Some((ptr, class)) = pool.evict_one() {
-            pool.held -= class.0 as u64;
-            core.release(ptr, class);
-        }
+    /// Gives every cached buffer back: [`release_cached`](Allocator::release_cached).
+    pub fn trim(&self) -> usize {
+        self.release_cached()
     }
 
     #[inline(always)]
@@ -444,6 +178,32 @@ impl PoolAllocator {
         let size = self.rounding.round(layout.size())?;
         Layout::from_size_align(size, layout.align()).ok()?;
         Some((size, layout.align()))
+    }
+
+    /// The large allocator, if `layout` is one of its requests.
+    #[inline(always)]
+    fn large_for(&self, layout: Layout) -> Option<&Arc<dyn Allocator>> {
+        match &self.large {
+            Some((threshold, a)) if layout.size() > *threshold => Some(a),
+            _ => None,
+        }
+    }
+
+    #[inline(never)]
+    fn allocate_large(
+        &self,
+        large: &Arc<dyn Allocator>,
+        layout: Layout,
+        attrs: &AllocationAttributes,
+    ) -> Result<NonNull<u8>, AllocError> {
+        let p = match large.allocate_raw(layout, attrs) {
+            Ok(p) => p,
+            Err(_) if self.release_cached() > 0 => large.allocate_raw(layout, attrs)?,
+            Err(e) => return Err(e),
+        };
+        self.large_allocations.fetch_add(1, Relaxed);
+        self.counters.record_alloc(large_size(layout.size()));
+        Ok(p)
     }
 
     /// A buffer from the shared pool or, on a miss, from the inner allocator.
@@ -457,22 +217,18 @@ impl PoolAllocator {
         let core = self.core();
         let mut pool = core.pool.lock();
         if let Some(p) = pool.take(class) {
-            pool.stats.hits += 1;
             drop(pool);
             return NonNull::new(p as *mut u8)
                 .ok_or_else(|| AllocError::new(AllocErrorKind::OutOfMemory, layout, &self.name));
         }
-        pool.stats.misses += 1;
         drop(pool);
         // `class` was checked to make a valid layout.
         let rounded = Layout::from_size_align(class.0, class.1)
             .map_err(|_| AllocError::new(AllocErrorKind::SizeOverflow, layout, &self.name))?;
         let got = match core.inner.allocate_raw(rounded, attrs) {
-            Err(_) if core.pool.lock().stats.cached_buffers > 0 => {
-                // Out of memory with buffers cached: give them back and try once more.
-                self.trim();
-                core.inner.allocate_raw(rounded, attrs)
-            }
+            // Out of memory: give back what every thread caches (the caller's own cache
+            // included) and try once more.
+            Err(_) if self.release_cached() > 0 => core.inner.allocate_raw(rounded, attrs),
             other => other,
         };
         let mut pool = core.pool.lock();
@@ -490,10 +246,12 @@ impl PoolAllocator {
     }
 }
 
-// SAFETY: buffers come from `inner` (which keeps the memory contract) with a layout at least as
-// large and as aligned as the request, and a cached buffer is handed out only after its user
-// freed it (the caller's promise under the `Allocator` contract); buffers go back to `inner` only
-// from the caches. Peak >= in use: the stats come from `StatsCounters`.
+// SAFETY: buffers come from `inner` or the large allocator (which keep the memory contract) with
+// a layout at least as large and as aligned as the request, and a cached buffer is handed out
+// only after its user freed it (the caller's promise under the `Allocator` contract); buffers go
+// back to `inner` only from the caches, and a large request is freed to the allocator that
+// served it (the same size decides both ways). Peak >= in use: the stats come from
+// `StatsCounters`.
 unsafe impl Allocator for PoolAllocator {
     fn name(&self) -> &str {
         &self.name
@@ -503,6 +261,9 @@ unsafe impl Allocator for PoolAllocator {
     fn allocate_raw(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
         if layout.size() == 0 {
             return Ok(dangling(layout));
+        }
+        if let Some(large) = self.large_for(layout) {
+            return self.allocate_large(large, layout, attrs);
         }
         let class =
             self.class(layout).ok_or_else(|| AllocError::new(AllocErrorKind::SizeOverflow, layout, &self.name))?;
@@ -524,6 +285,12 @@ unsafe impl Allocator for PoolAllocator {
         if layout.size() == 0 {
             return;
         }
+        if let Some(large) = self.large_for(layout) {
+            self.counters.record_free(large_size(layout.size()));
+            // SAFETY: requests of this size went to `large` (see `allocate_raw`), so the caller's
+            // promise about `ptr` and `layout` holds for it.
+            return unsafe { large.deallocate_raw(ptr, layout) };
+        }
         // The caller promises `layout` is the allocation's, so this is the class it came from.
         let Some(class) = self.class(layout) else { return };
         self.counters.record_free(class.0);
@@ -538,18 +305,19 @@ unsafe impl Allocator for PoolAllocator {
 
     fn stats(&self) -> Option<AllocatorStats> {
         let mut s = self.counters.stats();
-        let core = self.core();
-        let pool = core.pool.lock();
+        let pool = self.core().pool.lock();
         s.bytes_reserved = pool.held;
         s.peak_bytes_reserved = pool.peak_held;
         s.num_ooms = pool.num_ooms;
-        let mut largest = pool.classes.iter().filter(|(_, v)| !v.is_empty()).map(|(c, _)| c.0).max().unwrap_or(0);
+        let mut largest = pool.largest_cached();
         drop(pool);
-        self.caches.for_each(|c| {
-            for m in c.mags.iter().filter(|m| m.len.load(Relaxed) > 0) {
-                largest = largest.max(m.size.load(Relaxed));
-            }
-        });
+        self.caches.for_each(|c| largest = largest.max(c.largest_cached()));
+        if let Some(l) = self.large.as_ref().and_then(|(_, a)| a.stats()) {
+            s.bytes_reserved += l.bytes_reserved;
+            s.peak_bytes_reserved += l.peak_bytes_reserved;
+            s.num_ooms += l.num_ooms;
+            largest = largest.max(l.largest_free_block_bytes.unwrap_or(0) as usize);
+        }
         s.largest_free_block_bytes = Some(largest as u64);
         Some(s)
     }
@@ -558,16 +326,30 @@ unsafe impl Allocator for PoolAllocator {
         self.counters.clear();
         let mut pool = self.core().pool.lock();
         pool.peak_held = pool.held;
+        drop(pool);
+        if let Some((_, a)) = &self.large {
+            a.clear_stats();
+        }
         true
+    }
+
+    /// Empties every thread's cache (not only the caller's) and the shared pool into the inner
+    /// allocator, and releases the large allocator's free memory. Returns the bytes given back.
+    fn release_cached(&self) -> usize {
+        let small = self.core().drain_all(&self.caches);
+        let large = self.large.as_ref().map_or(0, |(_, a)| a.release_cached());
+        if small + large > 0 {
+            tracing::debug!(pool = %self.name, small, large, "pool: gave cached memory back");
+        }
+        small + large
     }
 }
 
 impl Drop for PoolAllocator {
     fn drop(&mut self) {
-        // No thread can be inside a method of the pool now, so every thread cache can be emptied.
-        let core = self.caches.shared();
-        self.caches.for_each(|cache| cache.mags.iter().for_each(|m| core.absorb(m)));
-        self.trim();
+        // No thread can be inside a method of the pool now: every cache and the shared pool go
+        // back to the inner allocator.
+        self.core().drain_all(&self.caches);
     }
 }
 
@@ -577,6 +359,7 @@ impl fmt::Debug for PoolAllocator {
             .field("name", &self.name)
             .field("inner", &self.core().inner)
             .field("rounding", &self.rounding)
+            .field("large", &self.large.as_ref().map(|(t, a)| (*t, a.name())))
             .field("pool", &self.pool_stats())
             .finish()
     }
@@ -590,6 +373,8 @@ pub struct PoolBuilder {
     size_limit: u64,
     rounding: SizeRounding,
     auto_resize: bool,
+    large_threshold: Option<u64>,
+    large: Option<Arc<dyn Allocator>>,
 }
 
 impl PoolBuilder {
@@ -608,10 +393,28 @@ impl PoolBuilder {
         self
     }
 
-    /// Double the size limit when evictions are frequent (default on, as in TensorFlow).
+    /// Grow the size limit when evictions are frequent, as TensorFlow's pool does (default on).
     #[must_use]
     pub fn auto_resize(mut self, on: bool) -> Self {
         self.auto_resize = on;
+        self
+    }
+
+    /// Requests larger than this go to the large allocator instead of the free lists (default
+    /// 1 MiB); `None` keeps every request in the free lists (TensorFlow's pool).
+    #[must_use]
+    pub fn large_threshold(mut self, bytes: Option<u64>) -> Self {
+        self.large_threshold = bytes;
+        self
+    }
+
+    /// The allocator for large requests. Default: a [`BfcAllocator`] named `<name>.large` over
+    /// expandable OS memory, limited to the machine's physical memory (address space is
+    /// reserved, memory committed as needed); it is made only when the inner allocator has no
+    /// byte limit (otherwise large requests go to the inner allocator).
+    #[must_use]
+    pub fn large_allocator(mut self, allocator: Arc<dyn Allocator>) -> Self {
+        self.large = Some(allocator);
         self
     }
 
@@ -625,7 +428,8 @@ impl PoolBuilder {
     /// Builds the pool.
     ///
     /// # Errors
-    /// [`BuildError::EmptyName`]; [`BuildError::InvalidOption`] for `SizeRounding::Multiple(0)`.
+    /// [`BuildError::EmptyName`]; [`BuildError::InvalidOption`] for `SizeRounding::Multiple(0)`
+    /// or a large threshold of 0.
     pub fn build(self) -> Result<PoolAllocator, BuildError> {
         if self.name.is_empty() {
             return Err(BuildError::EmptyName);
@@ -637,20 +441,61 @@ impl PoolBuilder {
                 reason: "a multiple of 0 bytes".to_owned(),
             });
         }
+        if self.large_threshold == Some(0) {
+            return Err(BuildError::InvalidOption {
+                allocator: self.name,
+                option: "large_threshold",
+                reason: "a threshold of 0 bytes would send every request to the large allocator; use None to turn routing off"
+                    .to_owned(),
+            });
+        }
         let size_limit = usize::try_from(self.size_limit).unwrap_or(usize::MAX);
-        let pool = Pool {
-            newest: NIL,
-            oldest: NIL,
-            size_limit,
-            stats: PoolStats { size_limit: self.size_limit, ..PoolStats::default() },
-            ..Pool::default()
+        let large = match (self.large_threshold, self.large) {
+            (None, _) => None,
+            (Some(t), Some(a)) => Some((usize::try_from(t).unwrap_or(usize::MAX), a)),
+            (Some(t), None) => {
+                default_large(&self.name, &self.inner).map(|a| (usize::try_from(t).unwrap_or(usize::MAX), a))
+            }
         };
+        let caching = size_limit > 0;
         Ok(PoolAllocator {
             name: self.name,
             rounding: self.rounding,
-            thread_caches: size_limit > 0,
-            caches: PerThread::new(Core { inner: self.inner, pool: Mutex::new(pool), auto_resize: self.auto_resize }),
+            thread_caches: caching,
+            caches: PerThread::new(Core::new(self.inner, Pool::new(size_limit), self.auto_resize)),
             counters: StatsCounters::new(None),
+            large,
+            large_allocations: core::sync::atomic::AtomicU64::new(0),
         })
     }
+}
+
+/// The default large allocator: an expandable BFC over the OS as large as physical memory, when
+/// the inner allocator has no limit and address space can be reserved.
+fn default_large(name: &str, inner: &Arc<dyn Allocator>) -> Option<Arc<dyn Allocator>> {
+    if inner.stats().is_some_and(|s| s.bytes_limit.is_some()) {
+        return None;
+    }
+    let built =
+        BfcAllocator::builder().name(format!("{name}.large")).memory_limit(physical_memory()).expandable(true).build();
+    match built {
+        Ok(bfc) => Some(Arc::new(bfc)),
+        Err(error) => {
+            tracing::warn!(pool = name, %error, "pool: no large allocator; large requests go to the inner allocator");
+            None
+        }
+    }
+}
+
+/// The machine's physical memory in bytes (64 GiB when it cannot be read).
+fn physical_memory() -> u64 {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf only reads system configuration.
+        let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+        if pages > 0 && page > 0 {
+            return (pages as u64).saturating_mul(page as u64);
+        }
+    }
+    64 << 30
 }
