@@ -1,13 +1,16 @@
-//! Caching allocators on the shipped transformer trace, pool hits, and fresh-page faulting.
+//! Caching allocators on the recorded and shipped traces, pool hits, and fresh-page faulting.
 //!
-//! - `replay_transformer/*`: one replay of `benches/traces/transformer_inference.json` per
-//!   iteration (throughput in operations), on the system allocator, jemalloc, BFC and the pool.
+//! - `replay_<trace>/*`: one replay per iteration (throughput in operations) of every trace in
+//!   `benches/traces/` (the two PyTorch streams, the transformer trace, the KV-cache stress), on
+//!   the default BFC (`memory_limit` + `allow_growth`, nothing else set), TensorFlow's BFC
+//!   (regions doubling from 2 MiB, its split rule, best fit: the BFC before expandable memory),
+//!   the pool over the system allocator (large requests to its BFC), and jemalloc.
 //! - `pool_hit_pair/*`: a warm pool hit (alloc+free of a cached size) against a
 //!   `JemallocAllocator` pair of the same size.
 //! - `fresh_pages_16MiB/*`: allocate 16 MiB, write every 4 KiB page, free; the system allocator
-//!   maps and unmaps it each time (page faults), BFC keeps its region.
+//!   maps and unmaps it each time (page faults), BFC keeps its memory.
 //!
-//! Memory figures (peak reserved / peak in use): `cargo run --release --example replay`.
+//! Memory figures (peak reserved / peak requested): `cargo run --release --example replay`.
 
 // criterion_group! generates an undocumented `pub fn benches()`.
 #![allow(missing_docs)]
@@ -18,38 +21,62 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tensormem::allocators::SplitPolicy;
 use tensormem::{
     AllocationAttributes, AllocationTrace, Allocator, BfcAllocator, PoolAllocator, PreparedTrace, SystemAllocator,
 };
 
-fn trace() -> PreparedTrace {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/traces/transformer_inference.json");
-    let json = std::fs::read_to_string(path).expect("the shipped trace");
+const TRACES: [&str; 4] =
+    ["torch_gpt2_inference", "torch_gpt2_train_varlen", "transformer_inference", "kv_cache_stress"];
+
+fn trace(name: &str) -> PreparedTrace {
+    let path = format!("{}/benches/traces/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let json = std::fs::read_to_string(&path).expect("a shipped trace");
     PreparedTrace::new(&AllocationTrace::from_json(&json).expect("a valid trace"))
+}
+
+/// TensorFlow's BFC as it was before expandable memory.
+fn tensorflow_bfc() -> BfcAllocator {
+    BfcAllocator::builder()
+        .memory_limit(64 << 30)
+        .allow_growth(true)
+        .expandable(false)
+        .split(SplitPolicy::TensorFlow)
+        .first_fit_above(u64::MAX)
+        .build()
+        .unwrap()
 }
 
 fn subjects() -> Vec<(&'static str, Arc<dyn Allocator>)> {
     let system: Arc<dyn Allocator> = Arc::new(SystemAllocator::new());
-    let mut v: Vec<(&'static str, Arc<dyn Allocator>)> = vec![("system", Arc::clone(&system))];
+    #[allow(unused_mut)] // jemalloc is pushed only with its feature
+    let mut v: Vec<(&'static str, Arc<dyn Allocator>)> = vec![
+        ("bfc", Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build().unwrap())),
+        ("bfc_tensorflow", Arc::new(tensorflow_bfc())),
+        ("pool", Arc::new(PoolAllocator::builder(system).build().unwrap())),
+    ];
     #[cfg(feature = "jemalloc")]
     v.push(("jemalloc", Arc::new(tensormem::JemallocAllocator::new())));
-    v.push(("bfc", Arc::new(BfcAllocator::builder().memory_limit(2 << 30).allow_growth(true).build().unwrap())));
-    v.push(("pool", Arc::new(PoolAllocator::builder(system).size_limit(256 << 20).build().unwrap())));
     v
 }
 
-fn replay_transformer(c: &mut Criterion) {
-    let trace = trace();
-    let mut group = c.benchmark_group("replay_transformer");
-    group.throughput(Throughput::Elements(trace.len() as u64));
-    group.sample_size(20);
-    for (name, a) in subjects() {
-        trace.run_timed(&*a); // warm: caching allocators keep their memory between runs
-        group.bench_function(BenchmarkId::from_parameter(name), |b| {
-            b.iter_custom(|iters| (0..iters).map(|_| trace.run_timed(&*a)).sum())
-        });
+fn replay(c: &mut Criterion) {
+    for name in TRACES {
+        let trace = trace(name);
+        let mut group = c.benchmark_group(format!("replay_{name}"));
+        group.throughput(Throughput::Elements(trace.len() as u64));
+        group.sample_size(20);
+        for (subject, a) in subjects() {
+            // Warm: caching allocators keep their memory between runs, and the pages it lands on
+            // are touched once here.
+            trace.run_timed(&*a);
+            trace.run_timed(&*a);
+            group.bench_function(BenchmarkId::from_parameter(subject), |b| {
+                b.iter_custom(|iters| (0..iters).map(|_| trace.run_timed(&*a)).sum())
+            });
+        }
+        group.finish();
     }
-    group.finish();
 }
 
 fn pair(a: &dyn Allocator, layout: Layout) {
@@ -104,6 +131,6 @@ fn fresh_pages(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = replay_transformer, pool_hit_pair, fresh_pages
+    targets = replay, pool_hit_pair, fresh_pages
 }
 criterion_main!(benches);

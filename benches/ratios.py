@@ -51,17 +51,26 @@ for label, t, a, b in rows:
 def mean(group, subject):
     return mean_ns(group, subject)
 
-if (root / "replay_transformer").is_dir():
+TRACES = ["torch_gpt2_inference", "torch_gpt2_train_varlen", "transformer_inference", "kv_cache_stress"]
+OPS = {}
+for t in TRACES:
+    path = root.parent.parent / "benches" / "traces" / f"{t}.json"
+    if path.exists():
+        OPS[t] = len(json.loads(path.read_text())["events"])
+if any((root / f"replay_{t}").is_dir() for t in TRACES):
+    subjects = ["jemalloc", "bfc", "bfc_tensorflow", "pool"]
     print()
-    print("| replay of the transformer trace | time per replay | ns per operation |")
-    print("|---|---:|---:|")
-    ops = 72770
-    for s in ("system", "jemalloc", "bfc", "pool"):
-        m = mean("replay_transformer", s)
-        if m is not None:
-            print(f"| {s} | {m / 1e6:.2f} ms | {m / ops:.1f} |")
+    print("| replay: ns per operation | " + " | ".join(subjects) + " | bfc / bfc_tensorflow |")
+    print("|---|" + "---:|" * (len(subjects) + 1))
+    for t in TRACES:
+        cells = [mean(f"replay_{t}", s) for s in subjects]
+        ops = OPS.get(t)
+        if ops is None or all(c is None for c in cells):
+            continue
+        r = ratio(f"replay_{t}", "bfc", "bfc_tensorflow")
+        print(f"| {t} | " + " | ".join("-" if c is None else f"{c / ops:.1f}" for c in cells)
+              + f" | {'-' if r is None else f'{r:.2f}'} |")
     rows = [
-        ("BFC / jemalloc time per operation on the trace (target <= 1.5)", "replay_transformer", "bfc", "replay_transformer", "jemalloc"),
         ("pool hit / JemallocAllocator pair, 64 B (target <= 1.0)", "pool_hit_pair_64B", "pool_hit", "pool_hit_pair_64B", "jemalloc_allocator"),
         ("pool hit / JemallocAllocator pair, 4 KiB (target <= 1.0)", "pool_hit_pair_4KiB", "pool_hit", "pool_hit_pair_4KiB", "jemalloc_allocator"),
         ("16 MiB allocate-write-free: system / BFC time", "fresh_pages_16MiB", "system", "fresh_pages_16MiB", "bfc"),

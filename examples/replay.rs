@@ -1,57 +1,97 @@
-//! Replays an allocation trace on every allocator and prints peak memory, fragmentation at the
-//! peak, failures and time per operation.
+//! Replays allocation traces on every allocator and prints peak memory against what was requested,
+//! fragmentation at the peak, failures and time per operation.
 //!
 //! ```text
-//! cargo run --release --example replay [-- <trace.json>]   # default: the shipped transformer trace
+//! cargo run --release --example replay [-- <trace.json>...]   # default: every trace in benches/traces
 //! ```
+//!
+//! `use/req` is peak in use / peak requested (rounding and unsplit chunks), `resvd/req` peak
+//! reserved / peak requested (all memory taken from the system). The BFC rows: `bfc` is the
+//! default (`memory_limit` + `allow_growth`, nothing else set: expandable, need-sized growth,
+//! 256-byte splits, first fit above 64 KiB); `bfc (tensorflow)` is TensorFlow's allocator
+//! (regions doubling from 2 MiB, its split rule, best fit).
 
 use std::sync::Arc;
 
+use tensormem::allocators::SplitPolicy;
 use tensormem::{
     AllocationTrace, Allocator, BfcAllocator, ByteSize, PoolAllocator, ReplayReport, SystemAllocator, replay,
 };
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "benches/traces/transformer_inference.json".to_owned());
-    let trace = AllocationTrace::from_json(&std::fs::read_to_string(&path)?)?;
-    println!("{path}: {} events, {}", trace.events.len(), trace.description);
+fn traces() -> Vec<String> {
+    let given: Vec<String> = std::env::args().skip(1).collect();
+    if !given.is_empty() {
+        return given;
+    }
+    let mut all: Vec<String> = std::fs::read_dir("benches/traces")
+        .map(|d| {
+            d.filter_map(|e| e.ok()).map(|e| e.path().display().to_string()).filter(|p| p.ends_with(".json")).collect()
+        })
+        .unwrap_or_default();
+    all.sort();
+    all
+}
+
+type Subjects = Vec<(&'static str, Arc<dyn Allocator>)>;
+
+fn subjects() -> Result<Subjects, Box<dyn std::error::Error>> {
     let system: Arc<dyn Allocator> = Arc::new(SystemAllocator::new());
-    let mut subjects: Vec<(&str, Arc<dyn Allocator>)> = vec![("system", Arc::clone(&system))];
+    let mut v: Subjects = vec![("system", Arc::clone(&system))];
     #[cfg(feature = "jemalloc")]
-    subjects.push(("jemalloc", Arc::new(tensormem::JemallocAllocator::new())));
-    subjects
-        .push(("bfc (growth)", Arc::new(BfcAllocator::builder().memory_limit(2 << 30).allow_growth(true).build()?)));
-    subjects.push(("bfc (1 GiB region)", Arc::new(BfcAllocator::builder().memory_limit(1 << 30).build()?)));
-    subjects.push(("pool over system", Arc::new(PoolAllocator::builder(system).size_limit(256 << 20).build()?)));
-    println!(
-        "{:<20} {:>12} {:>12} {:>12} {:>9} {:>9} {:>7} {:>9} {:>12}",
-        "allocator",
-        "requested",
-        "peak in use",
-        "peak resvd",
-        "resvd/use",
-        "frag@peak",
-        "failed",
-        "ns/op",
-        "page faults"
-    );
-    for (name, a) in subjects {
-        let r: ReplayReport = replay(&trace, &*a);
+    v.push(("jemalloc", Arc::new(tensormem::JemallocAllocator::new())));
+    v.push(("bfc", Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build()?)));
+    v.push((
+        "bfc (tensorflow)",
+        Arc::new(
+            BfcAllocator::builder()
+                .memory_limit(64 << 30)
+                .allow_growth(true)
+                .expandable(false)
+                .split(SplitPolicy::TensorFlow)
+                .first_fit_above(u64::MAX)
+                .build()?,
+        ),
+    ));
+    v.push(("pool over system", Arc::new(PoolAllocator::builder(system).build()?)));
+    Ok(v)
+}
+
+fn ratio(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".to_owned(), |r| format!("{r:.3}"))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    for path in traces() {
+        let trace = AllocationTrace::from_json(&std::fs::read_to_string(&path)?)?;
+        println!("\n{path}: {} events\n  {}", trace.events.len(), trace.description);
         println!(
-            "{name:<20} {:>12} {:>12} {:>12} {:>9} {:>9} {:>7} {:>9.1} {:>12}",
-            ByteSize(r.peak_requested).to_string(),
-            ByteSize(r.peak_in_use).to_string(),
-            ByteSize(r.peak_reserved).to_string(),
-            if r.peak_reserved > 0 {
-                format!("{:.3}", r.peak_reserved as f64 / r.peak_in_use as f64)
-            } else {
-                "-".into()
-            },
-            r.fragmentation_at_peak.map_or("-".into(), |f| format!("{f:.3}")),
-            r.failed_allocations,
-            r.ns_per_operation,
-            r.minor_page_faults.map_or("-".into(), |f| f.to_string())
+            "{:<18} {:>11} {:>11} {:>11} {:>7} {:>9} {:>9} {:>6} {:>8} {:>8}",
+            "allocator",
+            "requested",
+            "peak in use",
+            "peak resvd",
+            "use/req",
+            "resvd/req",
+            "frag@peak",
+            "failed",
+            "ns/op",
+            "faults"
         );
+        for (name, a) in subjects()? {
+            let r: ReplayReport = replay(&trace, &*a);
+            println!(
+                "{name:<18} {:>11} {:>11} {:>11} {:>7} {:>9} {:>9} {:>6} {:>8.1} {:>8}",
+                ByteSize(r.peak_requested).to_string(),
+                ByteSize(r.peak_in_use).to_string(),
+                ByteSize(r.peak_reserved).to_string(),
+                ratio(r.in_use_over_requested()),
+                ratio(r.reserved_over_requested()),
+                r.fragmentation_at_peak.map_or("-".into(), |f| format!("{f:.3}")),
+                r.failed_allocations,
+                r.ns_per_operation,
+                r.minor_page_faults.map_or("-".into(), |f| f.to_string())
+            );
+        }
     }
     Ok(())
 }

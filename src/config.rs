@@ -3,20 +3,26 @@
 
 use std::sync::Arc;
 
-use crate::allocators::{Allocator, BfcAllocator, BuildError, PoolAllocator, SizeRounding};
+use crate::allocators::{Allocator, BfcAllocator, BuildError, PoolAllocator, SizeRounding, SplitPolicy};
 
 /// The environment variable holding the configuration.
 pub const ALLOC_CONF_ENV: &str = "TENSORMEM_ALLOC_CONF";
 
 /// Every key `TENSORMEM_ALLOC_CONF` accepts, with what its value must be.
-pub const KEYS: [(&str, &str); 7] = [
+pub const KEYS: [(&str, &str); 13] = [
     ("bfc.memory_limit", "a size such as 4GiB (required to use bfc)"),
     ("bfc.allow_growth", "true or false"),
+    ("bfc.expandable", "true or false"),
+    ("bfc.growth_granule", "a size such as 2MiB"),
+    ("bfc.split", "tensorflow, pytorch, or remainder:<size>"),
+    ("bfc.release_threshold", "a size such as 1GiB, or none"),
+    ("bfc.first_fit_above", "a size such as 64KiB, or none"),
     ("bfc.garbage_collection", "true or false"),
     ("bfc.max_internal_fragmentation", "a size such as 128MiB"),
     ("pool.size_limit", "a size such as 256MiB"),
     ("pool.rounding", "power_of_two, exact, or multiple:<size>"),
     ("pool.auto_resize", "true or false"),
+    ("pool.large_threshold", "a size such as 1MiB, or none"),
 ];
 
 /// What is wrong with a configuration; every variant names the key.
@@ -71,6 +77,16 @@ pub struct AllocConf {
     pub bfc_memory_limit: Option<u64>,
     /// `bfc.allow_growth`.
     pub bfc_allow_growth: Option<bool>,
+    /// `bfc.expandable`.
+    pub bfc_expandable: Option<bool>,
+    /// `bfc.growth_granule`.
+    pub bfc_growth_granule: Option<u64>,
+    /// `bfc.split`.
+    pub bfc_split: Option<SplitPolicy>,
+    /// `bfc.release_threshold` (`Some(None)`: `none`, keep everything).
+    pub bfc_release_threshold: Option<Option<u64>>,
+    /// `bfc.first_fit_above` (`Some(None)`: `none`, best fit for every size).
+    pub bfc_first_fit_above: Option<Option<u64>>,
     /// `bfc.garbage_collection`.
     pub bfc_garbage_collection: Option<bool>,
     /// `bfc.max_internal_fragmentation`.
@@ -81,6 +97,8 @@ pub struct AllocConf {
     pub pool_rounding: Option<SizeRounding>,
     /// `pool.auto_resize`.
     pub pool_auto_resize: Option<bool>,
+    /// `pool.large_threshold` (`Some(None)`: `none`, no large allocator).
+    pub pool_large_threshold: Option<Option<u64>>,
 }
 
 impl AllocConf {
@@ -114,6 +132,19 @@ impl AllocConf {
             match key {
                 "bfc.memory_limit" => conf.bfc_memory_limit = Some(parse_size(value).ok_or_else(bad)?),
                 "bfc.allow_growth" => conf.bfc_allow_growth = Some(parse_bool(value).ok_or_else(bad)?),
+                "bfc.expandable" => conf.bfc_expandable = Some(parse_bool(value).ok_or_else(bad)?),
+                "bfc.growth_granule" => {
+                    conf.bfc_growth_granule = Some(parse_size(value).filter(|&g| g > 0).ok_or_else(bad)?);
+                }
+                "bfc.split" => conf.bfc_split = Some(parse_split(value).ok_or_else(bad)?),
+                "bfc.release_threshold" => {
+                    conf.bfc_release_threshold = Some(parse_size_or_none(value).ok_or_else(bad)?)
+                }
+                "bfc.first_fit_above" => conf.bfc_first_fit_above = Some(parse_size_or_none(value).ok_or_else(bad)?),
+                "pool.large_threshold" => {
+                    conf.pool_large_threshold =
+                        Some(parse_size_or_none(value).filter(|t| *t != Some(0)).ok_or_else(bad)?);
+                }
                 "bfc.garbage_collection" => conf.bfc_garbage_collection = Some(parse_bool(value).ok_or_else(bad)?),
                 "bfc.max_internal_fragmentation" => {
                     conf.bfc_max_internal_fragmentation = Some(parse_size(value).ok_or_else(bad)?);
@@ -144,6 +175,11 @@ impl AllocConf {
     pub fn configures_bfc(&self) -> bool {
         self.bfc_memory_limit.is_some()
             || self.bfc_allow_growth.is_some()
+            || self.bfc_expandable.is_some()
+            || self.bfc_growth_granule.is_some()
+            || self.bfc_split.is_some()
+            || self.bfc_release_threshold.is_some()
+            || self.bfc_first_fit_above.is_some()
             || self.bfc_garbage_collection.is_some()
             || self.bfc_max_internal_fragmentation.is_some()
     }
@@ -160,6 +196,21 @@ impl AllocConf {
         let mut b = BfcAllocator::builder().memory_limit(limit);
         if let Some(v) = self.bfc_allow_growth {
             b = b.allow_growth(v);
+        }
+        if let Some(v) = self.bfc_expandable {
+            b = b.expandable(v);
+        }
+        if let Some(v) = self.bfc_growth_granule {
+            b = b.growth_granule(v);
+        }
+        if let Some(v) = self.bfc_split {
+            b = b.split(v);
+        }
+        if let Some(v) = self.bfc_release_threshold {
+            b = b.release_threshold(v);
+        }
+        if let Some(v) = self.bfc_first_fit_above {
+            b = b.first_fit_above(v.unwrap_or(u64::MAX));
         }
         if let Some(v) = self.bfc_garbage_collection {
             b = b.garbage_collection(v);
@@ -185,6 +236,9 @@ impl AllocConf {
         if let Some(v) = self.pool_auto_resize {
             b = b.auto_resize(v);
         }
+        if let Some(v) = self.pool_large_threshold {
+            b = b.large_threshold(v);
+        }
         b.build().map_err(ConfigError::Build)
     }
 }
@@ -205,6 +259,22 @@ pub fn parse_size(s: &str) -> Option<u64> {
         _ => return None,
     };
     n.checked_mul(1u64 << shift)
+}
+
+/// A size, or `none`.
+fn parse_size_or_none(s: &str) -> Option<Option<u64>> {
+    if s.trim().eq_ignore_ascii_case("none") { Some(None) } else { parse_size(s).map(Some) }
+}
+
+/// `tensorflow`, `pytorch`, or `remainder:<size>`.
+fn parse_split(s: &str) -> Option<SplitPolicy> {
+    match s.trim().to_ascii_lowercase().strip_prefix("remainder:") {
+        Some(size) => {
+            let n = usize::try_from(parse_size(size)?).ok()?;
+            Some(SplitPolicy::Remainder(n.max(256).checked_next_multiple_of(256)?))
+        }
+        None => s.parse().ok(),
+    }
 }
 
 fn parse_bool(s: &str) -> Option<bool> {

@@ -302,6 +302,22 @@ impl AllocatorRegistry {
         self.inner.read().selected.as_ref().map(|(n, _)| n.clone())
     }
 
+    /// Gives cached memory back from every registered allocator (TensorFlow's `ClearCache`,
+    /// PyTorch's `empty_cache`), each allocator once even when registered under several names;
+    /// returns the bytes given back. Live blocks are untouched.
+    pub fn release_cached(&self) -> usize {
+        let mut seen: Vec<*const ()> = Vec::new();
+        let mut released = 0;
+        for e in self.entries() {
+            let key = Arc::as_ptr(&e.allocator).cast::<()>();
+            if !seen.contains(&key) {
+                seen.push(key);
+                released += e.allocator.release_cached();
+            }
+        }
+        released
+    }
+
     /// Every registration, in registration order.
     pub fn entries(&self) -> Vec<RegistryEntry> {
         self.inner.read().entries.clone()

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::allocators::{
-    AllocError, AllocationAttributes, Allocator, AllocatorStats, LiveChunk, PerThread, StatsCounters, dangling,
+    AllocError, AllocationAttributes, Allocator, AllocatorStats, LiveChunk, MemoryDump, PerThread, StatsCounters,
+    dangling,
 };
 use crate::chunk_table::{ChunkTable, Record};
 
@@ -291,6 +292,14 @@ unsafe impl Allocator for TrackingAllocator {
 
     fn snapshot_live_chunks(&self) -> Option<Vec<LiveChunk>> {
         Some(TrackingAllocator::live_chunks(self))
+    }
+
+    fn snapshot_memory_dump(&self) -> Option<MemoryDump> {
+        self.inner.snapshot_memory_dump()
+    }
+
+    fn release_cached(&self) -> usize {
+        self.inner.release_cached()
     }
 }
 

@@ -1,9 +1,9 @@
 //! [`AllocatorWrapper`]: forwards every call to an inner allocator; the base for decorators.
 
-/// Implements the tracking queries of [`Allocator`] (`tracks_allocation_sizes`,
+/// Implements the queries of [`Allocator`] a decorator does not change (`tracks_allocation_sizes`,
 /// `requested_size`, `allocated_size`, `allocation_id`, `allocated_size_slow`,
-/// `snapshot_live_chunks`, `snapshot_memory_dump`) by forwarding them to the field `$inner`, for
-/// decorators that do not track allocations themselves.
+/// `snapshot_live_chunks`, `snapshot_memory_dump`, `release_cached`) by forwarding them to the
+/// field `$inner`, for decorators that do not track allocations themselves.
 macro_rules! forward_size_queries {
     ($inner:ident) => {
         fn tracks_allocation_sizes(&self) -> bool {
@@ -32,6 +32,10 @@ macro_rules! forward_size_queries {
 
         fn snapshot_memory_dump(&self) -> Option<$crate::allocators::MemoryDump> {
             self.$inner.snapshot_memory_dump()
+        }
+
+        fn release_cached(&self) -> usize {
+            self.$inner.release_cached()
         }
     };
 }

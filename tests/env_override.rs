@@ -39,7 +39,9 @@ fn main() -> ExitCode {
             Some("bfc.memory_limt=1GiB"),
             Err(
                 "TENSORMEM_ALLOC_CONF: unknown key 'bfc.memory_limt' (known keys: bfc.memory_limit, bfc.allow_growth, \
-                 bfc.garbage_collection, bfc.max_internal_fragmentation, pool.size_limit, pool.rounding, pool.auto_resize)",
+                 bfc.expandable, bfc.growth_granule, bfc.split, bfc.release_threshold, bfc.first_fit_above, \
+                 bfc.garbage_collection, bfc.max_internal_fragmentation, pool.size_limit, pool.rounding, \
+                 pool.auto_resize, pool.large_threshold)",
             ),
         ),
         (

@@ -128,8 +128,30 @@ fn replay_counts_refused_allocations_and_skips_their_frees() {
         r#"{"version":1,"description":"d","events":[[0,1,600000,8],[1,2,600000,8],[2,2],[3,1]]}"#,
     )
     .unwrap();
-    let small = BfcAllocator::builder().memory_limit(1 << 20).build().unwrap();
+    let small = BfcAllocator::builder()
+        .memory_limit(1 << 20)
+        .split(tensormem::allocators::SplitPolicy::TensorFlow)
+        .build()
+        .unwrap();
     let r = replay(&trace, &small);
     assert_eq!(r.failed_allocations, 1);
     assert_eq!(r.peak_in_use, 1 << 20, "600 KB took the whole 1 MiB chunk (not split under 2x)");
+}
+
+#[test]
+fn the_shipped_kv_cache_stress_is_regenerated_exactly() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/traces/kv_cache_stress.json");
+    let json = std::fs::read_to_string(path).unwrap();
+    let trace = AllocationTrace::from_json(&json).unwrap();
+    assert!(trace.description.contains("KV caches growing by reallocation"));
+    let out = std::env::temp_dir().join(format!("tensormem-kv-trace-{}.json", std::process::id()));
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["run", "--quiet", "--release", "--example", "kv_stress_trace", "--"])
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), json, "examples/kv_stress_trace.rs no longer makes this file");
+    std::fs::remove_file(out).unwrap();
 }

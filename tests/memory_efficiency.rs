@@ -1,0 +1,154 @@
+//! The memory-efficiency targets on real request streams: PyTorch's own GPT-2 inference and
+//! training streams (recorded on an H100), the shipped transformer trace and the KV-cache stress,
+//! replayed on the allocators as a user gets them by default; plus the configuration keys and
+//! `release_cached` through decorators and the registry.
+
+use std::sync::Arc;
+
+use tensormem::allocators::{ExpandableMemory, SplitPolicy};
+use tensormem::{
+    AllocConf, AllocationTrace, Allocator, AllocatorExt, AllocatorRegistry, AllocatorWrapper, BfcAllocator,
+    PoolAllocator, ReplayReport, RetryAllocator, SystemAllocator, TrackingAllocator, replay,
+};
+
+fn trace(name: &str) -> AllocationTrace {
+    let path = format!("{}/benches/traces/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    AllocationTrace::from_json(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The default growth configuration: a limit and allow_growth, nothing else.
+fn default_bfc() -> BfcAllocator {
+    BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build().unwrap()
+}
+
+fn tensorflow_bfc() -> BfcAllocator {
+    BfcAllocator::builder()
+        .memory_limit(64 << 30)
+        .allow_growth(true)
+        .expandable(false)
+        .split(SplitPolicy::TensorFlow)
+        .first_fit_above(u64::MAX)
+        .build()
+        .unwrap()
+}
+
+fn ratios(r: &ReplayReport) -> (f64, f64) {
+    (r.reserved_over_requested().unwrap(), r.in_use_over_requested().unwrap())
+}
+
+#[test]
+fn gpt2_inference_meets_the_targets_by_default() {
+    let t = trace("torch_gpt2_inference");
+    let r = replay(&t, &default_bfc());
+    let (reserved, in_use) = ratios(&r);
+    assert_eq!(r.failed_allocations, 0);
+    assert!(reserved <= 1.05, "peak reserved / peak requested {reserved:.3} (PyTorch: 1.125, expandable 1.050)");
+    assert!(in_use <= 1.02, "peak in use / peak requested {in_use:.3}");
+    // TensorFlow's doubling regions and split rule, for comparison: what the issue measured.
+    let tf = replay(&t, &tensorflow_bfc());
+    let (tf_reserved, tf_in_use) = ratios(&tf);
+    assert!((tf_reserved - 1.477).abs() < 0.01 && (tf_in_use - 1.296).abs() < 0.01, "{tf:?}");
+}
+
+#[test]
+fn gpt2_training_with_variable_lengths_stays_close_to_what_was_requested() {
+    let t = trace("torch_gpt2_train_varlen");
+    let r = replay(&t, &default_bfc());
+    let (reserved, in_use) = ratios(&r);
+    assert_eq!(r.failed_allocations, 0);
+    assert!(in_use <= 1.02, "peak in use / peak requested {in_use:.3}");
+    // 1.068 measured; PyTorch's expandable segments reach 1.069, its default 1.124. The 1.05
+    // target is not met on this stream (see BENCHMARKS.md); this bounds it against regressions.
+    assert!(reserved <= 1.07, "peak reserved / peak requested {reserved:.3}");
+    let tf = replay(&t, &tensorflow_bfc());
+    assert!(ratios(&tf).0 > 1.25, "{tf:?}");
+}
+
+#[test]
+fn the_shipped_transformer_trace_meets_the_targets() {
+    let r = replay(&trace("transformer_inference"), &default_bfc());
+    let (reserved, in_use) = ratios(&r);
+    assert!(reserved <= 1.05 && in_use <= 1.02, "{reserved:.3} {in_use:.3}");
+    assert_eq!(r.failed_allocations, 0);
+}
+
+#[test]
+fn on_the_kv_cache_stress_doubling_loses_and_expandable_wins() {
+    let t = trace("kv_cache_stress");
+    let expandable = ratios(&replay(&t, &default_bfc())).0;
+    let doubling = ratios(&replay(&t, &tensorflow_bfc())).0;
+    assert!(expandable < 1.06, "{expandable:.3}");
+    assert!(doubling > 1.5 * expandable.min(1.1), "doubling {doubling:.3} vs expandable {expandable:.3}");
+}
+
+#[test]
+fn the_pool_wastes_at_most_a_quarter_on_gpt2_inference() {
+    let pool = PoolAllocator::builder(Arc::new(SystemAllocator::new())).build().unwrap();
+    let r = replay(&trace("torch_gpt2_inference"), &pool);
+    let (reserved, _) = ratios(&r);
+    assert!(reserved <= 1.25, "pool reserved / requested {reserved:.3} (power-of-two classes alone: 1.80)");
+    // TensorFlow's pool (every size in power-of-two free lists) for comparison.
+    let tf = PoolAllocator::builder(Arc::new(SystemAllocator::new())).large_threshold(None).build().unwrap();
+    assert!(ratios(&replay(&trace("torch_gpt2_inference"), &tf)).0 > 1.7);
+}
+
+#[test]
+fn release_cached_goes_through_every_decorator_and_the_registry() {
+    let bfc: Arc<dyn Allocator> = Arc::new(default_bfc());
+    let stacked: Arc<dyn Allocator> = Arc::new(RetryAllocator::new(Arc::new(AllocatorWrapper::new(Arc::new(
+        TrackingAllocator::new(Arc::clone(&bfc)),
+    )))));
+    let p = stacked.allocate::<u8>(8 << 20).unwrap();
+    // SAFETY: freed once with its count.
+    unsafe { stacked.deallocate(p, 8 << 20) };
+    assert_eq!(bfc.stats().unwrap().bytes_reserved, 8 << 20);
+    assert_eq!(stacked.release_cached(), 8 << 20);
+    assert_eq!(bfc.stats().unwrap().bytes_reserved, 0);
+
+    let registry = AllocatorRegistry::new();
+    let pool: Arc<dyn Allocator> = Arc::new(PoolAllocator::builder(Arc::new(SystemAllocator::new())).build().unwrap());
+    registry.register("bfc", 0, Arc::clone(&bfc)).unwrap();
+    registry.register("bfc-again", 1, Arc::clone(&bfc)).unwrap();
+    registry.register("pool", 2, Arc::clone(&pool)).unwrap();
+    registry.register("cpu", 3, Arc::new(SystemAllocator::new())).unwrap();
+    let a = bfc.allocate::<u8>(3 << 20).unwrap();
+    let b = pool.allocate::<u8>(4000).unwrap();
+    // SAFETY: freed once with their counts.
+    unsafe {
+        bfc.deallocate(a, 3 << 20);
+        pool.deallocate(b, 4000);
+    }
+    // The BFC's 4 MiB once (though registered twice), the pool's cached 4 KiB buffer.
+    assert_eq!(registry.release_cached(), (4 << 20) + 4096);
+    assert_eq!(registry.release_cached(), 0);
+}
+
+#[test]
+fn the_configuration_keys_of_the_caching_allocators() {
+    let c = AllocConf::parse(
+        "bfc.memory_limit=1GiB, bfc.expandable=false, bfc.growth_granule=4MiB, bfc.split=pytorch, \
+         bfc.release_threshold=64MiB, bfc.first_fit_above=none, pool.large_threshold=none",
+    )
+    .unwrap();
+    assert_eq!(c.bfc_expandable, Some(false));
+    assert_eq!(c.bfc_growth_granule, Some(4 << 20));
+    assert_eq!(c.bfc_split, Some(SplitPolicy::PyTorch));
+    assert_eq!(c.bfc_release_threshold, Some(Some(64 << 20)));
+    assert_eq!(c.bfc_first_fit_above, Some(None));
+    assert_eq!(c.pool_large_threshold, Some(None));
+    assert!(!c.build_bfc().unwrap().is_expandable());
+    assert!(c.build_pool(Arc::new(SystemAllocator::new())).unwrap().large_allocator().is_none());
+    let split = AllocConf::parse("bfc.split=remainder:1MiB").unwrap().bfc_split;
+    assert_eq!(split, Some(SplitPolicy::Remainder(1 << 20)));
+    assert_eq!(AllocConf::parse("bfc.split=TensorFlow").unwrap().bfc_split, Some(SplitPolicy::TensorFlow));
+    for bad in ["bfc.split=best", "bfc.growth_granule=0", "bfc.release_threshold=lots", "pool.large_threshold=0"] {
+        let err = AllocConf::parse(bad).unwrap_err().to_string();
+        let key = bad.split('=').next().unwrap();
+        assert!(err.contains(&format!("for {key}: expected")), "{bad}: {err}");
+    }
+    // The default BFC from the configuration is expandable with the default split.
+    let bfc = AllocConf::parse("bfc.memory_limit=1GiB").unwrap().build_bfc().unwrap();
+    assert!(bfc.is_expandable());
+    let memory = tensormem::allocators::OsMemory;
+    assert_eq!(memory.granule(), 4096);
+}
