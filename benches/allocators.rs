@@ -39,9 +39,9 @@ impl Pair for RawSystem {
     }
 }
 
-#[cfg(feature = "jemalloc")]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 struct RawJemalloc;
-#[cfg(feature = "jemalloc")]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 impl Pair for RawJemalloc {
     #[inline]
     fn pair(&self, layout: Layout) {
@@ -158,7 +158,7 @@ fn run(subject: &dyn Pair, layout: Layout, threads: usize, iters: u64) -> Durati
 fn subjects() -> Vec<(&'static str, Box<dyn Pair>)> {
     let mut v: Vec<(&'static str, Box<dyn Pair>)> =
         vec![("raw_std_alloc", Box::new(RawSystem)), ("system_allocator", Box::new(Ours(SystemAllocator::new())))];
-    #[cfg(feature = "jemalloc")]
+    #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
     {
         let je = || -> Arc<dyn Allocator> { Arc::new(tensormem::JemallocAllocator::new()) };
         v.push(("raw_jemalloc", Box::new(RawJemalloc)));
@@ -169,7 +169,7 @@ fn subjects() -> Vec<(&'static str, Box<dyn Pair>)> {
             Box::new(Ours(MutexTracker { inner: je(), state: Mutex::default() })),
         ));
     }
-    #[cfg(not(feature = "jemalloc"))]
+    #[cfg(not(all(feature = "jemalloc", not(target_env = "msvc"))))]
     {
         let sys = || -> Arc<dyn Allocator> { Arc::new(SystemAllocator::new()) };
         v.push(("tracking_over_system", Box::new(Ours(TrackingAllocator::new(sys())))));

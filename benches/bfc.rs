@@ -55,7 +55,7 @@ fn subjects() -> Vec<(&'static str, Arc<dyn Allocator>)> {
         ("bfc_tensorflow", Arc::new(tensorflow_bfc())),
         ("pool", Arc::new(PoolAllocator::builder(system).build().unwrap())),
     ];
-    #[cfg(feature = "jemalloc")]
+    #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
     v.push(("jemalloc", Arc::new(tensormem::JemallocAllocator::new())));
     v
 }
@@ -86,10 +86,10 @@ fn pair(a: &dyn Allocator, layout: Layout) {
 }
 
 fn pool_hit_pair(c: &mut Criterion) {
-    #[cfg(feature = "jemalloc")]
+    #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
     let (baseline_name, baseline): (&str, Arc<dyn Allocator>) =
         ("jemalloc_allocator", Arc::new(tensormem::JemallocAllocator::new()));
-    #[cfg(not(feature = "jemalloc"))]
+    #[cfg(not(all(feature = "jemalloc", not(target_env = "msvc"))))]
     let (baseline_name, baseline): (&str, Arc<dyn Allocator>) = ("system_allocator", Arc::new(SystemAllocator::new()));
     for (size, label) in [(64usize, "64B"), (4096, "4KiB")] {
         let layout = Layout::from_size_align(size, 16).unwrap();

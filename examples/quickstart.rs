@@ -64,7 +64,7 @@ fn main() -> ExitCode {
     );
     println!();
     print_table(base.name(), &tracker.stats().unwrap_or_default(), base.stats().as_ref());
-    #[cfg(feature = "jemalloc")]
+    #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
     if let Ok(js) = tensormem::JemallocAllocator::jemalloc_stats() {
         println!();
         println!(

@@ -37,7 +37,7 @@ type Subjects = Vec<(&'static str, Arc<dyn Allocator>)>;
 fn subjects() -> Result<Subjects, Box<dyn std::error::Error>> {
     let system: Arc<dyn Allocator> = Arc::new(SystemAllocator::new());
     let mut v: Subjects = vec![("system", Arc::clone(&system))];
-    #[cfg(feature = "jemalloc")]
+    #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
     v.push(("jemalloc", Arc::new(tensormem::JemallocAllocator::new())));
     v.push(("bfc", Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build()?)));
     v.push((

@@ -19,8 +19,17 @@
 //!   contract already forbids.
 //! - Only the owner replaces the slot array (to grow or to sweep tombstones), under the write
 //!   lock, so remote readers never see an array being replaced or freed.
+//! - Orderings for a cross-thread free: the remote thread reads the record, then swaps the key
+//!   to TOMB with `AcqRel`; the owner reads a key with `Acquire` before reusing the slot. The
+//!   release half of the swap keeps the record's loads before it, and the owner's acquire load
+//!   that sees TOMB synchronises with it, so the owner's rewrite of the slot happens after the
+//!   remote thread read the record: the remote free can never read a recycled record (load
+//!   buffering would allow that with relaxed orderings; no x86 or ARM core does it, the memory
+//!   model does).
 
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, fence};
+use core::sync::atomic::{
+    AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, fence,
+};
 
 use parking_lot::RwLock;
 
@@ -70,7 +79,7 @@ impl Slot {
             if before % 2 == 1 {
                 // The owner is rewriting the slot; if it was descheduled mid-write, let it run.
                 spins += 1;
-                if spins % 64 == 0 {
+                if spins.is_multiple_of(64) {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
@@ -191,7 +200,8 @@ impl ChunkTable {
         let mut i = home(key, slots.len());
         loop {
             let slot = &slots[i];
-            let k = slot.key.load(Relaxed);
+            // Acquire: a TOMB left by a remote free synchronises with its swap (see the module docs).
+            let k = slot.key.load(Acquire);
             if k == EMPTY || k == TOMB {
                 slot.write(key, record);
                 if k == EMPTY {
@@ -236,7 +246,9 @@ impl ChunkTable {
         let slots = self.slots.read();
         let slot = find(&slots, key)?;
         let record = slot.record();
-        slot.key.compare_exchange(key, TOMB, Relaxed, Relaxed).ok().map(|_| record)
+        // AcqRel: the record's loads above stay before the swap, which the owner acquires before
+        // it reuses the slot (see the module docs).
+        slot.key.compare_exchange(key, TOMB, AcqRel, Relaxed).ok().map(|_| record)
     }
 
     /// The record of `key`, if live here. Any thread.

@@ -8,12 +8,16 @@ use crate::allocators::{Allocator, BfcAllocator, BuildError, PoolAllocator, Size
 /// The environment variable holding the configuration.
 pub const ALLOC_CONF_ENV: &str = "TENSORMEM_ALLOC_CONF";
 
+/// How sizes are spelled, for error messages.
+pub const SIZE_SPELLINGS: &str = "a number of bytes with an optional unit: B; KiB, MiB, GiB, TiB (powers of 1024); \
+     KB, MB, GB, TB (powers of 1000); decimals allowed (1.5GiB); units are case-insensitive";
+
 /// Every key `TENSORMEM_ALLOC_CONF` accepts, with what its value must be.
 pub const KEYS: [(&str, &str); 13] = [
-    ("bfc.memory_limit", "a size such as 4GiB (required to use bfc)"),
+    ("bfc.memory_limit", "a size such as 4GiB, at least 256 B (setting it chooses bfc)"),
     ("bfc.allow_growth", "true or false"),
     ("bfc.expandable", "true or false"),
-    ("bfc.growth_granule", "a size such as 2MiB"),
+    ("bfc.growth_granule", "a positive size such as 2MiB"),
     ("bfc.split", "tensorflow, pytorch, or remainder:<size>"),
     ("bfc.release_threshold", "a size such as 1GiB, or none"),
     ("bfc.first_fit_above", "a size such as 64KiB, or none"),
@@ -22,7 +26,7 @@ pub const KEYS: [(&str, &str); 13] = [
     ("pool.size_limit", "a size such as 256MiB"),
     ("pool.rounding", "power_of_two, exact, or multiple:<size>"),
     ("pool.auto_resize", "true or false"),
-    ("pool.large_threshold", "a size such as 1MiB, or none"),
+    ("pool.large_threshold", "a positive size such as 1MiB, or none"),
 ];
 
 /// What is wrong with a configuration; every variant names the key.
@@ -36,7 +40,7 @@ pub enum ConfigError {
         key: String,
     },
     /// A value that does not parse.
-    #[error("{ALLOC_CONF_ENV}: bad value '{value}' for {key}: expected {expected}")]
+    #[error("{ALLOC_CONF_ENV}: bad value '{value}' for {key}: expected {expected}{}", size_help(.expected, .value))]
     BadValue {
         /// The key.
         key: &'static str,
@@ -65,9 +69,24 @@ pub enum ConfigError {
         /// What needs it.
         why: &'static str,
     },
-    /// The values parse but the allocator refuses them.
+    /// A value parses but breaks the allocator's rule for it.
+    #[error("{ALLOC_CONF_ENV}: {key}={value}: {rule}")]
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// The value as given (or as parsed).
+        value: String,
+        /// The rule it breaks, and what to do.
+        rule: String,
+    },
+    /// The values parse but the allocator refuses them for a reason no single key explains.
     #[error("{ALLOC_CONF_ENV}: {0}")]
     Build(BuildError),
+}
+
+/// For a size value, the spellings that exist.
+fn size_help(expected: &str, value: &str) -> String {
+    if expected.contains("size") && !value.is_empty() { format!(" ({SIZE_SPELLINGS})") } else { String::new() }
 }
 
 /// The parsed configuration. Unset options keep the allocators' defaults.
@@ -218,7 +237,41 @@ impl AllocConf {
         if let Some(v) = self.bfc_max_internal_fragmentation {
             b = b.max_internal_fragmentation_bytes(v);
         }
-        b.build().map_err(ConfigError::Build)
+        b.build().map_err(|e| self.bfc_error(e))
+    }
+
+    /// Names the key behind a refusal of the `bfc` allocator, with its rule.
+    fn bfc_error(&self, e: BuildError) -> ConfigError {
+        let limit = || self.bfc_memory_limit.map_or_else(String::new, |l| l.to_string());
+        match e {
+            BuildError::ZeroLimit { .. } => ConfigError::Invalid {
+                key: "bfc.memory_limit",
+                value: limit(),
+                rule: "the bfc allocator needs a positive limit (at least 256 B, one chunk)".to_owned(),
+            },
+            BuildError::LimitTooSmall { minimum, .. } => ConfigError::Invalid {
+                key: "bfc.memory_limit",
+                value: limit(),
+                rule: format!("the limit must hold at least one chunk or granule: {minimum} B or more"),
+            },
+            BuildError::Reserve { reason, bytes, .. } => ConfigError::Invalid {
+                key: "bfc.memory_limit",
+                value: limit(),
+                rule: format!(
+                    "its {bytes} bytes of address space cannot be reserved ({reason}); lower it, or set \
+                     bfc.expandable=false"
+                ),
+            },
+            BuildError::InvalidOption { option: "expandable", reason, .. } => {
+                ConfigError::Invalid { key: "bfc.expandable", value: "true".to_owned(), rule: reason }
+            }
+            BuildError::InvalidOption { option: "growth_granule", reason, .. } => ConfigError::Invalid {
+                key: "bfc.growth_granule",
+                value: self.bfc_growth_granule.map_or_else(String::new, |g| g.to_string()),
+                rule: reason,
+            },
+            other => ConfigError::Build(other),
+        }
     }
 
     /// Builds the `pool` allocator over `inner`.
@@ -239,26 +292,56 @@ impl AllocConf {
         if let Some(v) = self.pool_large_threshold {
             b = b.large_threshold(v);
         }
-        b.build().map_err(ConfigError::Build)
+        b.build().map_err(|e| match e {
+            BuildError::InvalidOption { option: "rounding", reason, .. } => {
+                ConfigError::Invalid { key: "pool.rounding", value: format!("{:?}", self.pool_rounding), rule: reason }
+            }
+            other => ConfigError::Build(other),
+        })
     }
 }
 
-/// `123`, `123B`, `4KiB`, `256MiB`, `4GiB`, `1TiB` (units case-insensitive; decimal units such
-/// as `MB` are refused rather than guessed).
+/// Parses a size: a number of bytes, optionally with decimals, and a unit: `B`; `KiB`, `MiB`,
+/// `GiB`, `TiB` (powers of 1024); `KB`, `MB`, `GB`, `TB` (powers of 1000). Units are
+/// case-insensitive; a space before the unit is allowed; fractions of a byte are dropped. A bare
+/// `K`, `M`, `G` or `T` is refused rather than guessed (see [`SIZE_SPELLINGS`]).
+///
+/// ```
+/// use tensormem::parse_size;
+/// assert_eq!(parse_size("4GiB"), Some(4 << 30));
+/// assert_eq!(parse_size("1.5GiB"), Some(3 << 29));
+/// assert_eq!(parse_size("2GB"), Some(2_000_000_000));
+/// assert_eq!(parse_size("512"), Some(512));
+/// assert_eq!(parse_size("4G"), None);
+/// ```
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits.parse().ok()?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "kib" => 10,
-        "mib" => 20,
-        "gib" => 30,
-        "tib" => 40,
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let unit: u128 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
         _ => return None,
     };
-    n.checked_mul(1u64 << shift)
+    let (whole, fraction) = match number.split_once('.') {
+        Some((w, f)) => (w, f),
+        None => (number, ""),
+    };
+    if whole.is_empty() && fraction.is_empty() || fraction.len() > 18 || fraction.contains('.') {
+        return None;
+    }
+    let whole: u128 = if whole.is_empty() { 0 } else { whole.parse().ok()? };
+    let fraction_value: u128 = if fraction.is_empty() { 0 } else { fraction.parse().ok()? };
+    let scale = 10u128.pow(fraction.len() as u32);
+    let bytes = whole.checked_mul(unit)?.checked_add(fraction_value.checked_mul(unit)? / scale)?;
+    u64::try_from(bytes).ok()
 }
 
 /// A size, or `none`.

@@ -21,6 +21,13 @@
 //! # Ok::<(), tensormem::AllocError>(())
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+/// The `prometheus` crate this one is built with (feature `prometheus`), so that a registry or
+/// metric you make has the same version as the [`telemetry::AllocatorCollector`] it sits beside.
+#[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+pub use prometheus;
 pub use tensormem_allocators as allocators;
 
 mod chunk_table;
@@ -30,6 +37,7 @@ mod registry;
 mod retry;
 pub mod telemetry;
 #[cfg(feature = "tensor")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tensor")))]
 pub mod tensor;
 mod trace;
 mod tracking;
@@ -40,12 +48,14 @@ pub use allocators::{
     BfcAllocator, BuildError, ByteSize, LiveChunk, MemoryDump, PoolAllocator, PoolStats, SizeRounding, SubAllocator,
     SystemAllocator,
 };
-#[cfg(feature = "jemalloc")]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[cfg_attr(docsrs, doc(cfg(feature = "jemalloc")))]
 pub use allocators::{JemallocAllocator, JemallocStats};
-pub use config::{ALLOC_CONF_ENV, AllocConf, ConfigError, KEYS as ALLOC_CONF_KEYS, parse_size};
+pub use config::{ALLOC_CONF_ENV, AllocConf, ConfigError, KEYS as ALLOC_CONF_KEYS, SIZE_SPELLINGS, parse_size};
 pub use registration::AllocatorFactory;
 pub use registry::{
-    ALLOCATOR_ENV, AllocatorRegistry, CONFIGURED_PRIORITY, RegistryEntry, RegistryError, SelectionOrigin,
+    ALLOCATOR_ENV, AllocatorRegistry, CONFIGURED_PRIORITY, DEFAULT_PRIORITY, RegistryEntry, RegistryError,
+    SelectionOrigin,
 };
 pub use retry::{DEFAULT_MAX_RETRY_WAIT, RetryAllocator};
 pub use trace::{

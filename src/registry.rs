@@ -13,9 +13,16 @@ use crate::registration::AllocatorFactory;
 /// The environment variable that picks the global registry's allocator by name.
 pub const ALLOCATOR_ENV: &str = "TENSORMEM_ALLOCATOR";
 
-/// The priority of the `bfc` and `pool` allocators in the global registry: below `cpu`, so they
-/// serve only when chosen by name (`TENSORMEM_ALLOCATOR=bfc`).
-pub const CONFIGURED_PRIORITY: i32 = -10;
+/// The priority of an allocator configured by `TENSORMEM_ALLOC_CONF` in the global registry
+/// (`bfc` when a `bfc.*` key is set): above every built-in, so configuring it chooses it.
+pub const CONFIGURED_PRIORITY: i32 = 200;
+
+/// The priority of `pool`, the global registry's default: above `cpu` and `jemalloc`, below a
+/// configured allocator.
+pub const DEFAULT_PRIORITY: i32 = 100;
+
+/// Allocators the global registry can make when configured, and how.
+const CONFIGURABLE: [(&str, &str); 1] = [("bfc", "TENSORMEM_ALLOC_CONF=bfc.memory_limit=<size>")];
 
 /// A registered allocator with its name and priority, as listed by
 /// [`AllocatorRegistry::entries`].
@@ -55,7 +62,7 @@ pub enum RegistryError {
     /// An allocator was selected by a name that nothing is registered under.
     #[error(
         "{origin} selects allocator '{requested}', but no allocator of that name is registered \
-         (registered: {})", list_or_none(.registered)
+         (registered: {}{}; names are compared case-insensitively)", list_or_none(.registered), how_to_configure(.configurable)
     )]
     UnknownAllocator {
         /// The name asked for.
@@ -64,6 +71,8 @@ pub enum RegistryError {
         origin: SelectionOrigin,
         /// The registered names, highest priority first.
         registered: Vec<String>,
+        /// For the global registry, the allocators it would make if configured, with how.
+        configurable: Vec<String>,
     },
     /// The registry has no allocator to give.
     #[error("no allocator is registered")]
@@ -81,6 +90,11 @@ pub enum RegistryError {
 
 fn list_or_none(names: &[String]) -> String {
     if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+}
+
+/// The allocators that could be configured, and how.
+fn how_to_configure(how: &[String]) -> String {
+    if how.is_empty() { String::new() } else { format!("; can be configured: {}", how.join(", ")) }
 }
 
 /// Where an allocator choice by name came from.
@@ -110,20 +124,28 @@ struct Inner {
     selected: Option<(String, SelectionOrigin)>,
     /// Errors from registrations made at startup by `register_allocator!`.
     startup_errors: Vec<RegistryError>,
+    /// Whether `TENSORMEM_ALLOC_CONF` configures this registry (the global one).
+    configured_from_env: bool,
 }
 
 /// Allocators by name and priority: TensorFlow's `AllocatorRegistry`.
 ///
 /// [`get`](Self::get) returns the allocator with the highest priority; on a tie the one
 /// registered first wins. A name chosen with [`select`](Self::select) (for the global registry:
-/// the `TENSORMEM_ALLOCATOR` environment variable) overrides the priorities.
+/// the `TENSORMEM_ALLOCATOR` environment variable) overrides the priorities. Names are looked up
+/// exactly, then case-insensitively.
 ///
-/// The [`global`](Self::global) registry starts with `cpu` (a [`SystemAllocator`], priority 0),
-/// `jemalloc` (a `JemallocAllocator`, priority 50, with the `jemalloc` feature), `pool` (a
-/// `PoolAllocator` over the default backend, priority -10), `bfc` (a `BfcAllocator`, priority
-/// -10) when `TENSORMEM_ALLOC_CONF` sets `bfc.memory_limit`, and every allocator registered with
-/// [`register_allocator!`](crate::register_allocator). `pool` and `bfc` are configured from
-/// `TENSORMEM_ALLOC_CONF` (see [`AllocConf`](crate::AllocConf)).
+/// The [`global`](Self::global) registry starts with:
+///
+/// | name | allocator | priority |
+/// |---|---|---|
+/// | `cpu` | [`SystemAllocator`] | 0 |
+/// | `jemalloc` | `JemallocAllocator` (feature `jemalloc`) | 50 |
+/// | `pool` | `PoolAllocator` over `jemalloc` (or `cpu`), large requests to an expandable BFC: **the default**, so that tensors and every other default allocation reuse memory | [`DEFAULT_PRIORITY`] (100) |
+/// | `bfc` | `BfcAllocator`, when `TENSORMEM_ALLOC_CONF` sets a `bfc.*` key: configuring it chooses it | [`CONFIGURED_PRIORITY`] (200) |
+///
+/// plus every allocator registered with [`register_allocator!`](crate::register_allocator).
+/// `pool` and `bfc` are configured from `TENSORMEM_ALLOC_CONF` (see [`AllocConf`](crate::AllocConf)).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -134,7 +156,7 @@ struct Inner {
 /// registry.register("cpu", 0, Arc::new(SystemAllocator::new()))?;
 /// assert_eq!(registry.get().name(), "small");
 ///
-/// registry.select(Some("cpu"))?;
+/// registry.select(Some("CPU"))?; // names compare case-insensitively
 /// assert_eq!(registry.get().name(), "cpu");
 /// assert!(registry.select(Some("gpu")).is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -148,7 +170,13 @@ impl AllocatorRegistry {
     /// An empty, isolated registry.
     pub fn new() -> Self {
         Self {
-            inner: RwLock::new(Inner { entries: Vec::new(), attempts: 0, selected: None, startup_errors: Vec::new() }),
+            inner: RwLock::new(Inner {
+                entries: Vec::new(),
+                attempts: 0,
+                selected: None,
+                startup_errors: Vec::new(),
+                configured_from_env: false,
+            }),
         }
     }
 
@@ -170,22 +198,23 @@ impl AllocatorRegistry {
             _ => None,
         };
         let cpu: Arc<dyn Allocator> = Arc::new(SystemAllocator::new());
-        #[cfg(feature = "jemalloc")]
+        #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
         let default_backend: Arc<dyn Allocator> = Arc::new(crate::allocators::JemallocAllocator::new());
-        #[cfg(not(feature = "jemalloc"))]
+        #[cfg(not(all(feature = "jemalloc", not(target_env = "msvc"))))]
         let default_backend: Arc<dyn Allocator> = Arc::clone(&cpu);
         let mut builtin: Vec<(&str, i32, Arc<dyn Allocator>)> = vec![("cpu", 0, cpu)];
-        if cfg!(feature = "jemalloc") {
+        if cfg!(all(feature = "jemalloc", not(target_env = "msvc"))) {
             builtin.push(("jemalloc", 50, Arc::clone(&default_backend)));
         }
         match AllocConf::from_env() {
             Err(e) => errors.push(RegistryError::Config(e)),
             Ok(conf) => {
                 match conf.build_pool(default_backend) {
-                    Ok(pool) => builtin.push(("pool", CONFIGURED_PRIORITY, Arc::new(pool))),
+                    Ok(pool) => builtin.push(("pool", DEFAULT_PRIORITY, Arc::new(pool))),
                     Err(e) => errors.push(RegistryError::Config(e)),
                 }
-                if conf.configures_bfc() || selected.as_deref() == Some("bfc") {
+                let wants_bfc = selected.as_deref().is_some_and(|s| s.eq_ignore_ascii_case("bfc"));
+                if conf.configures_bfc() || wants_bfc {
                     match conf.build_bfc() {
                         Ok(bfc) => builtin.push(("bfc", CONFIGURED_PRIORITY, Arc::new(bfc))),
                         Err(e) => errors.push(RegistryError::Config(e)),
@@ -205,7 +234,17 @@ impl AllocatorRegistry {
         let mut inner = registry.inner.write();
         inner.startup_errors = errors;
         inner.selected = selected.map(|name| (name, SelectionOrigin::Environment));
+        inner.configured_from_env = true;
         drop(inner);
+        match registry.try_get() {
+            Ok(a) => match registry.selected() {
+                Some(name) => {
+                    tracing::info!(allocator = a.name(), %name, origin = ALLOCATOR_ENV, "tensormem: default allocator")
+                }
+                None => tracing::info!(allocator = a.name(), origin = "priority", "tensormem: default allocator"),
+            },
+            Err(error) => tracing::error!(%error, "tensormem: no default allocator"),
+        }
         registry
     }
 
@@ -273,7 +312,8 @@ impl AllocatorRegistry {
     }
 
     /// The allocator registered under `name` (the highest priority one if the name was
-    /// registered at several priorities), or `None`.
+    /// registered at several priorities; an exact match first, else a case-insensitive one), or
+    /// `None`.
     pub fn get_by_name(&self, name: &str) -> Option<Arc<dyn Allocator>> {
         Self::by_name(&self.inner.read(), name)
     }
@@ -323,14 +363,18 @@ impl AllocatorRegistry {
         self.inner.read().entries.clone()
     }
 
+    /// The highest-priority registration named `name` exactly, else case-insensitively.
     fn by_name(inner: &Inner, name: &str) -> Option<Arc<dyn Allocator>> {
-        let mut best: Option<&RegistryEntry> = None;
-        for e in inner.entries.iter().filter(|e| e.name == name) {
-            if best.is_none_or(|b| e.priority > b.priority) {
-                best = Some(e);
+        let best = |matches: &dyn Fn(&str) -> bool| {
+            let mut best: Option<&RegistryEntry> = None;
+            for e in inner.entries.iter().filter(|e| matches(&e.name)) {
+                if best.is_none_or(|b| e.priority > b.priority) {
+                    best = Some(e);
+                }
             }
-        }
-        best.map(|e| Arc::clone(&e.allocator))
+            best.map(|e| Arc::clone(&e.allocator))
+        };
+        best(&|n| n == name).or_else(|| best(&|n| n.eq_ignore_ascii_case(name)))
     }
 
     fn unknown(inner: &Inner, name: &str, origin: SelectionOrigin) -> RegistryError {
@@ -342,7 +386,16 @@ impl AllocatorRegistry {
                 registered.push(e.name.clone());
             }
         }
-        RegistryError::UnknownAllocator { requested: name.to_owned(), origin, registered }
+        let configurable = if inner.configured_from_env {
+            CONFIGURABLE
+                .iter()
+                .filter(|(n, _)| !registered.iter().any(|r| r == n))
+                .map(|(n, how)| format!("{n} (configure it with {how})"))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        RegistryError::UnknownAllocator { requested: name.to_owned(), origin, registered, configurable }
     }
 }
 

@@ -12,6 +12,9 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::allocators::{AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorStats};
 
+/// The longest wait: longer ones (`Duration::MAX`) are cut to this.
+const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// TensorFlow's default: give up after waiting 10 seconds for memory.
 pub const DEFAULT_MAX_RETRY_WAIT: Duration = Duration::from_secs(10);
 
@@ -19,9 +22,15 @@ pub const DEFAULT_MAX_RETRY_WAIT: Duration = Duration::from_secs(10);
 /// the limit) waits until some memory is freed through this allocator and tries again, for up to
 /// a maximum wait (10 s by default). Requests with `retry_on_failure = false` fail at once.
 ///
-/// A free costs one extra load when nobody waits. Its stats are the inner allocator's, with
-/// `num_alloc_retries` (attempts after the first) and `num_ooms` (requests that finally failed)
-/// counted here.
+/// A request that cannot succeed however much is freed (larger than the inner allocator's whole
+/// limit, or a layout it cannot honour) fails at once. A free costs one extra load when nobody
+/// waits.
+///
+/// Its stats are the inner allocator's (none when the inner allocator keeps none), with
+/// `num_alloc_retries` increased by the attempts made after a first failure, and `num_ooms`
+/// counting the requests through this allocator that finally failed for lack of memory or for
+/// the limit: an allocation retried five times before failing is one OOM here, while the inner
+/// allocator's own stats count each refused attempt.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -78,7 +87,8 @@ impl RetryAllocator {
         }
     }
 
-    /// Sets the longest time one allocation waits for memory before failing.
+    /// Sets the longest time one allocation waits for memory before failing (`Duration::MAX`:
+    /// as long as it takes; waits are cut to a century).
     #[must_use]
     pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
@@ -93,7 +103,10 @@ impl RetryAllocator {
     #[cold]
     #[inline(never)]
     fn wait_and_retry(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
-        let deadline = Instant::now() + self.max_wait;
+        // A wait too long to express (Duration::MAX) is cut to a century.
+        let now = Instant::now();
+        let deadline = now.checked_add(self.max_wait.min(CENTURY)).unwrap_or(now);
+        tracing::debug!(allocator = self.inner.name(), size = layout.size(), max_wait = ?self.max_wait, "retry: waiting for memory");
         let mut frees = self.frees.lock();
         // Registered before the next attempt: any free from now on notifies us.
         self.waiters.fetch_add(1, SeqCst);
@@ -134,13 +147,18 @@ unsafe impl Allocator for RetryAllocator {
             Ok(p) => Ok(p),
             Err(e) => {
                 let short = matches!(e.kind(), AllocErrorKind::OutOfMemory | AllocErrorKind::LimitExceeded);
-                let result = if short && attrs.retry_on_failure && !self.max_wait.is_zero() {
+                // Larger than the whole limit: no free can ever make room.
+                let hopeless = e.limit().is_some_and(|limit| e.rounded_size().unwrap_or(layout.size() as u64) > limit);
+                let result = if short && !hopeless && attrs.retry_on_failure && !self.max_wait.is_zero() {
                     self.wait_and_retry(layout, attrs)
                 } else {
                     Err(e)
                 };
-                if result.is_err() {
+                if let Err(e) = &result
+                    && matches!(e.kind(), AllocErrorKind::OutOfMemory | AllocErrorKind::LimitExceeded)
+                {
                     self.ooms.fetch_add(1, Relaxed);
+                    tracing::warn!(allocator = self.inner.name(), retries = self.retries.load(Relaxed), "{e}");
                 }
                 result
             }
@@ -160,7 +178,7 @@ unsafe impl Allocator for RetryAllocator {
     crate::wrapper::forward_size_queries!(inner);
 
     fn stats(&self) -> Option<AllocatorStats> {
-        let mut s = self.inner.stats().unwrap_or_default();
+        let mut s = self.inner.stats()?;
         s.num_alloc_retries += self.retries.load(Relaxed);
         s.num_ooms = self.ooms.load(Relaxed);
         Some(s)

@@ -317,27 +317,32 @@ enum Op {
 }
 
 impl PreparedTrace {
-    /// Prepares a (validated) trace; events that break the format are skipped.
+    /// Prepares a trace. A trace that was not validated is fine: events that break the format's
+    /// rules are skipped (an allocation of an id that is live, a free of an id that is not, a
+    /// layout that cannot exist), so replaying never frees a block twice or leaks one.
     pub fn new(trace: &AllocationTrace) -> Self {
-        let mut slot_of: HashMap<u64, usize> = HashMap::new();
+        let mut live: HashMap<u64, usize> = HashMap::new();
         let mut ops = Vec::with_capacity(trace.events.len());
+        let mut slots = 0;
         for &event in &trace.events {
             match event {
                 TraceEvent::Alloc(_, id, size, align) => {
-                    if let Ok(layout) = Layout::from_size_align(size, align) {
-                        let slot = slot_of.len();
-                        slot_of.insert(id, slot);
-                        ops.push(Op::Alloc { slot, layout });
+                    let Ok(layout) = Layout::from_size_align(size, align) else { continue };
+                    if live.contains_key(&id) {
+                        continue;
                     }
+                    live.insert(id, slots);
+                    ops.push(Op::Alloc { slot: slots, layout });
+                    slots += 1;
                 }
                 TraceEvent::Free(_, id) => {
-                    if let Some(&slot) = slot_of.get(&id) {
+                    if let Some(slot) = live.remove(&id) {
                         ops.push(Op::Free { slot });
                     }
                 }
             }
         }
-        Self { ops, slots: slot_of.len() }
+        Self { ops, slots }
     }
 
     /// Number of operations.

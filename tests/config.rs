@@ -1,6 +1,6 @@
 //! TENSORMEM_ALLOC_CONF parsing: sizes, flags, and errors that name the key.
 
-use tensormem::{AllocConf, Allocator, BuildError, ConfigError, SizeRounding, SystemAllocator, parse_size};
+use tensormem::{AllocConf, Allocator, ConfigError, SizeRounding, SystemAllocator, parse_size};
 
 #[test]
 fn the_documented_example_parses() {
@@ -31,10 +31,23 @@ fn every_key_and_unit() {
     assert_eq!(c.bfc_max_internal_fragmentation, Some(1024));
     assert_eq!(c.pool_rounding, Some(SizeRounding::Multiple(4096)));
     assert_eq!(c.pool_auto_resize, Some(false));
-    for (text, bytes) in [("17", 17), ("17B", 17), ("3kib", 3072), ("2GiB", 2 << 30), ("1TiB", 1 << 40)] {
+    for (text, bytes) in [
+        ("17", 17),
+        ("17B", 17),
+        ("3kib", 3072),
+        ("2GiB", 2 << 30),
+        ("1TiB", 1 << 40),
+        ("1.5GiB", 3 << 29),
+        ("0.5 KiB", 512),
+        ("4GB", 4_000_000_000),
+        ("4 MB", 4_000_000),
+        ("1.5kb", 1500),
+        ("2TB", 2_000_000_000_000),
+        (".5MiB", 1 << 19),
+    ] {
         assert_eq!(parse_size(text), Some(bytes), "{text}");
     }
-    for bad in ["", "MiB", "1.5GiB", "4GB", "4 MB", "-1", "99999999999999999999", "16777216TiB"] {
+    for bad in ["", "MiB", "4G", "4M", "1.2.3GiB", ".", "-1", "99999999999999999999", "16777216TiB", "1e9"] {
         assert_eq!(parse_size(bad), None, "{bad}");
     }
     assert_eq!(AllocConf::parse("pool.rounding=exact").unwrap().pool_rounding, Some(SizeRounding::Exact));
@@ -53,11 +66,15 @@ fn an_unknown_key_is_named_with_the_known_ones() {
 
 #[test]
 fn a_bad_value_names_the_key_and_what_was_expected() {
-    let err = AllocConf::parse("pool.size_limit=256MB").unwrap_err();
+    let err = AllocConf::parse("pool.size_limit=4G").unwrap_err();
     assert_eq!(
         err.to_string(),
-        "TENSORMEM_ALLOC_CONF: bad value '256MB' for pool.size_limit: expected a size such as 256MiB"
+        format!(
+            "TENSORMEM_ALLOC_CONF: bad value '4G' for pool.size_limit: expected a size such as 256MiB ({})",
+            tensormem::SIZE_SPELLINGS
+        )
     );
+    assert!(err.to_string().contains("GiB") && err.to_string().contains("GB"), "the spellings are listed: {err}");
     let err = AllocConf::parse("bfc.allow_growth=maybe").unwrap_err();
     assert!(matches!(err, ConfigError::BadValue { key: "bfc.allow_growth", .. }), "{err}");
     let err = AllocConf::parse("pool.rounding=multiple:0").unwrap_err();
@@ -81,7 +98,22 @@ fn building_names_the_missing_or_refused_key() {
     let err = AllocConf::parse("bfc.allow_growth=true").unwrap().build_bfc().unwrap_err();
     assert_eq!(err.to_string(), "TENSORMEM_ALLOC_CONF: bfc.memory_limit is required to use the bfc allocator");
     let err = AllocConf::parse("bfc.memory_limit=0").unwrap().build_bfc().unwrap_err();
-    assert_eq!(err, ConfigError::Build(BuildError::ZeroLimit { allocator: "bfc".into() }));
+    assert_eq!(
+        err.to_string(),
+        "TENSORMEM_ALLOC_CONF: bfc.memory_limit=0: the bfc allocator needs a positive limit (at least 256 B, one chunk)"
+    );
+    assert!(!err.to_string().contains("bytes_limit"), "the message names the key given, not another option");
+    let err = AllocConf::parse("bfc.memory_limit=100B").unwrap().build_bfc().unwrap_err();
+    assert_eq!(
+        err,
+        ConfigError::Invalid {
+            key: "bfc.memory_limit",
+            value: "100".into(),
+            rule: "the limit must hold at least one chunk or granule: 256 B or more".into()
+        }
+    );
+    let err = AllocConf::parse("bfc.memory_limit=1GiB,bfc.expandable=true,bfc.growth_granule=0").unwrap_err();
+    assert!(err.to_string().contains("for bfc.growth_granule: expected a positive size"), "{err}");
     let bfc = AllocConf::parse("bfc.memory_limit=8MiB").unwrap().build_bfc().unwrap();
     assert_eq!(bfc.stats().unwrap().bytes_limit, Some(8 << 20));
     let pool = AllocConf::parse("pool.size_limit=1MiB")

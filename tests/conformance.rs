@@ -12,7 +12,7 @@ allocator_conformance_tests!(
     TrackingAllocator::new(Arc::new(TrackingAllocator::new(Arc::new(SystemAllocator::new()))))
 );
 
-#[cfg(feature = "jemalloc")]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 allocator_conformance_tests!(
     tracking_over_jemalloc,
     TrackingAllocator::new(Arc::new(tensormem::JemallocAllocator::new()))

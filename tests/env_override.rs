@@ -15,18 +15,34 @@ fn main() -> ExitCode {
     if std::env::var_os(CHILD).is_some() {
         return child();
     }
-    let default = if cfg!(feature = "jemalloc") { "jemalloc" } else { "cpu" };
-    let registered = if cfg!(feature = "jemalloc") { "jemalloc, cpu, pool" } else { "cpu, pool" };
+    let registered =
+        if cfg!(all(feature = "jemalloc", not(target_env = "msvc"))) { "pool, jemalloc, cpu" } else { "pool, cpu" };
     let unknown = format!(
-        "TENSORMEM_ALLOCATOR selects allocator 'tpu', but no allocator of that name is registered (registered: {registered})"
+        "TENSORMEM_ALLOCATOR selects allocator 'tpu', but no allocator of that name is registered (registered: \
+         {registered}; can be configured: bfc (configure it with TENSORMEM_ALLOC_CONF=bfc.memory_limit=<size>); \
+         names are compared case-insensitively)"
+    );
+    let bad_size = format!(
+        "TENSORMEM_ALLOC_CONF: bad value '1.5G' for pool.size_limit: expected a size such as 256MiB ({})",
+        tensormem::SIZE_SPELLINGS
     );
     let cases: Vec<Case<'_>> = vec![
-        ("unset chooses by priority", None, None, Ok(default)),
-        ("empty counts as unset", Some(""), None, Ok(default)),
+        ("unset chooses by priority: the pool", None, None, Ok("pool")),
+        ("empty counts as unset", Some(""), None, Ok("pool")),
         ("a registered name wins over priorities", Some("cpu"), None, Ok("cpu")),
-        ("an unknown name is an error listing the registered names", Some("tpu"), None, Err(&unknown)),
+        ("names compare case-insensitively", Some("CPU"), None, Ok("cpu")),
+        ("an unknown name is an error listing the registered and configurable names", Some("tpu"), None, Err(&unknown)),
         ("the pool is always there", Some("pool"), None, Ok("pool")),
         ("bfc is there once configured", Some("bfc"), Some("bfc.memory_limit=64MiB,bfc.allow_growth=true"), Ok("bfc")),
+        ("configuring bfc chooses it", None, Some("bfc.memory_limit=64MiB"), Ok("bfc")),
+        ("a configured bfc can still be passed over by name", Some("pool"), Some("bfc.memory_limit=64MiB"), Ok("pool")),
+        (
+            "a bfc limit of 0 names the key and the rule",
+            None,
+            Some("bfc.memory_limit=0"),
+            Err("TENSORMEM_ALLOC_CONF: bfc.memory_limit=0: the bfc allocator needs a positive limit (at least 256 B, \
+                 one chunk)"),
+        ),
         (
             "choosing bfc without its limit names the key",
             Some("bfc"),
@@ -44,12 +60,7 @@ fn main() -> ExitCode {
                  pool.auto_resize, pool.large_threshold)",
             ),
         ),
-        (
-            "a bad size is reported with its key",
-            Some("pool"),
-            Some("pool.size_limit=1.5GiB"),
-            Err("TENSORMEM_ALLOC_CONF: bad value '1.5GiB' for pool.size_limit: expected a size such as 256MiB"),
-        ),
+        ("a bad size is reported with its key", Some("pool"), Some("pool.size_limit=1.5G"), Err(&bad_size)),
     ];
     let exe = std::env::current_exe().expect("the test binary's path");
     let (mut passed, mut failed) = (0, 0);

@@ -82,21 +82,205 @@ fn a_stalled_client_does_not_block_other_scrapes_and_is_dropped() {
 }
 
 #[test]
-fn connections_beyond_the_cap_are_closed_until_slots_free_up() {
+fn at_the_cap_a_stalled_client_makes_room_for_a_scrape() {
     let s = server(ServerOptions {
         max_connections: 2,
-        header_read_timeout: Duration::from_millis(600),
+        header_read_timeout: Duration::from_secs(30),
         ..ServerOptions::default()
     });
     let addr = s.local_addr();
-    let idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let mut idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(100));
-    // Both slots are taken by idle clients: the third connection is closed without an answer.
-    assert_eq!(get(addr, "/metrics"), "");
-    // Once the idle ones time out, scrapes are served again.
-    std::thread::sleep(Duration::from_millis(900));
+    // Both slots are taken by clients that sent nothing: the oldest is closed for the scrape.
+    let start = Instant::now();
     assert!(get(addr, "/metrics").starts_with("HTTP/1.1 200 OK"));
-    drop(idle);
+    assert!(start.elapsed() < Duration::from_secs(1));
+    idle[0].set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut buf = [0u8; 1];
+    assert_eq!(idle[0].read(&mut buf).unwrap_or(0), 0, "the oldest stalled client was closed");
+    idle.clear();
+}
+
+#[test]
+fn fifty_slow_and_twenty_silent_clients_do_not_lock_prometheus_out() {
+    let s = server(ServerOptions::default());
+    let addr = s.local_addr();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // 50 slowloris clients: a byte of a request head every 100 ms, never finishing it.
+    let slow: Vec<_> = (0..50)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let Ok(mut c) = TcpStream::connect(addr) else { return };
+                let head =
+                    b"GET /metrics HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+                for &b in head.iter().cycle() {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) || c.write_all(&[b]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        })
+        .collect();
+    // 20 silent clients: connected, sending nothing.
+    let silent: Vec<TcpStream> = (0..20).filter_map(|_| TcpStream::connect(addr).ok()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0..20 {
+        let start = Instant::now();
+        let r = get(addr, "/metrics");
+        assert!(r.starts_with("HTTP/1.1 200 OK"), "scrape {i}: {r:?}");
+        assert!(start.elapsed() < Duration::from_secs(1), "scrape {i} took {:?}", start.elapsed());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(silent);
+    for t in slow {
+        t.join().unwrap();
+    }
+}
+
+/// An allocator whose `stats()` takes `delay`: a custom allocator holding a lock for long.
+#[derive(Debug)]
+struct Slow(SystemAllocator, Duration);
+
+// SAFETY: every call is forwarded to the system allocator; `stats` only sleeps first.
+unsafe impl tensormem::Allocator for Slow {
+    fn name(&self) -> &str {
+        "slow"
+    }
+    fn allocate_raw(
+        &self,
+        layout: std::alloc::Layout,
+        attrs: &tensormem::AllocationAttributes,
+    ) -> Result<std::ptr::NonNull<u8>, tensormem::AllocError> {
+        self.0.allocate_raw(layout, attrs)
+    }
+    unsafe fn deallocate_raw(&self, ptr: std::ptr::NonNull<u8>, layout: std::alloc::Layout) {
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { self.0.deallocate_raw(ptr, layout) }
+    }
+    fn stats(&self) -> Option<tensormem::AllocatorStats> {
+        std::thread::sleep(self.1);
+        self.0.stats()
+    }
+}
+
+fn slow_server(delay: Duration, options: ServerOptions) -> MetricsServer {
+    let registry = Arc::new(AllocatorRegistry::new());
+    registry.register("slow", 0, Arc::new(Slow(SystemAllocator::new(), delay))).unwrap();
+    MetricsServer::start_with("127.0.0.1:0", AllocatorCollector::for_registry(registry), options).unwrap()
+}
+
+#[test]
+fn a_slow_stats_call_delays_only_its_own_scrape() {
+    let s = slow_server(Duration::from_millis(1500), ServerOptions::default());
+    let addr = s.local_addr();
+    let slow_scrape = std::thread::spawn(move || get(addr, "/metrics"));
+    std::thread::sleep(Duration::from_millis(200));
+    // While the render runs, connections are still accepted and answered.
+    let start = Instant::now();
+    assert!(get(addr, "/other").starts_with("HTTP/1.1 404"));
+    assert!(start.elapsed() < Duration::from_millis(500), "the I/O thread waited for stats(): {:?}", start.elapsed());
+    assert!(slow_scrape.join().unwrap().contains("tensormem_allocator_in_use_bytes{allocator=\"slow\"} 0"));
+}
+
+#[test]
+fn the_connection_limit_lets_the_request_in_flight_finish() {
+    let s = slow_server(
+        Duration::from_millis(600),
+        ServerOptions { connection_timeout: Duration::from_millis(300), ..ServerOptions::default() },
+    );
+    let mut c = TcpStream::connect(s.local_addr()).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // The answer takes until ~800 ms, past the 300 ms limit: it still comes whole.
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out);
+    let r = String::from_utf8_lossy(&out);
+    assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+    let body_len: usize = r
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a content-length");
+    assert_eq!(r.split("\r\n\r\n").nth(1).map(str::len), Some(body_len), "the response was cut");
+}
+
+#[test]
+fn endless_timeouts_are_saturated_not_a_panic() {
+    let s = server(ServerOptions {
+        header_read_timeout: Duration::MAX,
+        connection_timeout: Duration::MAX,
+        max_connections: 0,
+        max_request_bytes: 0,
+    });
+    assert!(get(s.local_addr(), "/metrics").starts_with("HTTP/1.1 200 OK"));
+    assert!(get(s.local_addr(), "/metrics").starts_with("HTTP/1.1 200 OK"), "the server thread survived");
+}
+
+#[test]
+fn a_users_prometheus_registry_is_served_whole() {
+    use tensormem::prometheus::{IntCounter, Registry};
+    let registry = Registry::new();
+    let allocators = Arc::new(AllocatorRegistry::new());
+    allocators.register("cpu", 0, Arc::new(SystemAllocator::new())).unwrap();
+    registry.register(Box::new(AllocatorCollector::for_registry(allocators))).unwrap();
+    let requests = IntCounter::new("engine_requests_total", "Requests served.").unwrap();
+    registry.register(Box::new(requests.clone())).unwrap();
+    requests.inc_by(3);
+    let s = MetricsServer::start_registry("127.0.0.1:0", registry, ServerOptions::default()).unwrap();
+    let r = get(s.local_addr(), "/metrics");
+    assert!(r.contains("engine_requests_total 3"), "{r}");
+    assert!(r.contains("tensormem_allocator_in_use_bytes{allocator=\"cpu\"} 0"), "{r}");
+}
+
+#[test]
+fn running_out_of_file_descriptors_does_not_spin_the_server_thread() {
+    // RLIMIT_NOFILE is process-wide: the check runs in a child process of this test binary.
+    if std::env::var_os("TENSORMEM_TEST_EMFILE_CHILD").is_some() {
+        return emfile_child();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "running_out_of_file_descriptors_does_not_spin_the_server_thread", "--nocapture"])
+        .env("TENSORMEM_TEST_EMFILE_CHILD", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("EMFILE CHILD OK"), "{text}");
+}
+
+fn emfile_child() {
+    let s = server(ServerOptions::default());
+    let addr = s.local_addr();
+    // Leave a handful of descriptors, then use them up with connections the server must accept.
+    let lim = libc::rlimit { rlim_cur: 64, rlim_max: 64 };
+    // SAFETY: setrlimit reads the struct we pass; it only lowers this child's descriptor limit.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+    let mut held = Vec::new();
+    while let Ok(c) = TcpStream::connect(addr) {
+        held.push(c);
+        if held.len() > 200 {
+            break;
+        }
+    }
+    // Now accept() fails with EMFILE while connections wait. Measure the process's CPU time.
+    let cpu = || {
+        let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: getrusage writes the struct it is given.
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr()) };
+        // SAFETY: initialised above (zeroed, then written).
+        let u = unsafe { u.assume_init() };
+        Duration::new(u.ru_utime.tv_sec as u64, u.ru_utime.tv_usec as u32 * 1000)
+            + Duration::new(u.ru_stime.tv_sec as u64, u.ru_stime.tv_usec as u32 * 1000)
+    };
+    let before = cpu();
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu() - before;
+    assert!(used < Duration::from_millis(300), "the server thread spun: {used:?} of CPU in 1 s");
+    drop(held);
+    println!("EMFILE CHILD OK ({used:?} of CPU in 1 s)");
 }
 
 #[test]

@@ -94,3 +94,49 @@ fn frees_that_do_not_make_room_keep_it_waiting() {
     // SAFETY: freed once with its layout.
     unsafe { retry.deallocate_raw(p, big) };
 }
+
+#[test]
+fn only_real_shortages_count_as_ooms_and_the_inner_count_is_not_replaced() {
+    let (retry, big) = setup(Duration::from_millis(50));
+    // An alignment the BFC cannot honour: refused at once, not an OOM.
+    let odd = Layout::from_size_align(64, 1 << 20).unwrap();
+    let err = retry.allocate_raw(odd, &AllocationAttributes::default()).unwrap_err();
+    assert_eq!(err.kind(), AllocErrorKind::UnsupportedLayout);
+    assert_eq!(retry.stats().unwrap().num_ooms, 0);
+    let held = retry.allocate_raw(big, &AllocationAttributes::default()).unwrap();
+    assert!(retry.allocate_raw(big, &AllocationAttributes::NO_RETRY).is_err());
+    let s = retry.stats().unwrap();
+    assert_eq!(s.num_ooms, 1, "one request finally failed");
+    assert_eq!(retry.wrapped().stats().unwrap().num_ooms, 1, "the BFC refused it once");
+    // SAFETY: freed once with its layout.
+    unsafe { retry.deallocate_raw(held, big) };
+}
+
+#[test]
+fn a_request_larger_than_the_whole_limit_fails_at_once() {
+    let (retry, _) = setup(Duration::from_secs(30));
+    let start = Instant::now();
+    let err =
+        retry.allocate_raw(Layout::from_size_align(2 << 20, 8).unwrap(), &AllocationAttributes::default()).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(1), "it waited {:?} for the impossible", start.elapsed());
+    assert_eq!(err.kind(), AllocErrorKind::LimitExceeded);
+    assert_eq!(retry.stats().unwrap().num_alloc_retries, 0);
+}
+
+#[test]
+fn an_endless_maximum_wait_is_saturated_not_a_panic() {
+    let (retry, big) = setup(Duration::MAX);
+    let held = retry.allocate_raw(big, &AllocationAttributes::default()).unwrap();
+    let freer = {
+        let (retry, held) = (Arc::clone(&retry), held.as_ptr() as usize);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            // SAFETY: freed once with its layout.
+            unsafe { retry.deallocate_raw(NonNull::new(held as *mut u8).unwrap(), big) };
+        })
+    };
+    let p = retry.allocate_raw(big, &AllocationAttributes::default()).unwrap();
+    freer.join().unwrap();
+    // SAFETY: freed once with its layout.
+    unsafe { retry.deallocate_raw(p, big) };
+}

@@ -106,7 +106,7 @@ fn it_registers_into_a_prometheus_registry_and_the_default_one() {
     assert!(prometheus::gather().iter().any(|f| f.name() == "tensormem_allocator_in_use_bytes"));
 }
 
-#[cfg(feature = "jemalloc")]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[test]
 fn jemalloc_process_figures_are_exported() {
     let text = AllocatorCollector::global().render();
@@ -115,4 +115,62 @@ fn jemalloc_process_figures_are_exported() {
     }
     assert!(text.contains("tensormem_allocator_in_use_bytes{allocator=\"jemalloc\"}"));
     assert!(!text.contains("tensormem_allocator_limit_bytes{allocator=\"jemalloc\"}"), "no limit, no series");
+}
+
+#[test]
+fn a_name_registered_at_two_priorities_exports_the_registration_that_serves() {
+    let r = Arc::new(AllocatorRegistry::new());
+    let builtin = AllocatorStats { bytes_in_use: 111, peak_bytes_in_use: 111, ..AllocatorStats::default() };
+    let override_ = AllocatorStats { bytes_in_use: 222, peak_bytes_in_use: 222, ..AllocatorStats::default() };
+    r.register("cpu", 0, Arc::new(Fixed(Some(builtin)))).unwrap();
+    r.register("cpu", 100, Arc::new(Fixed(Some(override_)))).unwrap();
+    let text = AllocatorCollector::for_registry(r).render();
+    assert!(text.contains("tensormem_allocator_in_use_bytes{allocator=\"cpu\"} 222"), "{text}");
+    assert!(text.contains("tensormem_allocator_peak_in_use_bytes{allocator=\"cpu\"} 222"), "{text}");
+    assert!(!text.contains(" 111"), "the unused registration's figures were exported: {text}");
+}
+
+#[test]
+fn reserved_bytes_are_exported_whenever_the_allocator_knows_them() {
+    let r = Arc::new(AllocatorRegistry::new());
+    // Knows what it holds, not its largest hole.
+    let holding = AllocatorStats {
+        bytes_in_use: 10,
+        peak_bytes_in_use: 10,
+        bytes_reserved: 4096,
+        peak_bytes_reserved: 8192,
+        ..AllocatorStats::default()
+    };
+    r.register("holding", 0, Arc::new(Fixed(Some(holding)))).unwrap();
+    let text = AllocatorCollector::for_registry(r).render();
+    assert!(text.contains("tensormem_allocator_reserved_bytes{allocator=\"holding\"} 4096"), "{text}");
+    assert!(text.contains("tensormem_allocator_peak_reserved_bytes{allocator=\"holding\"} 8192"), "{text}");
+}
+
+#[test]
+fn a_retry_allocator_over_one_without_stats_reports_none() {
+    let retry = tensormem::RetryAllocator::new(Arc::new(NoStats));
+    assert!(retry.stats().is_none(), "figures the allocator cannot answer are left out, not zeros");
+    let r = Arc::new(AllocatorRegistry::new());
+    r.register("nostats", 0, Arc::new(retry)).unwrap();
+    let text = AllocatorCollector::for_registry(r).render();
+    assert!(!text.contains("allocator=\"nostats\""), "{text}");
+}
+
+/// An allocator that keeps no stats.
+#[derive(Debug)]
+struct NoStats;
+
+// SAFETY: forwarded to the system allocator.
+unsafe impl Allocator for NoStats {
+    fn name(&self) -> &str {
+        "nostats"
+    }
+    fn allocate_raw(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
+        tensormem::SystemAllocator::new().allocate_raw(layout, attrs)
+    }
+    unsafe fn deallocate_raw(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: forwarded with the caller's promise; the system allocator keeps no per-instance state.
+        unsafe { tensormem::SystemAllocator::new().deallocate_raw(ptr, layout) }
+    }
 }

@@ -467,3 +467,33 @@ fn views_on_other_threads_see_in_place_writes_whole() {
     });
     assert_eq!(t.sum().unwrap().item::<i64>().unwrap(), 50 * 64 * 1024);
 }
+
+#[test]
+fn mapped_weights_are_accounted_where_users_look() {
+    let path = std::env::temp_dir().join(format!("tensormem-mapped-{}.bin", std::process::id()));
+    std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+    // SAFETY: the file is ours and not changed while mapped.
+    let w = unsafe { Tensor::from_file(&path, 0, DType::F32, &[256, 1024]) }.unwrap();
+    let mapped = tensormem::telemetry::mapped_memory();
+    let file = mapped.files.iter().find(|f| f.path == path).expect("the mapping is listed");
+    assert_eq!((file.bytes, file.mappings), (1 << 20, 1));
+    assert!(mapped.bytes >= 1 << 20 && mapped.peak_bytes >= mapped.bytes);
+    let snap = tensormem::telemetry::snapshot();
+    assert!(snap.mapped.files.iter().any(|f| f.path == path && f.bytes == 1 << 20));
+    let stats = tensormem::telemetry::mapped_stats().unwrap();
+    assert!(stats.bytes_in_use >= 1 << 20 && stats.num_allocs >= 1);
+    #[cfg(feature = "prometheus")]
+    {
+        let text = tensormem::telemetry::AllocatorCollector::global().render();
+        let line =
+            text.lines().find(|l| l.starts_with("tensormem_allocator_in_use_bytes{allocator=\"mmap\"}")).unwrap();
+        let bytes: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(bytes >= (1 << 20) as f64, "{line}");
+    }
+    let view = w.select(0, 3).unwrap();
+    drop(w);
+    assert!(tensormem::telemetry::mapped_memory().files.iter().any(|f| f.path == path), "a view keeps it mapped");
+    drop(view);
+    assert!(!tensormem::telemetry::mapped_memory().files.iter().any(|f| f.path == path), "unlisted once unmapped");
+    std::fs::remove_file(&path).unwrap();
+}

@@ -155,3 +155,33 @@ fn the_shipped_kv_cache_stress_is_regenerated_exactly() {
     assert_eq!(std::fs::read_to_string(&out).unwrap(), json, "examples/kv_stress_trace.rs no longer makes this file");
     std::fs::remove_file(out).unwrap();
 }
+
+#[test]
+fn an_unvalidated_trace_with_duplicate_ids_replays_without_panic_or_leak() {
+    use tensormem::{PreparedTrace, SystemAllocator};
+    // Built in code, not read with from_json: id 1 allocated twice while live, id 2 freed twice,
+    // id 9 freed though never allocated, a layout that cannot exist.
+    let trace = AllocationTrace {
+        version: tensormem::TRACE_VERSION,
+        description: "bad".into(),
+        events: vec![
+            TraceEvent::Alloc(0, 1, 100, 8),
+            TraceEvent::Alloc(1, 1, 200, 8),
+            TraceEvent::Alloc(2, 2, 300, 8),
+            TraceEvent::Free(3, 2),
+            TraceEvent::Free(4, 2),
+            TraceEvent::Free(5, 9),
+            TraceEvent::Alloc(6, 3, 10, 3),
+            TraceEvent::Free(7, 1),
+        ],
+    };
+    assert!(trace.validate().is_err());
+    let prepared = PreparedTrace::new(&trace);
+    assert_eq!(prepared.len(), 4, "two allocations and their frees are replayable");
+    let cpu = SystemAllocator::new();
+    let r = replay(&trace, &cpu);
+    assert_eq!((r.operations, r.failed_allocations, r.peak_requested), (4, 0, 400));
+    let s = tensormem::Allocator::stats(&cpu).unwrap();
+    // Three passes (measured, warm-up, timed) of two allocations each.
+    assert_eq!((s.bytes_in_use, s.num_allocs, s.num_frees), (0, 6, 6), "nothing leaked, nothing freed twice");
+}

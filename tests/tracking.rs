@@ -131,7 +131,7 @@ fn stats_combine_own_counts_with_the_inner_limit() {
     unsafe { t.deallocate(p, 6000) };
 }
 
-#[cfg(feature = "jemalloc")]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[test]
 fn allocated_size_is_jemallocs_usable_size() {
     let t = TrackingAllocator::new(Arc::new(tensormem::JemallocAllocator::new()));
@@ -314,4 +314,16 @@ fn a_tracker_over_a_pool_catches_the_double_free_the_pool_cannot() {
     let msg = panic_message(|| unsafe { t.deallocate(p, 100) });
     assert!(msg.contains("already freed"), "{msg}");
     assert_eq!(pool.pool_stats().thread_cached_buffers, 1, "the pool holds the buffer once, not twice");
+}
+
+#[test]
+fn a_tracked_bfc_keeps_its_memory_dump_in_snapshots() {
+    let bfc = Arc::new(tensormem::BfcAllocator::builder().memory_limit(1 << 20).build().unwrap());
+    let tracked = TrackingAllocator::new(bfc);
+    let p = tracked.allocate::<u8>(1000).unwrap();
+    let dump = tensormem::Allocator::snapshot_memory_dump(&tracked).expect("the BFC's dump is forwarded");
+    assert_eq!(dump.stats.bytes_in_use, 1024);
+    assert_eq!(tracked.snapshot_live_chunks().unwrap().len(), 1);
+    // SAFETY: freed once with its count.
+    unsafe { tracked.deallocate(p, 1000) };
 }

@@ -54,9 +54,7 @@ impl Backend {
     ) -> Result<NonNull<u8>, AllocError> {
         let size = layout.size();
         if let Err(hit) = self.counters.try_reserve(size) {
-            self.counters.record_oom();
-            return Err(AllocError::new(AllocErrorKind::LimitExceeded, layout, &self.options.name)
-                .with_usage(hit.in_use, Some(hit.limit)));
+            return Err(self.over_limit(layout, hit.in_use, hit.limit));
         }
         let Some(ptr) = NonNull::new(raw(layout, self.options.fill == Fill::Zero)) else {
             self.counters.cancel_reservation(size);
@@ -75,8 +73,20 @@ impl Backend {
     fn out_of_memory(&self, layout: Layout) -> AllocError {
         self.counters.record_oom();
         let in_use = self.counters.snapshot().bytes_in_use;
-        AllocError::new(AllocErrorKind::OutOfMemory, layout, &self.options.name)
-            .with_usage(in_use, self.counters.limit())
+        let err = AllocError::new(AllocErrorKind::OutOfMemory, layout, &self.options.name)
+            .with_usage(in_use, self.counters.limit());
+        tracing::warn!(allocator = %self.options.name, size = layout.size(), align = layout.align(), in_use, "{err}");
+        err
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn over_limit(&self, layout: Layout, in_use: u64, limit: u64) -> AllocError {
+        self.counters.record_oom();
+        let err =
+            AllocError::new(AllocErrorKind::LimitExceeded, layout, &self.options.name).with_usage(in_use, Some(limit));
+        tracing::warn!(allocator = %self.options.name, size = layout.size(), in_use, limit, "{err}");
+        err
     }
 
     /// Frees through `raw(ptr, layout)`.

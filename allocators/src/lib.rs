@@ -24,6 +24,8 @@
 //! # Ok::<(), tensormem_allocators::AllocError>(())
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod allocator;
 mod attributes;
 mod backend;
@@ -35,7 +37,7 @@ mod counters;
 mod error;
 mod expandable;
 mod format;
-#[cfg(feature = "jemalloc")]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 mod jemalloc;
 mod per_thread;
 mod pool;
@@ -55,7 +57,8 @@ pub use counters::{CounterSnapshot, FLUSH_BYTES, LimitHit, StatsCounters};
 pub use error::{AllocError, AllocErrorKind, BuildError};
 pub use expandable::{ExpandableMemory, OsMemory};
 pub use format::ByteSize;
-#[cfg(feature = "jemalloc")]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[cfg_attr(docsrs, doc(cfg(feature = "jemalloc")))]
 pub use jemalloc::{JemallocAllocator, JemallocStats, JemallocStatsError};
 pub use per_thread::{PerThread, ThreadValue};
 pub use pool::{DEFAULT_LARGE_THRESHOLD, PoolAllocator, PoolBuilder, PoolStats, SizeRounding, THREAD_CACHE_MAX_CLASS};

@@ -226,10 +226,10 @@ struct Owned(Vec<Box<dyn OwnedEntry>>);
 impl Owned {
     fn slot_for<T: ThreadValue>(&mut self, inner: &Arc<Inner<T>>) -> Arc<Slot<T>> {
         self.0.retain(|e| e.alive());
-        if let Some(e) = self.0.iter().find(|e| e.uid() == inner.uid) {
-            if let Some(slot) = e.slot().downcast_ref::<Arc<Slot<T>>>() {
-                return Arc::clone(slot);
-            }
+        if let Some(e) = self.0.iter().find(|e| e.uid() == inner.uid)
+            && let Some(slot) = e.slot().downcast_ref::<Arc<Slot<T>>>()
+        {
+            return Arc::clone(slot);
         }
         let slot = {
             let mut slots = inner.slots.lock();

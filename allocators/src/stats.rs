@@ -18,6 +18,12 @@ pub struct AllocatorStats {
     /// Bytes handed out and not yet freed.
     pub bytes_in_use: u64,
     /// The highest `bytes_in_use` since the allocator was made or its stats were last cleared.
+    ///
+    /// Exact when one thread allocates at a time and for allocators that count under a lock
+    /// (BFC, tracking with a limit). The lock-free counters of the system, jemalloc and pool
+    /// allocators and of [`StatsCounters`](crate::StatsCounters) may report a peak up to
+    /// `(threads - 1) x 4 MiB` below the true one while several threads allocate at once
+    /// ([`FLUSH_BYTES`](crate::FLUSH_BYTES) per thread); it is never below `bytes_in_use`.
     pub peak_bytes_in_use: u64,
     /// The largest single allocation since the allocator was made or its stats were last cleared.
     pub largest_alloc_size: u64,

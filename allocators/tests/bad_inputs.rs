@@ -127,7 +127,7 @@ fn errors_are_small_copy_and_debug_shows_the_kind() {
     assert_eq!((e.rounded_size(), e.largest_free_block()), (Some(256), Some(4096)));
 }
 
-#[cfg(feature = "jemalloc")]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[test]
 fn jemalloc_limit_is_checked_before_jemalloc_maps_anything() {
     use tensormem_allocators::JemallocAllocator;
@@ -140,7 +140,7 @@ fn jemalloc_limit_is_checked_before_jemalloc_maps_anything() {
     assert!(after.mapped < before.mapped + (128 << 20), "jemalloc mapped the refused request");
 }
 
-#[cfg(feature = "jemalloc")]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[test]
 fn jemalloc_stats_are_ordered_and_move_with_allocations() {
     use tensormem_allocators::JemallocAllocator;

@@ -13,7 +13,7 @@ allocator_conformance_tests!(
     Arc::new(SystemAllocator::new()) as Arc<dyn tensormem_allocators::Allocator>
 );
 
-#[cfg(feature = "jemalloc")]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 mod jemalloc_backends {
     use tensormem_allocators::{JemallocAllocator, allocator_conformance_tests};
 

@@ -27,10 +27,10 @@ const FAMILIES: [(&str, &str, bool, Reader); 12] = [
         |s| Some(s.peak_bytes_in_use as f64),
     ),
     ("tensormem_allocator_reserved_bytes", "Bytes held from backing memory (caching allocators only).", false, |s| {
-        s.largest_free_block_bytes.map(|_| s.bytes_reserved as f64)
+        knows_reserve(s).then_some(s.bytes_reserved as f64)
     }),
     ("tensormem_allocator_peak_reserved_bytes", "Highest bytes reserved (caching allocators only).", false, |s| {
-        s.largest_free_block_bytes.map(|_| s.peak_bytes_reserved as f64)
+        knows_reserve(s).then_some(s.peak_bytes_reserved as f64)
     }),
     ("tensormem_allocator_limit_bytes", "Most bytes the allocator may hand out.", false, |s| {
         s.bytes_limit.map(|l| l as f64)
@@ -63,12 +63,18 @@ const FAMILIES: [(&str, &str, bool, Reader); 12] = [
     }),
 ];
 
+/// Whether an allocator reports what it holds from its backing memory: a caching allocator
+/// (it knows its largest free block, or has held something). Plain allocators report 0.
+fn knows_reserve(s: &AllocatorStats) -> bool {
+    s.largest_free_block_bytes.is_some() || s.bytes_reserved > 0 || s.peak_bytes_reserved > 0
+}
+
 /// How a jemalloc family's value is read.
-#[cfg(feature = "jemalloc")]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 type JemallocReader = fn(&crate::JemallocStats) -> u64;
 
 /// jemalloc's process-wide families.
-#[cfg(feature = "jemalloc")]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 const JEMALLOC: [(&str, &str, JemallocReader); 6] = [
     ("tensormem_jemalloc_allocated_bytes", "Bytes allocated by the application from jemalloc.", |s| s.allocated),
     ("tensormem_jemalloc_active_bytes", "Bytes in jemalloc's active pages.", |s| s.active),
@@ -80,7 +86,7 @@ const JEMALLOC: [(&str, &str, JemallocReader); 6] = [
 
 const PANICS: (&str, &str) = (
     "tensormem_collector_stats_panics_total",
-    "Scrapes in which an allocator's stats() panicked (its figures were left out).",
+    "Panics of an allocator's stats() during scrapes, one per allocator per scrape (its figures were left out).",
 );
 
 /// The registry a collector reads.
@@ -90,10 +96,17 @@ enum Source {
     Shared(Arc<AllocatorRegistry>),
 }
 
+/// The series name of the process heap, and the one used when an allocator is registered under
+/// it.
+const HEAP_NAMES: [&str; 2] = ["global", "global_heap"];
+
 /// Reads every allocator of a registry at scrape time into the `tensormem_allocator_*` metric
-/// families (label `allocator` = the registry name), plus jemalloc's process figures and the
-/// process-wide heap of a [`CountingGlobalAlloc`](crate::telemetry::CountingGlobalAlloc) (as
-/// allocator `global`) when installed.
+/// families (label `allocator` = the registry name; a name registered at several priorities is
+/// the registration [`get_by_name`](AllocatorRegistry::get_by_name) serves, the highest), plus
+/// jemalloc's process figures, and, for the global registry (or when asked with
+/// [`with_process_heap`](Self::with_process_heap)), the process-wide heap of a
+/// [`CountingGlobalAlloc`](crate::telemetry::CountingGlobalAlloc) when installed, as allocator
+/// `global` (`global_heap` if an allocator is registered as `global`).
 ///
 /// An allocator whose `stats()` panics is left out of that scrape and counted in
 /// `tensormem_collector_stats_panics_total`; the others are still reported.
@@ -123,30 +136,40 @@ pub struct AllocatorCollector {
     source: Source,
     descs: Vec<Desc>,
     panics: Arc<AtomicU64>,
+    process_heap: bool,
 }
 
 impl AllocatorCollector {
-    /// A collector of the [global registry](AllocatorRegistry::global).
+    /// A collector of the [global registry](AllocatorRegistry::global), with the process heap.
     pub fn global() -> Self {
-        Self::new(Source::Global)
+        Self::new(Source::Global, true)
     }
 
-    /// A collector of `registry`.
+    /// A collector of `registry` (without the process heap: see
+    /// [`with_process_heap`](Self::with_process_heap)).
     pub fn for_registry(registry: Arc<AllocatorRegistry>) -> Self {
-        Self::new(Source::Shared(registry))
+        Self::new(Source::Shared(registry), false)
     }
 
-    fn new(source: Source) -> Self {
+    /// Adds (or leaves out) the process heap of an installed
+    /// [`CountingGlobalAlloc`](crate::telemetry::CountingGlobalAlloc).
+    #[must_use]
+    pub fn with_process_heap(mut self, on: bool) -> Self {
+        self.process_heap = on;
+        self
+    }
+
+    fn new(source: Source, process_heap: bool) -> Self {
         let mut descs = Vec::new();
         for (name, help, _, _) in FAMILIES {
             descs.extend(Desc::new(name.into(), help.into(), vec!["allocator".into()], HashMap::new()));
         }
         descs.extend(Desc::new(PANICS.0.into(), PANICS.1.into(), vec![], HashMap::new()));
-        #[cfg(feature = "jemalloc")]
+        #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
         for (name, help, _) in JEMALLOC {
             descs.extend(Desc::new(name.into(), help.into(), vec![], HashMap::new()));
         }
-        Self { source, descs, panics: Arc::new(AtomicU64::new(0)) }
+        Self { source, descs, panics: Arc::new(AtomicU64::new(0)), process_heap }
     }
 
     fn registry(&self) -> &AllocatorRegistry {
@@ -158,24 +181,35 @@ impl AllocatorCollector {
 
     /// Every allocator's stats, by registry name (panicking ones left out and counted).
     fn read(&self) -> Vec<(String, AllocatorStats)> {
-        let mut out = Vec::new();
-        let mut seen = Vec::new();
-        for entry in self.registry().entries() {
-            // A name registered at several priorities is one allocator series: the first wins.
-            if seen.contains(&entry.name) {
-                continue;
+        let registry = self.registry();
+        let mut names: Vec<String> = Vec::new();
+        for entry in registry.entries() {
+            if !names.contains(&entry.name) {
+                names.push(entry.name);
             }
-            seen.push(entry.name.clone());
-            match catch_unwind(AssertUnwindSafe(|| entry.allocator.stats())) {
-                Ok(Some(stats)) => out.push((entry.name, stats)),
+        }
+        let mut out = Vec::new();
+        for name in &names {
+            // One series per name: the registration `get_by_name` serves.
+            let Some(allocator) = registry.get_by_name(name) else { continue };
+            match catch_unwind(AssertUnwindSafe(|| allocator.stats())) {
+                Ok(Some(stats)) => out.push((name.clone(), stats)),
                 Ok(None) => {}
                 Err(_) => {
                     self.panics.fetch_add(1, Relaxed);
                 }
             }
         }
-        if let Some(stats) = global_alloc::global_stats() {
-            out.push(("global".to_owned(), stats));
+        if let Some(stats) = super::mapped_stats() {
+            if !names.iter().any(|n| n == "mmap") {
+                out.push(("mmap".to_owned(), stats));
+            }
+        }
+        if self.process_heap {
+            let free = HEAP_NAMES.iter().find(|n| !names.iter().any(|m| m == *n));
+            if let (Some(name), Some(stats)) = (free, global_alloc::global_stats()) {
+                out.push(((*name).to_owned(), stats));
+            }
         }
         out
     }
@@ -236,7 +270,7 @@ impl Collector for AllocatorCollector {
         }
         let panics = self.panics.load(Relaxed) as f64;
         families.push(family(PANICS.0, PANICS.1, true, vec![sample(vec![], panics, true)]));
-        #[cfg(feature = "jemalloc")]
+        #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
         if let Ok(js) = crate::JemallocAllocator::jemalloc_stats() {
             for (name, help, read) in JEMALLOC {
                 families.push(family(name, help, false, vec![sample(vec![], read(&js) as f64, false)]));

@@ -68,7 +68,7 @@ thread_local! {
 /// static GLOBAL: CountingGlobalAlloc<std::alloc::System> = CountingGlobalAlloc::new(std::alloc::System);
 ///
 /// let v = vec![0u8; 1 << 20];
-/// let s = CountingGlobalAlloc::<std::alloc::System>::stats().unwrap();
+/// let s = GLOBAL.stats().unwrap(); // or tensormem::telemetry::process_heap_stats()
 /// assert!(s.bytes_in_use >= 1 << 20 && s.num_allocs >= 1);
 /// drop(v);
 /// ```
@@ -84,8 +84,8 @@ impl<A> CountingGlobalAlloc<A> {
     }
 
     /// The process-wide figures, or `None` if no `CountingGlobalAlloc` has allocated yet (it is
-    /// not installed).
-    pub fn stats() -> Option<AllocatorStats> {
+    /// not installed). The same as [`process_heap_stats`].
+    pub fn stats(&self) -> Option<AllocatorStats> {
         global_stats()
     }
 }
@@ -142,6 +142,12 @@ fn flush(slot: &Slot, delta: i64) {
     slot.delta.store(0, Relaxed);
     slot.base.store(now, Relaxed);
     PEAK.fetch_max(now.max(0) as u64, Relaxed);
+}
+
+/// The process heap's figures when a [`CountingGlobalAlloc`] is the global allocator (`None`
+/// otherwise), from anywhere: no need to name the allocator's type.
+pub fn process_heap_stats() -> Option<AllocatorStats> {
+    global_stats()
 }
 
 /// Sums the slots; `None` when no counting global allocator has been used.

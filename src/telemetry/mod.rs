@@ -4,13 +4,19 @@
 #[cfg(feature = "prometheus")]
 mod collector;
 mod global_alloc;
+mod mapped;
 #[cfg(feature = "http")]
 mod server;
 mod snapshot;
 
 #[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use collector::AllocatorCollector;
-pub use global_alloc::CountingGlobalAlloc;
+pub use global_alloc::{CountingGlobalAlloc, process_heap_stats};
+pub use mapped::{MappedFile, MappedMemory, mapped_memory, mapped_stats};
+#[cfg(feature = "tensor")]
+pub(crate) use mapped::{MappingRecord, record_mapping};
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use server::{CONTENT_TYPE_TEXT, MetricsServer, ServerError, ServerOptions};
 pub use snapshot::{AllocatorSnapshot, MemorySnapshot, snapshot, snapshot_json, snapshot_of};

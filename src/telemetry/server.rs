@@ -1,10 +1,12 @@
 //! [`MetricsServer`]: `GET /metrics` on a background thread (hyper 1 on a private tokio
 //! runtime, so no async runtime is forced on the caller), stopped when its handle is dropped.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::fmt;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -16,23 +18,36 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::{Semaphore, oneshot};
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+use tokio::task::AbortHandle;
 
 use crate::telemetry::AllocatorCollector;
 
 /// Prometheus' text exposition format.
 pub const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4";
 
+/// Longest any of the server's timeouts may be; longer values are cut to this.
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// How long a connection past its `connection_timeout` may take to finish the request it is in.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// The pause after a failed `accept` (such as EMFILE, too many open files), doubled up to 1 s
+/// while failures repeat, so that the server thread does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
+
 /// Limits of a [`MetricsServer`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerOptions {
-    /// Connections served at once; further ones are closed at once (default 64).
+    /// Connections served at once (default 64). When a new one arrives at the cap, the oldest
+    /// connection that has not yet sent a whole request head (a stalled or silent client) is
+    /// closed to make room; only when every connection is a real client is the new one closed.
     pub max_connections: usize,
-    /// A client must send its whole request head within this time (default 5 s).
+    /// A client must send each request head within this time (default 5 s).
     pub header_read_timeout: Duration,
     /// Largest request head accepted; larger ones get 431 (default 16 KiB, at least 8 KiB).
     pub max_request_bytes: usize,
-    /// Longest a connection may stay open (default 30 s).
+    /// How long a connection may stay open (default 30 s); then it finishes the request it is
+    /// serving (up to 5 s more) and closes.
     pub connection_timeout: Duration,
 }
 
@@ -43,6 +58,19 @@ impl Default for ServerOptions {
             header_read_timeout: Duration::from_secs(5),
             max_request_bytes: 16 << 10,
             connection_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ServerOptions {
+    /// The options as the server uses them: timeouts cut to 24 hours (a timer cannot run past
+    /// the end of time: `Duration::MAX` would overflow), at least one connection.
+    fn sanitized(self) -> Self {
+        Self {
+            max_connections: self.max_connections.max(1),
+            header_read_timeout: self.header_read_timeout.min(MAX_TIMEOUT),
+            max_request_bytes: self.max_request_bytes.max(8192),
+            connection_timeout: self.connection_timeout.min(MAX_TIMEOUT),
         }
     }
 }
@@ -72,13 +100,32 @@ pub enum ServerError {
     Runtime(std::io::Error),
 }
 
-/// Serves the [`AllocatorCollector`]'s exposition at `GET /metrics` from a background thread.
+/// What a [`MetricsServer`] serves.
+enum Metrics {
+    Collector(AllocatorCollector),
+    Registry(prometheus::Registry),
+}
+
+impl Metrics {
+    fn render(&self) -> String {
+        match self {
+            Metrics::Collector(c) => c.render(),
+            Metrics::Registry(r) => prometheus::TextEncoder::new().encode_to_string(&r.gather()).unwrap_or_default(),
+        }
+    }
+}
+
+/// Serves metrics at `GET /metrics` from a background thread: an [`AllocatorCollector`], or a
+/// whole `prometheus::Registry` with the engine's own metrics beside the allocators'
+/// ([`start_registry`](Self::start_registry)).
 ///
 /// Other paths get 404, other methods 405, malformed requests 400 (oversized heads 431), all
 /// with `Content-Type: text/plain; version=0.0.4` on success. Each connection is served on its
-/// own task, so a slow or stalled client delays nobody else; connections are capped, and a client
-/// that does not send its request head in time is disconnected. The server stops when the
-/// handle is dropped.
+/// own task and the exposition is rendered on a blocking thread, so neither a slow client nor a
+/// slow `stats()` delays accepting and serving others. At the connection cap a stalled client
+/// (one that has not sent a whole request head) makes room for the newcomer; a client that does
+/// not send its head in time is disconnected; a failed `accept` pauses before the next. The
+/// server stops when the handle is dropped.
 ///
 /// ```
 /// use std::io::{Read, Write};
@@ -130,6 +177,42 @@ impl MetricsServer {
         collector: AllocatorCollector,
         options: ServerOptions,
     ) -> Result<Self, ServerError> {
+        Self::spawn(addr, Metrics::Collector(collector), options)
+    }
+
+    /// Serves everything gathered by `registry` (a `prometheus::Registry`, the version
+    /// re-exported as [`tensormem::prometheus`](crate::prometheus)) on `addr`: register an
+    /// [`AllocatorCollector`] in it beside the engine's own metrics.
+    ///
+    /// ```
+    /// use tensormem::prometheus::{IntCounter, Registry};
+    /// use tensormem::telemetry::{AllocatorCollector, MetricsServer, ServerOptions};
+    ///
+    /// let registry = Registry::new();
+    /// registry.register(Box::new(AllocatorCollector::global()))?;
+    /// let requests = IntCounter::new("engine_requests_total", "Requests served.")?;
+    /// registry.register(Box::new(requests.clone()))?;
+    /// requests.inc();
+    /// let server = MetricsServer::start_registry("127.0.0.1:0", registry, ServerOptions::default())?;
+    /// # let _ = server;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_registry(
+        addr: impl ToSocketAddrs + fmt::Debug,
+        registry: prometheus::Registry,
+        options: ServerOptions,
+    ) -> Result<Self, ServerError> {
+        Self::spawn(addr, Metrics::Registry(registry), options)
+    }
+
+    fn spawn(
+        addr: impl ToSocketAddrs + fmt::Debug,
+        metrics: Metrics,
+        options: ServerOptions,
+    ) -> Result<Self, ServerError> {
         let shown = format!("{addr:?}");
         let resolved = addr
             .to_socket_addrs()
@@ -141,11 +224,13 @@ impl MetricsServer {
         let runtime =
             tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ServerError::Runtime)?;
         let (shutdown, stop) = oneshot::channel();
-        let collector = Arc::new(collector);
+        let metrics = Arc::new(metrics);
+        let options = options.sanitized();
         let thread = std::thread::Builder::new()
             .name("tensormem-metrics".to_owned())
-            .spawn(move || runtime.block_on(serve(listener, collector, options, stop)))
+            .spawn(move || runtime.block_on(serve(listener, metrics, options, stop)))
             .map_err(ServerError::Runtime)?;
+        tracing::info!(addr = %local, "metrics server: serving /metrics");
         Ok(Self { addr: local, shutdown: Some(shutdown), thread: Some(thread) })
     }
 
@@ -172,49 +257,110 @@ impl fmt::Debug for MetricsServer {
     }
 }
 
-async fn serve(
-    listener: TcpListener,
-    collector: Arc<AllocatorCollector>,
-    options: ServerOptions,
-    mut stop: oneshot::Receiver<()>,
-) {
+/// One open connection.
+struct Conn {
+    id: u64,
+    /// Whether the client has sent a whole request head (it is a real client, not a stalled one).
+    served: Arc<AtomicBool>,
+    abort: AbortHandle,
+}
+
+/// The open connections, oldest first.
+#[derive(Default)]
+struct Conns {
+    next_id: u64,
+    open: VecDeque<Conn>,
+}
+
+async fn serve(listener: TcpListener, metrics: Arc<Metrics>, options: ServerOptions, mut stop: oneshot::Receiver<()>) {
     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
-    let slots = Arc::new(Semaphore::new(options.max_connections.max(1)));
+    let conns = Arc::new(Mutex::new(Conns::default()));
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(options.header_read_timeout)
-        .max_buf_size(options.max_request_bytes.max(8192));
+        .max_buf_size(options.max_request_bytes);
     let http = Arc::new(http);
+    let mut backoff = ACCEPT_BACKOFF;
     loop {
         let stream = tokio::select! {
             _ = &mut stop => return,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => continue,
+                Ok((stream, _)) => {
+                    backoff = ACCEPT_BACKOFF;
+                    stream
+                }
+                Err(error) => {
+                    tracing::warn!(%error, pause = ?backoff, "metrics server: accept failed");
+                    tokio::select! {
+                        _ = &mut stop => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
             },
         };
-        // Over the cap: close at once rather than queue.
-        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else { continue };
-        let (collector, http) = (Arc::clone(&collector), Arc::clone(&http));
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let collector = Arc::clone(&collector);
-                async move { Ok::<_, Infallible>(respond(&req, &collector)) }
-            });
-            let conn = http.serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(options.connection_timeout, conn).await;
-            drop(permit);
-        });
+        // The lock is held until the task is spawned and listed: the task cannot run (and
+        // unlist itself) before that on this single-threaded runtime.
+        let mut open = conns.lock();
+        if open.open.len() >= options.max_connections {
+            match open.open.iter().position(|c| !c.served.load(Relaxed)) {
+                Some(i) => {
+                    if let Some(stalled) = open.open.remove(i) {
+                        stalled.abort.abort();
+                    }
+                }
+                // Every connection is a real client: refuse the newcomer.
+                None => continue,
+            }
+        }
+        let id = open.next_id;
+        open.next_id += 1;
+        let served = Arc::new(AtomicBool::new(false));
+        let task =
+            tokio::spawn(connection(stream, Arc::clone(&http), Arc::clone(&metrics), Arc::clone(&served), options, {
+                let conns = Arc::clone(&conns);
+                move || conns.lock().open.retain(|c| c.id != id)
+            }));
+        open.open.push_back(Conn { id, served, abort: task.abort_handle() });
     }
 }
 
-fn respond(req: &Request<Incoming>, collector: &AllocatorCollector) -> Response<Full<Bytes>> {
-    let text = |status: StatusCode, body: String| {
-        let mut r = Response::new(Full::new(Bytes::from(body)));
-        *r.status_mut() = status;
-        r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_TEXT));
-        r
-    };
+/// Serves one connection until the client closes it, it times out, or it is evicted.
+async fn connection(
+    stream: tokio::net::TcpStream,
+    http: Arc<http1::Builder>,
+    metrics: Arc<Metrics>,
+    served: Arc<AtomicBool>,
+    options: ServerOptions,
+    done: impl FnOnce(),
+) {
+    let service = service_fn(move |req| {
+        served.store(true, Relaxed);
+        let metrics = Arc::clone(&metrics);
+        async move { Ok::<_, Infallible>(respond(req, metrics).await) }
+    });
+    let conn = http.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = tokio::time::sleep(options.connection_timeout) => {
+            // Finish the request in flight (if any), then close.
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, conn).await;
+        }
+    }
+    done();
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_TEXT));
+    r
+}
+
+async fn respond(req: Request<Incoming>, metrics: Arc<Metrics>) -> Response<Full<Bytes>> {
     if req.uri().path() != "/metrics" {
         return text(StatusCode::NOT_FOUND, format!("not found: {} (metrics are at /metrics)\n", req.uri().path()));
     }
@@ -223,5 +369,9 @@ fn respond(req: &Request<Incoming>, collector: &AllocatorCollector) -> Response<
         r.headers_mut().insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return r;
     }
-    text(StatusCode::OK, collector.render())
+    // Off the I/O thread: an allocator's slow `stats()` delays this answer only.
+    match tokio::task::spawn_blocking(move || metrics.render()).await {
+        Ok(body) => text(StatusCode::OK, body),
+        Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "rendering the metrics failed\n".to_owned()),
+    }
 }

@@ -37,6 +37,9 @@ pub struct MemorySnapshot {
     /// The process heap, when a [`CountingGlobalAlloc`](crate::telemetry::CountingGlobalAlloc) is
     /// installed.
     pub global: Option<AllocatorStats>,
+    /// Memory mapped from files (model weights), per file.
+    #[serde(default)]
+    pub mapped: crate::telemetry::MappedMemory,
 }
 
 /// A snapshot of the [global registry](AllocatorRegistry::global).
@@ -108,5 +111,6 @@ pub fn snapshot_of(registry: &AllocatorRegistry) -> MemorySnapshot {
         taken_at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         allocators,
         global: global_alloc::global_stats(),
+        mapped: crate::telemetry::mapped_memory(),
     }
 }

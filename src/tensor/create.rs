@@ -195,7 +195,7 @@ impl Tensor {
         let len = nbytes_of(op, sizes, dtype)?;
         let align = dtype.element_size().unwrap_or(2) as u64;
         let bad = |reason| TensorError::BadMapping { op, reason, offset, len, dtype, shape: sizes.to_vec() };
-        if offset % align != 0 {
+        if !offset.is_multiple_of(align) {
             return Err(bad("the offset is not a multiple of the element size"));
         }
         // SAFETY: forwarded to our caller.

@@ -136,7 +136,7 @@ impl DType {
     /// quantised dtype, or when the size overflows `usize`.
     pub fn size_of(self, n: usize) -> Option<usize> {
         let block = self.block_len();
-        if n % block != 0 {
+        if !n.is_multiple_of(block) {
             return None;
         }
         (n / block).checked_mul(self.block_bytes())

@@ -307,7 +307,7 @@ unsafe fn gather_tile(src: *mut u8, s0: usize, s1: usize, dst: *mut u8, w: usize
         1 => typed!(u8),
         2 => typed!(u16),
         #[cfg(target_arch = "x86_64")]
-        4 if s1 == 4 && h % 4 == 0 => {
+        4 if s1 == 4 && h.is_multiple_of(4) => {
             // SAFETY: forwarded from our caller's contract (same elements, same layout).
             unsafe { gather_tile_4x4(src, s0, dst, w, h, pitch) }
         }

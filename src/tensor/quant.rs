@@ -15,7 +15,7 @@ fn check(op: &'static str, dtype: DType, values: usize, bytes: usize) -> Result<
     if !dtype.is_quantized() {
         return Err(TensorError::UnsupportedDType { op, dtype, shape: vec![values], hint: "expected q8_0 or q4_0" });
     }
-    if values % QUANT_BLOCK != 0 || dtype.size_of(values) != Some(bytes) {
+    if !values.is_multiple_of(QUANT_BLOCK) || dtype.size_of(values) != Some(bytes) {
         return Err(TensorError::BadShape {
             op,
             shape: vec![values],

@@ -172,7 +172,7 @@ pub(crate) fn infer_size(op: &'static str, target: &[isize], shape: &[usize], nu
     }
     match infer {
         Some(i) => {
-            if known == 0 || numel % known != 0 {
+            if known == 0 || !numel.is_multiple_of(known) {
                 return Err(bad());
             }
             out[i] = numel / known;

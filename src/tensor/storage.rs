@@ -52,6 +52,8 @@ enum Backing {
     },
     Mapped {
         map: Option<memmap2::Mmap>,
+        /// Lists the mapping in the telemetry's ledger while it lives.
+        _record: crate::telemetry::MappingRecord,
         path: PathBuf,
         offset: u64,
     },
@@ -141,7 +143,12 @@ impl Storage {
         Ok(Storage {
             inner: Arc::new(Inner {
                 nbytes: len,
-                backing: Backing::Mapped { map, path: path.to_path_buf(), offset },
+                backing: Backing::Mapped {
+                    map,
+                    _record: crate::telemetry::record_mapping(path, len as u64),
+                    path: path.to_path_buf(),
+                    offset,
+                },
                 access: RwLock::new(()),
             }),
         })

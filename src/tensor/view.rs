@@ -12,7 +12,7 @@ impl Tensor {
         if self.dtype().is_quantized() {
             let ok = sizes.last().is_none_or(|&l| l % QUANT_BLOCK == 0)
                 && strides.last().is_none_or(|&s| s == 1)
-                && offset % QUANT_BLOCK == 0
+                && offset.is_multiple_of(QUANT_BLOCK)
                 && strides.iter().rev().skip(1).all(|s| s % QUANT_BLOCK == 0);
             if !ok {
                 return Err(TensorError::UnsupportedDType {

@@ -194,7 +194,7 @@ impl Pool {
     /// the counts restart, so the next check judges the new size.
     fn maybe_grow(&mut self) {
         let w = &self.window;
-        if w.evictions % CHECK_INTERVAL != 0 || w.puts == 0 {
+        if !w.evictions.is_multiple_of(CHECK_INTERVAL) || w.puts == 0 {
             return;
         }
         let eviction_rate = w.evictions as f64 / w.puts as f64;

@@ -282,27 +282,27 @@ impl State {
         if cut == 0 {
             return 0;
         }
-        if memory.decommits_partially() {
-            if let Some(from) = NonNull::new((end - cut) as *mut u8) {
-                // SAFETY: `end - cut..end` is committed (below the committed end), granule-aligned
-                // (a multiple of the granule below a granule-aligned end, at or above the chunk's
-                // start rounded up to the granule), and inside the free tail chunk, so nothing
-                // uses it.
-                unsafe { memory.decommit(from, cut) };
-            }
+        if memory.decommits_partially()
+            && let Some(from) = NonNull::new((end - cut) as *mut u8)
+        {
+            // SAFETY: `end - cut..end` is committed (below the committed end), granule-aligned
+            // (a multiple of the granule below a granule-aligned end, at or above the chunk's
+            // start rounded up to the granule), and inside the free tail chunk, so nothing
+            // uses it.
+            unsafe { memory.decommit(from, cut) };
         }
         let mut left = cut;
         let mut piece_end = end;
         while left > 0 {
             let Some(last) = e.pieces.last_mut() else { break };
             let taken = (*last).min(left);
-            if !memory.decommits_partially() {
-                if let Some(from) = NonNull::new((piece_end - taken) as *mut u8) {
-                    // SAFETY: the backend unmaps whole pieces only, and `cut` was made of whole
-                    // last pieces (so `taken` is the whole piece `piece_end - taken..piece_end`,
-                    // committed by one call), inside the free tail chunk: nothing uses it.
-                    unsafe { memory.decommit(from, taken) };
-                }
+            if !memory.decommits_partially()
+                && let Some(from) = NonNull::new((piece_end - taken) as *mut u8)
+            {
+                // SAFETY: the backend unmaps whole pieces only, and `cut` was made of whole
+                // last pieces (so `taken` is the whole piece `piece_end - taken..piece_end`,
+                // committed by one call), inside the free tail chunk: nothing uses it.
+                unsafe { memory.decommit(from, taken) };
             }
             piece_end -= taken;
             left -= taken;

@@ -220,15 +220,17 @@ impl State {
         if let Some(p) = self.find_chunk(rounded, align, requested) {
             return Ok(p);
         }
-        if self.extend(rounded, align, sub) {
-            if let Some(p) = self.find_chunk(rounded, align, requested) {
-                return Ok(p);
-            }
+        if self.extend(rounded, align, sub)
+            && let Some(p) = self.find_chunk(rounded, align, requested)
+        {
+            return Ok(p);
         }
-        if garbage_collection && self.free_unused_regions(sub, 0) > 0 && self.extend(rounded, align, sub) {
-            if let Some(p) = self.find_chunk(rounded, align, requested) {
-                return Ok(p);
-            }
+        if garbage_collection
+            && self.free_unused_regions(sub, 0) > 0
+            && self.extend(rounded, align, sub)
+            && let Some(p) = self.find_chunk(rounded, align, requested)
+        {
+            return Ok(p);
         }
         Err(AllocFailure::OutOfMemory)
     }
@@ -370,10 +372,10 @@ impl State {
             h = prev;
         }
         self.insert_free(h);
-        if let Some(keep) = self.options.release_threshold {
-            if self.usable - self.in_use > keep {
-                self.release(sub, keep);
-            }
+        if let Some(keep) = self.options.release_threshold
+            && self.usable - self.in_use > keep
+        {
+            self.release(sub, keep);
         }
         Ok(size)
     }
@@ -391,7 +393,7 @@ impl State {
             }
             i -= 1;
         }
-        if self.chunks[r.handles[i] as usize].in_use() || ptr % MIN_ALLOCATION_SIZE != 0 {
+        if self.chunks[r.handles[i] as usize].in_use() || !ptr.is_multiple_of(MIN_ALLOCATION_SIZE) {
             FreeError::NotAChunk
         } else {
             FreeError::AlreadyFree
@@ -518,7 +520,7 @@ impl State {
     fn handle_at(&self, ptr: usize) -> Option<Handle> {
         let r = &self.regions[self.region_of(ptr)?];
         let offset = ptr - r.base;
-        if offset % MIN_ALLOCATION_SIZE != 0 {
+        if !offset.is_multiple_of(MIN_ALLOCATION_SIZE) {
             return None;
         }
         let h = r.handles[offset >> MIN_ALLOCATION_BITS];
@@ -619,7 +621,7 @@ impl State {
                 if c.ptr != expect || c.prev != prev {
                     return Err(format!("chunk list broken at {:#x}", c.ptr));
                 }
-                if c.size == 0 || c.size % MIN_ALLOCATION_SIZE != 0 {
+                if c.size == 0 || !c.size.is_multiple_of(MIN_ALLOCATION_SIZE) {
                     return Err(format!("chunk at {:#x} has size {}", c.ptr, c.size));
                 }
                 if r.handles[(c.ptr - r.base) >> MIN_ALLOCATION_BITS] != h {

@@ -1,0 +1,132 @@
+//! Memory mapped from files (model weights: `Tensor::from_file`, safetensors), accounted where
+//! users look for memory: [`mapped_memory`], snapshots, the Prometheus export (as allocator
+//! `mmap`) and the memory summary. In an inference engine the weights are usually the largest
+//! user of memory, and no allocator sees them.
+
+use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use dashmap::DashMap;
+
+use crate::allocators::AllocatorStats;
+
+/// One file with mappings alive.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MappedFile {
+    /// The file.
+    pub path: PathBuf,
+    /// Bytes of it mapped now (overlapping mappings count each time).
+    pub bytes: u64,
+    /// How many mappings of it are alive.
+    pub mappings: u64,
+}
+
+/// Everything mapped from files now.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MappedMemory {
+    /// Bytes mapped now, all files together.
+    pub bytes: u64,
+    /// The most bytes mapped at once.
+    pub peak_bytes: u64,
+    /// The files, largest first.
+    pub files: Vec<MappedFile>,
+}
+
+// Without the `tensor` feature nothing maps files: the ledger stays empty.
+#[cfg_attr(not(feature = "tensor"), allow(dead_code))]
+struct Ledger {
+    /// Live mappings by id: `(file, bytes)`.
+    live: DashMap<u64, (PathBuf, u64)>,
+    next_id: AtomicU64,
+    bytes: AtomicU64,
+    peak: AtomicU64,
+    maps: AtomicU64,
+    unmaps: AtomicU64,
+    largest: AtomicU64,
+}
+
+static LEDGER: LazyLock<Ledger> = LazyLock::new(|| Ledger {
+    live: DashMap::new(),
+    next_id: AtomicU64::new(1),
+    bytes: AtomicU64::new(0),
+    peak: AtomicU64::new(0),
+    maps: AtomicU64::new(0),
+    unmaps: AtomicU64::new(0),
+    largest: AtomicU64::new(0),
+});
+
+/// A live mapping in the ledger; unlisted when dropped.
+#[cfg_attr(not(feature = "tensor"), allow(dead_code))]
+#[derive(Debug)]
+pub(crate) struct MappingRecord {
+    id: u64,
+    bytes: u64,
+}
+
+/// Lists a mapping of `bytes` of `path` until the returned record is dropped.
+#[cfg_attr(not(feature = "tensor"), allow(dead_code))]
+pub(crate) fn record_mapping(path: &Path, bytes: u64) -> MappingRecord {
+    let l = &*LEDGER;
+    let id = l.next_id.fetch_add(1, Relaxed);
+    l.live.insert(id, (path.to_path_buf(), bytes));
+    let now = l.bytes.fetch_add(bytes, Relaxed) + bytes;
+    l.peak.fetch_max(now, Relaxed);
+    l.maps.fetch_add(1, Relaxed);
+    l.largest.fetch_max(bytes, Relaxed);
+    tracing::debug!(path = %path.display(), bytes, mapped = now, "tensormem: mapped a file");
+    MappingRecord { id, bytes }
+}
+
+impl Drop for MappingRecord {
+    fn drop(&mut self) {
+        let l = &*LEDGER;
+        l.live.remove(&self.id);
+        l.bytes.fetch_sub(self.bytes, Relaxed);
+        l.unmaps.fetch_add(1, Relaxed);
+    }
+}
+
+/// What is mapped from files now, per file (largest first).
+///
+/// ```
+/// let m = tensormem::telemetry::mapped_memory();
+/// assert!(m.peak_bytes >= m.bytes);
+/// assert_eq!(m.files.iter().map(|f| f.bytes).sum::<u64>(), m.bytes);
+/// ```
+pub fn mapped_memory() -> MappedMemory {
+    let l = &*LEDGER;
+    let mut files: Vec<MappedFile> = Vec::new();
+    for entry in l.live.iter() {
+        let (path, bytes) = entry.value();
+        match files.iter_mut().find(|f| &f.path == path) {
+            Some(f) => {
+                f.bytes += bytes;
+                f.mappings += 1;
+            }
+            None => files.push(MappedFile { path: path.clone(), bytes: *bytes, mappings: 1 }),
+        }
+    }
+    files.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.path.cmp(&b.path)));
+    let bytes = files.iter().map(|f| f.bytes).sum();
+    MappedMemory { bytes, peak_bytes: l.peak.load(Relaxed).max(bytes), files }
+}
+
+/// The mapped memory as the stats of a pseudo-allocator `mmap` (in use = bytes mapped, an
+/// allocation = a mapping); `None` while nothing was ever mapped.
+pub fn mapped_stats() -> Option<AllocatorStats> {
+    let l = &*LEDGER;
+    let maps = l.maps.load(Relaxed);
+    if maps == 0 {
+        return None;
+    }
+    let in_use = l.bytes.load(Relaxed);
+    Some(AllocatorStats {
+        num_allocs: maps,
+        num_frees: l.unmaps.load(Relaxed),
+        bytes_in_use: in_use,
+        peak_bytes_in_use: l.peak.load(Relaxed).max(in_use),
+        largest_alloc_size: l.largest.load(Relaxed),
+        ..AllocatorStats::default()
+    })
+}
