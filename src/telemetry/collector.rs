@@ -200,10 +200,10 @@ impl AllocatorCollector {
                 }
             }
         }
-        if let Some(stats) = super::mapped_stats() {
-            if !names.iter().any(|n| n == "mmap") {
-                out.push(("mmap".to_owned(), stats));
-            }
+        if let Some(stats) = super::mapped_stats()
+            && !names.iter().any(|n| n == "mmap")
+        {
+            out.push(("mmap".to_owned(), stats));
         }
         if self.process_heap {
             let free = HEAP_NAMES.iter().find(|n| !names.iter().any(|m| m == *n));
