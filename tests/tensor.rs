@@ -497,3 +497,39 @@ fn mapped_weights_are_accounted_where_users_look() {
     assert!(!tensormem::telemetry::mapped_memory().files.iter().any(|f| f.path == path), "unlisted once unmapped");
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn kernels_in_rayon_jobs_on_one_storage_never_deadlock() {
+    // Eight jobs on rayon's pool mixing in-place and out-of-place adds on one 512x512 tensor,
+    // while another thread runs large kernels on it too (which split across the kernel pool).
+    // Before the fix this hung every time; the whole scenario runs on a thread so that a hang
+    // fails the test instead of stalling it.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let x = Tensor::rand(&[512, 512], TensorOptions::new().seed(3)).unwrap();
+        let y = Tensor::rand(&[512, 512], TensorOptions::new().seed(4)).unwrap();
+        for _ in 0..20 {
+            for j in 0..8 {
+                let (x, y, done) = (x.clone(), y.clone(), done_tx.clone());
+                rayon::spawn(move || {
+                    if j % 2 == 0 {
+                        x.add_(&y).unwrap();
+                    } else {
+                        assert_eq!(x.add(&y).unwrap().sizes(), [512, 512]);
+                    }
+                    done.send(()).unwrap();
+                });
+            }
+            let z = x.mul(&y).unwrap();
+            x.sub_(&z.mul(&y).unwrap().sum().unwrap()).unwrap();
+            done_tx.send(()).unwrap();
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    for finished in 0..(20 * 9) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if let Err(e) = done_rx.recv_timeout(left) {
+            panic!("only {finished} of 180 kernels finished: deadlock ({e})");
+        }
+    }
+}

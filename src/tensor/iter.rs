@@ -14,7 +14,7 @@
 //! innermost stride is not unit but its next dimension's is (a transposed input), the run is
 //! cache-tiled: 64x64 tiles of that input are gathered into a small contiguous buffer, so
 //! both the input and the output are read and written along cache lines. Above [`GRAIN`]
-//! elements the work is split across rayon's threads.
+//! elements the work is split across the kernel threads (see [`parallel`](super::parallel)).
 
 use rayon::prelude::*;
 
@@ -104,7 +104,7 @@ impl<const N: usize> Plan<N> {
         if numel == 0 {
             return;
         }
-        let threads = if parallel && numel >= 2 * GRAIN { rayon::current_num_threads() } else { 1 };
+        let threads = if parallel { super::parallel::threads_for(numel, GRAIN) } else { 1 };
         let tiled = self.tiled_operands();
         if tiled.iter().any(|&t| t) {
             let (w, h) = self.tile_shape(tiled);
@@ -116,8 +116,10 @@ impl<const N: usize> Plan<N> {
             if chunks <= 1 {
                 self.run_tiles(0, tasks, tiled, (w, h), f);
             } else {
-                (0..chunks).into_par_iter().for_each(|c| {
-                    self.run_tiles(tasks * c / chunks, tasks * (c + 1) / chunks, tiled, (w, h), f);
+                super::parallel::install(|| {
+                    (0..chunks).into_par_iter().for_each(|c| {
+                        self.run_tiles(tasks * c / chunks, tasks * (c + 1) / chunks, tiled, (w, h), f);
+                    })
                 });
             }
             return;
@@ -126,7 +128,11 @@ impl<const N: usize> Plan<N> {
         if chunks <= 1 {
             self.run_range(0, numel, f);
         } else {
-            (0..chunks).into_par_iter().for_each(|c| self.run_range(numel * c / chunks, numel * (c + 1) / chunks, f));
+            super::parallel::install(|| {
+                (0..chunks)
+                    .into_par_iter()
+                    .for_each(|c| self.run_range(numel * c / chunks, numel * (c + 1) / chunks, f))
+            });
         }
     }
 

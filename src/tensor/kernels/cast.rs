@@ -6,12 +6,12 @@ use crate::tensor::quant::{dequantize_into, quantize_into};
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
-use super::loops::run_unary;
+use super::loops::{Dest, run_unary};
 
 /// Writes `src` (broadcast to `out`'s shape), converted to `out`'s dtype, into `out`: the one
 /// copy kernel behind `contiguous`, `to_dtype` and `copy_` (a plain copy loop when the dtypes
-/// match). `fresh` as for [`run_unary`].
-pub(crate) fn cast_into(op: &'static str, out: &Tensor, src: &Tensor, fresh: bool) -> Result<()> {
+/// match).
+pub(crate) fn cast_into(op: &'static str, out: &Tensor, src: &Tensor, dest: Dest) -> Result<()> {
     let unsupported = |t: &Tensor| TensorError::UnsupportedDType {
         op,
         dtype: t.dtype(),
@@ -19,11 +19,25 @@ pub(crate) fn cast_into(op: &'static str, out: &Tensor, src: &Tensor, fresh: boo
         hint: "dequantize with to_dtype(DType::F32) first",
     };
     if out.dtype() == src.dtype() {
-        return match_dtype!(src.dtype(), T => run_unary(op, out, src, fresh, |x: T| x), _ => Err(unsupported(src)));
+        return match_dtype!(src.dtype(), T => run_unary(op, out, src, dest, |x: T| x), _ => Err(unsupported(src)));
     }
     match_dtype!(out.dtype(), D => match_dtype!(src.dtype(), S => {
-        run_unary(op, out, src, fresh, |x: S| cast::<S, D>(x))
+        run_unary(op, out, src, dest, |x: S| cast::<S, D>(x))
     }, _ => Err(unsupported(src))), _ => Err(unsupported(out)))
+}
+
+impl Tensor {
+    /// A contiguous copy of this tensor's elements in the same allocator that shares nothing
+    /// with it (even when it is contiguous already).
+    pub(crate) fn fresh_copy(&self, op: &'static str) -> Result<Tensor> {
+        if self.dtype().is_quantized() {
+            return self.copy_quantized(op);
+        }
+        // SAFETY: `cast_into` writes every element of `out` or fails, dropping it unread.
+        let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
+        cast_into(op, &out, self, Dest::Fresh)?;
+        Ok(out)
+    }
 }
 
 impl Tensor {
@@ -44,7 +58,7 @@ impl Tensor {
         }
         // SAFETY: `cast_into` writes every element of `out` or fails, dropping it unread.
         let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
-        cast_into(op, &out, self, true)?;
+        cast_into(op, &out, self, Dest::Fresh)?;
         Ok(out)
     }
 
@@ -104,7 +118,7 @@ impl Tensor {
         }
         // SAFETY: `cast_into` writes every element of `out` or fails, dropping it unread.
         let out = unsafe { Tensor::output(op, self.sizes(), dtype, self) }?;
-        cast_into(op, &out, self, true)?;
+        cast_into(op, &out, self, Dest::Fresh)?;
         Ok(out)
     }
 

@@ -1,22 +1,27 @@
-//! Element-wise kernels: binary arithmetic, comparisons, unary functions, and their in-place
-//! forms.
+//! Element-wise kernels: binary arithmetic, comparisons, unary functions, their in-place (`_`)
+//! and `_out` forms, and scalar operands.
 //!
 //! # Type promotion
 //! Binary operations compute in [`DType::result_type`] of their operands (PyTorch's rules),
-//! converting an operand of another dtype first. `div` of integers or bools gives `f32` (true
-//! division, as `torch.div`); `exp`, `log`, `sqrt`, `gelu`, `sigmoid` and `tanh` of integers
-//! give `f32`. On bool tensors `add`/`maximum` are logical or, `mul`/`minimum` logical and;
-//! `sub`, `pow` and `neg` are refused. Integer arithmetic wraps. In-place forms compute in the
-//! destination's dtype and refuse a result dtype that cannot be cast to it (a float result
-//! into an integer tensor, a number into a bool tensor).
+//! converting an operand of another dtype inside the loop (block by block, never a whole copy).
+//! `div` of integers or bools gives `f32` (true division, as `torch.div`); `exp`, `log`,
+//! `sqrt`, `gelu`, `sigmoid` and `tanh` of integers give `f32`. On bool tensors `add`/`maximum`
+//! are logical or, `mul`/`minimum` logical and; `sub`, `pow` and `neg` are refused. Integer
+//! arithmetic wraps.
+//!
+//! In-place and `_out` forms compute in the same result type and convert once to the
+//! destination's dtype (an `f16` tensor plus an `f32` one adds in `f32`), and refuse a result
+//! dtype that cannot be cast to it (a float result into an integer tensor, a number into a
+//! bool tensor), as PyTorch does. A scalar operand is a "wrapped number": a float scalar makes
+//! an integer tensor's result `f32`, an integer scalar leaves an integer tensor's dtype alone.
 
 use crate::tensor::dtype::{match_dtype, match_float, match_numeric};
 use crate::tensor::num::{Float, Num};
 use crate::tensor::shape::broadcast_shapes;
-use crate::tensor::{DType, Result, Tensor, TensorError};
+use crate::tensor::{DType, Element, Result, Tensor, TensorError, TensorOptions};
 
 use super::cast::cast_into;
-use super::loops::{check_inplace, run_binary, run_unary};
+use super::loops::{Dest, run_binary, run_unary};
 
 /// The binary arithmetic operations.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -30,22 +35,26 @@ pub(crate) enum Binary {
     Pow,
 }
 
+/// Which form of an operation runs, for its name in errors.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Form {
+    Fresh,
+    InPlace,
+    Out,
+}
+
 impl Binary {
-    fn name(self, inplace: bool) -> &'static str {
-        match (self, inplace) {
-            (Binary::Add, false) => "add",
-            (Binary::Add, true) => "add_",
-            (Binary::Sub, false) => "sub",
-            (Binary::Sub, true) => "sub_",
-            (Binary::Mul, false) => "mul",
-            (Binary::Mul, true) => "mul_",
-            (Binary::Div, false) => "div",
-            (Binary::Div, true) => "div_",
-            (Binary::Maximum, _) => "maximum",
-            (Binary::Minimum, _) => "minimum",
-            (Binary::Pow, false) => "pow",
-            (Binary::Pow, true) => "pow_",
-        }
+    fn name(self, form: Form) -> &'static str {
+        let names = match self {
+            Binary::Add => ["add", "add_", "add_out"],
+            Binary::Sub => ["sub", "sub_", "sub_out"],
+            Binary::Mul => ["mul", "mul_", "mul_out"],
+            Binary::Div => ["div", "div_", "div_out"],
+            Binary::Maximum => ["maximum", "maximum_", "maximum_out"],
+            Binary::Minimum => ["minimum", "minimum_", "minimum_out"],
+            Binary::Pow => ["pow", "pow_", "pow_out"],
+        };
+        names[form as usize]
     }
 }
 
@@ -58,6 +67,20 @@ pub(crate) enum Compare {
     Le,
     Gt,
     Ge,
+}
+
+impl Compare {
+    fn name(self, form: Form) -> &'static str {
+        let names = match self {
+            Compare::Eq => ["eq", "eq_", "eq_out"],
+            Compare::Ne => ["ne", "ne_", "ne_out"],
+            Compare::Lt => ["lt", "lt_", "lt_out"],
+            Compare::Le => ["le", "le_", "le_out"],
+            Compare::Gt => ["gt", "gt_", "gt_out"],
+            Compare::Ge => ["ge", "ge_", "ge_out"],
+        };
+        names[form as usize]
+    }
 }
 
 /// Unary functions.
@@ -75,18 +98,19 @@ pub(crate) enum Unary {
 }
 
 impl Unary {
-    fn name(self) -> &'static str {
-        match self {
-            Unary::Neg => "neg",
-            Unary::Abs => "abs",
-            Unary::Relu => "relu",
-            Unary::Exp => "exp",
-            Unary::Log => "log",
-            Unary::Sqrt => "sqrt",
-            Unary::Gelu => "gelu",
-            Unary::Sigmoid => "sigmoid",
-            Unary::Tanh => "tanh",
-        }
+    fn name(self, form: Form) -> &'static str {
+        let names = match self {
+            Unary::Neg => ["neg", "neg_", "neg_out"],
+            Unary::Abs => ["abs", "abs_", "abs_out"],
+            Unary::Relu => ["relu", "relu_", "relu_out"],
+            Unary::Exp => ["exp", "exp_", "exp_out"],
+            Unary::Log => ["log", "log_", "log_out"],
+            Unary::Sqrt => ["sqrt", "sqrt_", "sqrt_out"],
+            Unary::Gelu => ["gelu", "gelu_", "gelu_out"],
+            Unary::Sigmoid => ["sigmoid", "sigmoid_", "sigmoid_out"],
+            Unary::Tanh => ["tanh", "tanh_", "tanh_out"],
+        };
+        names[form as usize]
     }
 
     fn is_float_only(self) -> bool {
@@ -95,17 +119,12 @@ impl Unary {
 }
 
 /// PyTorch's `canCast`: no float into an integer, no non-bool into bool.
-fn can_cast(from: DType, to: DType) -> bool {
+pub(crate) fn can_cast(from: DType, to: DType) -> bool {
     !(from.is_floating_point() && !to.is_floating_point() || from != DType::Bool && to == DType::Bool)
 }
 
 fn unsupported(op: &'static str, t: &Tensor, hint: &'static str) -> TensorError {
     TensorError::UnsupportedDType { op, dtype: t.dtype(), shape: t.sizes().to_vec(), hint }
-}
-
-/// `t` converted to `dtype` (shared when it already is).
-fn as_dtype(t: &Tensor, dtype: DType) -> Result<Tensor> {
-    if t.dtype() == dtype { Ok(t.clone()) } else { t.to_dtype(dtype) }
 }
 
 fn result_type(op: &'static str, a: &Tensor, b: &Tensor) -> Result<DType> {
@@ -116,77 +135,164 @@ fn result_type(op: &'static str, a: &Tensor, b: &Tensor) -> Result<DType> {
     })
 }
 
-/// Runs `kind` into `out` (dtype `ct`) from `a` and `b` (both converted to `ct`).
+/// A number as the second operand of a binary operation: `x.mul_scalar(0.125)`, `&x * 0.125`.
+///
+/// Like a Python number given to a PyTorch op, it does not decide the result's dtype unless its
+/// kind (bool < integer < float) is higher than the tensor's: an `f16` tensor times `0.5` is
+/// `f16`, an `i32` tensor times `0.5` is `f32`, an `i32` tensor plus `3` is `i32`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scalar {
+    /// `true` or `false`.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A floating-point number.
+    Float(f64),
+}
+
+macro_rules! scalar_from {
+    ($($t:ty => $v:ident as $c:ty),*) => {$(
+        impl From<$t> for Scalar {
+            fn from(v: $t) -> Self {
+                Scalar::$v(v as $c)
+            }
+        }
+    )*};
+}
+scalar_from!(f64 => Float as f64, f32 => Float as f64, i64 => Int as i64, i32 => Int as i64, u8 => Int as i64, usize => Int as i64);
+
+impl From<bool> for Scalar {
+    fn from(v: bool) -> Self {
+        Scalar::Bool(v)
+    }
+}
+
+impl Scalar {
+    /// The dtype that stands for this kind of number in promotion: bool, i64, or the default
+    /// float dtype (f32).
+    fn kind_dtype(self) -> DType {
+        match self {
+            Scalar::Bool(_) => DType::Bool,
+            Scalar::Int(_) => DType::I64,
+            Scalar::Float(_) => DType::F32,
+        }
+    }
+
+    fn as_f64(self) -> f64 {
+        match self {
+            Scalar::Bool(b) => f64::from(u8::from(b)),
+            Scalar::Int(i) => i as f64,
+            Scalar::Float(f) => f,
+        }
+    }
+}
+
+/// Runs `kind` in compute type `ct` into `out` from `a` and `b`.
+#[allow(clippy::too_many_arguments)]
 fn launch_binary(
     op: &'static str,
     kind: Binary,
     alpha: f64,
+    ct: DType,
     out: &Tensor,
     a: &Tensor,
     b: &Tensor,
-    fresh: bool,
+    dest: Dest,
 ) -> Result<()> {
-    let ct = out.dtype();
     if ct == DType::Bool {
         return match kind {
-            Binary::Add | Binary::Maximum => run_binary(op, out, a, b, fresh, |x: bool, y: bool| x | y),
-            Binary::Mul | Binary::Minimum => run_binary(op, out, a, b, fresh, |x: bool, y: bool| x & y),
+            Binary::Add | Binary::Maximum => run_binary(op, out, a, b, dest, |x: bool, y: bool| x | y),
+            Binary::Mul | Binary::Minimum => run_binary(op, out, a, b, dest, |x: bool, y: bool| x & y),
             _ => Err(unsupported(op, a, "use logical operations (ne, eq) on bool tensors")),
         };
     }
     if kind == Binary::Div {
-        return match_float!(ct, T => run_binary(op, out, a, b, fresh, |x: T, y: T| Float::div(x, y)),
+        return match_float!(ct, T => run_binary(op, out, a, b, dest, |x: T, y: T| Float::div(x, y)),
             _ => Err(unsupported(op, out, "")));
     }
     if ct.is_integer() && alpha.fract() != 0.0 {
         return Err(unsupported(op, a, "alpha must be an integer for integer tensors"));
     }
     match_numeric!(ct, T => {
-        let al: T = <T as crate::tensor::Element>::from_f64(alpha);
+        let al: T = <T as Element>::from_f64(alpha);
         match kind {
-            Binary::Add if alpha == 1.0 => run_binary(op, out, a, b, fresh, |x: T, y: T| Num::add(x, y)),
-            Binary::Add => run_binary(op, out, a, b, fresh, move |x: T, y: T| Num::add(x, Num::mul(y, al))),
-            Binary::Sub if alpha == 1.0 => run_binary(op, out, a, b, fresh, |x: T, y: T| Num::sub(x, y)),
-            Binary::Sub => run_binary(op, out, a, b, fresh, move |x: T, y: T| Num::sub(x, Num::mul(y, al))),
-            Binary::Mul => run_binary(op, out, a, b, fresh, |x: T, y: T| Num::mul(x, y)),
-            Binary::Maximum => run_binary(op, out, a, b, fresh, |x: T, y: T| Num::maximum(x, y)),
-            Binary::Minimum => run_binary(op, out, a, b, fresh, |x: T, y: T| Num::minimum(x, y)),
-            Binary::Pow => run_binary(op, out, a, b, fresh, |x: T, y: T| Num::pow(x, y)),
+            Binary::Add if alpha == 1.0 => run_binary(op, out, a, b, dest, |x: T, y: T| Num::add(x, y)),
+            Binary::Add => run_binary(op, out, a, b, dest, move |x: T, y: T| Num::add(x, Num::mul(y, al))),
+            Binary::Sub if alpha == 1.0 => run_binary(op, out, a, b, dest, |x: T, y: T| Num::sub(x, y)),
+            Binary::Sub => run_binary(op, out, a, b, dest, move |x: T, y: T| Num::sub(x, Num::mul(y, al))),
+            Binary::Mul => run_binary(op, out, a, b, dest, |x: T, y: T| Num::mul(x, y)),
+            Binary::Maximum => run_binary(op, out, a, b, dest, |x: T, y: T| Num::maximum(x, y)),
+            Binary::Minimum => run_binary(op, out, a, b, dest, |x: T, y: T| Num::minimum(x, y)),
+            Binary::Pow => run_binary(op, out, a, b, dest, |x: T, y: T| Num::pow(x, y)),
             Binary::Div => Err(unsupported(op, out, "")),
         }
     }, _ => Err(unsupported(op, out, "")))
 }
 
-fn launch_unary(op: &'static str, kind: Unary, out: &Tensor, a: &Tensor, fresh: bool) -> Result<()> {
-    let dt = out.dtype();
+#[allow(clippy::bool_comparison)] // `x < y` is generic; for bool it is the order false < true
+fn launch_compare(
+    op: &'static str,
+    kind: Compare,
+    ct: DType,
+    out: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    dest: Dest,
+) -> Result<()> {
+    match_dtype!(ct, T => match kind {
+        Compare::Eq => run_binary(op, out, a, b, dest, |x: T, y: T| x == y),
+        Compare::Ne => run_binary(op, out, a, b, dest, |x: T, y: T| x != y),
+        Compare::Lt => run_binary(op, out, a, b, dest, |x: T, y: T| x < y),
+        Compare::Le => run_binary(op, out, a, b, dest, |x: T, y: T| x <= y),
+        Compare::Gt => run_binary(op, out, a, b, dest, |x: T, y: T| x > y),
+        Compare::Ge => run_binary(op, out, a, b, dest, |x: T, y: T| x >= y),
+    }, _ => Err(unsupported(op, a, "")))
+}
+
+fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tensor, dest: Dest) -> Result<()> {
     if kind.is_float_only() {
-        return match_float!(dt, T => match kind {
-            Unary::Exp => run_unary(op, out, a, fresh, |x: T| Float::exp(x)),
-            Unary::Log => run_unary(op, out, a, fresh, |x: T| Float::ln(x)),
-            Unary::Sqrt => run_unary(op, out, a, fresh, |x: T| Float::sqrt(x)),
-            Unary::Gelu => run_unary(op, out, a, fresh, |x: T| Float::gelu(x)),
-            Unary::Sigmoid => run_unary(op, out, a, fresh, |x: T| Float::sigmoid(x)),
-            _ => run_unary(op, out, a, fresh, |x: T| Float::tanh(x)),
+        return match_float!(ct, T => match kind {
+            Unary::Exp => run_unary(op, out, a, dest, |x: T| Float::exp(x)),
+            Unary::Log => run_unary(op, out, a, dest, |x: T| Float::ln(x)),
+            Unary::Sqrt => run_unary(op, out, a, dest, |x: T| Float::sqrt(x)),
+            Unary::Gelu => run_unary(op, out, a, dest, |x: T| Float::gelu(x)),
+            Unary::Sigmoid => run_unary(op, out, a, dest, |x: T| Float::sigmoid(x)),
+            _ => run_unary(op, out, a, dest, |x: T| Float::tanh(x)),
         }, _ => Err(unsupported(op, a, "")));
     }
-    if dt == DType::Bool {
+    if ct == DType::Bool {
         return match kind {
-            Unary::Abs | Unary::Relu => run_unary(op, out, a, fresh, |x: bool| x),
+            Unary::Abs | Unary::Relu => run_unary(op, out, a, dest, |x: bool| x),
             _ => Err(unsupported(op, a, "use logical operations on bool tensors")),
         };
     }
-    match_numeric!(dt, T => match kind {
-        Unary::Neg => run_unary(op, out, a, fresh, |x: T| Num::neg(x)),
-        Unary::Abs => run_unary(op, out, a, fresh, |x: T| Num::abs(x)),
-        _ => run_unary(op, out, a, fresh, |x: T| if x > T::ZERO || Num::is_nan(x) { x } else { T::ZERO }),
+    match_numeric!(ct, T => match kind {
+        Unary::Neg => run_unary(op, out, a, dest, |x: T| Num::neg(x)),
+        Unary::Abs => run_unary(op, out, a, dest, |x: T| Num::abs(x)),
+        _ => run_unary(op, out, a, dest, |x: T| if x > T::ZERO || Num::is_nan(x) { x } else { T::ZERO }),
     }, _ => Err(unsupported(op, a, "")))
+}
+
+/// `out`'s shape must be `shape` exactly (it is not resized) and its dtype one `ct` casts to.
+fn check_out(op: &'static str, out: &Tensor, shape: &[usize], ct: DType) -> Result<()> {
+    if out.sizes() != shape {
+        return Err(TensorError::BadShape {
+            op,
+            shape: out.sizes().to_vec(),
+            target: shape.to_vec(),
+            reason: "the output must have the broadcast shape of the inputs (it is not resized)",
+        });
+    }
+    if !can_cast(ct, out.dtype()) {
+        return Err(unsupported(op, out, "the result's dtype cannot be cast to the output's"));
+    }
+    Ok(())
 }
 
 #[allow(clippy::bool_comparison)] // `x < y` is generic; for bool it is the order false < true
 impl Tensor {
-    fn binary(&self, kind: Binary, other: &Tensor, alpha: f64) -> Result<Tensor> {
-        let op = kind.name(false);
-        let shape = broadcast_shapes(op, self.sizes(), other.sizes())?;
+    /// The compute type of a binary arithmetic op, checked for the kind.
+    fn binary_type(&self, op: &'static str, kind: Binary, other: &Tensor) -> Result<DType> {
         let mut ct = result_type(op, self, other)?;
         if kind == Binary::Div && !ct.is_floating_point() {
             ct = DType::F32;
@@ -194,15 +300,21 @@ impl Tensor {
         if ct == DType::Bool && matches!(kind, Binary::Sub | Binary::Pow) {
             return Err(unsupported(op, self, "use logical operations (ne, eq) on bool tensors"));
         }
-        let (a, b) = (as_dtype(self, ct)?, as_dtype(other, ct)?);
-        // SAFETY: `launch_binary` writes every element of `out` before it is returned.
+        Ok(ct)
+    }
+
+    fn binary(&self, kind: Binary, other: &Tensor, alpha: f64) -> Result<Tensor> {
+        let op = kind.name(Form::Fresh);
+        let shape = broadcast_shapes(op, self.sizes(), other.sizes())?;
+        let ct = self.binary_type(op, kind, other)?;
+        // SAFETY: `launch_binary` writes every element of `out` or fails, dropping it unread.
         let out = unsafe { Tensor::output(op, &shape, ct, self) }?;
-        launch_binary(op, kind, alpha, &out, &a, &b, true)?;
+        launch_binary(op, kind, alpha, ct, &out, self, other, Dest::Fresh)?;
         Ok(out)
     }
 
     fn binary_(&self, kind: Binary, other: &Tensor, alpha: f64) -> Result<&Tensor> {
-        let op = kind.name(true);
+        let op = kind.name(Form::InPlace);
         let shape = broadcast_shapes(op, self.sizes(), other.sizes())?;
         if shape != self.sizes() {
             return Err(TensorError::BadShape {
@@ -212,83 +324,106 @@ impl Tensor {
                 reason: "an in-place operand must broadcast to the destination's shape",
             });
         }
-        let mut rt = result_type(op, self, other)?;
-        if kind == Binary::Div && !rt.is_floating_point() {
-            rt = DType::F32;
-        }
-        if !can_cast(rt, self.dtype()) {
+        let ct = self.binary_type(op, kind, other)?;
+        if !can_cast(ct, self.dtype()) {
             return Err(unsupported(op, self, "the result's dtype cannot be cast to the destination's"));
         }
-        check_inplace(op, self, &[other])?;
-        let b = as_dtype(other, self.dtype())?;
-        launch_binary(op, kind, alpha, self, self, &b, false)?;
+        launch_binary(op, kind, alpha, ct, self, self, other, Dest::Into)?;
         Ok(self)
     }
 
-    fn compare(&self, kind: Compare, other: &Tensor) -> Result<Tensor> {
-        let op = match kind {
-            Compare::Eq => "eq",
-            Compare::Ne => "ne",
-            Compare::Lt => "lt",
-            Compare::Le => "le",
-            Compare::Gt => "gt",
-            Compare::Ge => "ge",
-        };
+    fn binary_out<'o>(&self, kind: Binary, other: &Tensor, out: &'o Tensor, alpha: f64) -> Result<&'o Tensor> {
+        let op = kind.name(Form::Out);
         let shape = broadcast_shapes(op, self.sizes(), other.sizes())?;
-        let ct = result_type(op, self, other)?;
-        let (a, b) = (as_dtype(self, ct)?, as_dtype(other, ct)?);
-        // SAFETY: `run_binary` writes every element of `out`.
-        let out = unsafe { Tensor::output(op, &shape, DType::Bool, self) }?;
-        match_dtype!(ct, T => match kind {
-            Compare::Eq => run_binary(op, &out, &a, &b, true, |x: T, y: T| x == y),
-            Compare::Ne => run_binary(op, &out, &a, &b, true, |x: T, y: T| x != y),
-            Compare::Lt => run_binary(op, &out, &a, &b, true, |x: T, y: T| x < y),
-            Compare::Le => run_binary(op, &out, &a, &b, true, |x: T, y: T| x <= y),
-            Compare::Gt => run_binary(op, &out, &a, &b, true, |x: T, y: T| x > y),
-            Compare::Ge => run_binary(op, &out, &a, &b, true, |x: T, y: T| x >= y),
-        }, _ => Err(unsupported(op, self, "")))?;
+        let ct = self.binary_type(op, kind, other)?;
+        check_out(op, out, &shape, ct)?;
+        launch_binary(op, kind, alpha, ct, out, self, other, Dest::Into)?;
         Ok(out)
     }
 
-    fn unary(&self, kind: Unary) -> Result<Tensor> {
-        let op = kind.name();
-        let dt = if kind.is_float_only() && !self.dtype().is_floating_point() { DType::F32 } else { self.dtype() };
+    /// A 0-d tensor holding `s` in this tensor's allocator, with the dtype the operation
+    /// computes in (PyTorch's rule for wrapped numbers).
+    fn scalar_operand(&self, op: &'static str, s: Scalar) -> Result<Tensor> {
+        let dt = DType::result_type(self.dtype(), false, s.kind_dtype(), true).ok_or(TensorError::NoCommonDType {
+            op,
+            lhs: self.dtype(),
+            rhs: s.kind_dtype(),
+        })?;
+        let dt = if dt.is_integer() && matches!(s, Scalar::Float(_)) { DType::F32 } else { dt };
+        let opts = match self.storage().allocator() {
+            Some(a) => TensorOptions::new().dtype(dt).allocator(a.clone()),
+            None => TensorOptions::new().dtype(dt),
+        };
+        Tensor::scalar(s.as_f64(), opts)
+    }
+
+    fn compare(&self, kind: Compare, other: &Tensor) -> Result<Tensor> {
+        let op = kind.name(Form::Fresh);
+        let shape = broadcast_shapes(op, self.sizes(), other.sizes())?;
+        let ct = result_type(op, self, other)?;
+        // SAFETY: `launch_compare` writes every element of `out` or fails.
+        let out = unsafe { Tensor::output(op, &shape, DType::Bool, self) }?;
+        launch_compare(op, kind, ct, &out, self, other, Dest::Fresh)?;
+        Ok(out)
+    }
+
+    fn compare_out<'o>(&self, kind: Compare, other: &Tensor, out: &'o Tensor) -> Result<&'o Tensor> {
+        let op = kind.name(Form::Out);
+        let shape = broadcast_shapes(op, self.sizes(), other.sizes())?;
+        let ct = result_type(op, self, other)?;
+        check_out(op, out, &shape, DType::Bool)?;
+        launch_compare(op, kind, ct, out, self, other, Dest::Into)?;
+        Ok(out)
+    }
+
+    fn unary_type(&self, op: &'static str, kind: Unary) -> Result<DType> {
         if self.dtype().is_quantized() {
             return Err(unsupported(op, self, "dequantize with to_dtype(DType::F32) first"));
         }
-        let a = as_dtype(self, dt)?;
-        // SAFETY: `launch_unary` writes every element of `out`.
-        let out = unsafe { Tensor::output(op, self.sizes(), dt, self) }?;
-        launch_unary(op, kind, &out, &a, true)?;
+        Ok(if kind.is_float_only() && !self.dtype().is_floating_point() { DType::F32 } else { self.dtype() })
+    }
+
+    fn unary(&self, kind: Unary) -> Result<Tensor> {
+        let op = kind.name(Form::Fresh);
+        let ct = self.unary_type(op, kind)?;
+        // SAFETY: `launch_unary` writes every element of `out` or fails.
+        let out = unsafe { Tensor::output(op, self.sizes(), ct, self) }?;
+        launch_unary(op, kind, ct, &out, self, Dest::Fresh)?;
         Ok(out)
     }
 
     fn unary_(&self, kind: Unary) -> Result<&Tensor> {
-        let op = kind.name();
-        if kind.is_float_only() && !self.dtype().is_floating_point() {
+        let op = kind.name(Form::InPlace);
+        let ct = self.unary_type(op, kind)?;
+        if !can_cast(ct, self.dtype()) {
             return Err(unsupported(op, self, "the result is floating point; use the out-of-place form"));
         }
-        check_inplace(op, self, &[])?;
-        launch_unary(op, kind, self, self, false)?;
+        launch_unary(op, kind, ct, self, self, Dest::Into)?;
         Ok(self)
     }
 
+    fn unary_out<'o>(&self, kind: Unary, out: &'o Tensor) -> Result<&'o Tensor> {
+        let op = kind.name(Form::Out);
+        let ct = self.unary_type(op, kind)?;
+        check_out(op, out, self.sizes(), ct)?;
+        launch_unary(op, kind, ct, out, self, Dest::Into)?;
+        Ok(out)
+    }
+
     /// Copies `src` (broadcast to this tensor's shape, converted to its dtype) into this tensor.
+    /// A `src` that shares memory with this tensor is read as if copied first.
     ///
     /// # Errors
     /// [`TensorError::Broadcast`]/[`TensorError::BadShape`] when `src` does not broadcast to
-    /// this shape; [`TensorError::PartialOverlap`], [`TensorError::InternalOverlap`],
-    /// [`TensorError::ReadOnly`].
+    /// this shape; [`TensorError::InternalOverlap`]; [`TensorError::ReadOnly`].
     pub fn copy_(&self, src: &Tensor) -> Result<&Tensor> {
-        let op = "copy_";
-        check_inplace(op, self, &[src])?;
-        cast_into(op, self, src, false)?;
+        cast_into("copy_", self, src, Dest::Into)?;
         Ok(self)
     }
 }
 
 macro_rules! binary_methods {
-    ($($(#[$doc:meta])* $name:ident, $name_:ident => $kind:ident;)*) => {
+    ($($(#[$doc:meta])* $name:ident, $name_:ident, $name_out:ident, $scalar:ident, $scalar_:ident => $kind:ident;)*) => {
         impl Tensor {
             $(
                 $(#[$doc])*
@@ -301,15 +436,43 @@ macro_rules! binary_methods {
                     self.binary(Binary::$kind, other, 1.0)
                 }
 
-                #[doc = concat!("In-place [`", stringify!($name), "`](Self::", stringify!($name), "): writes the result into `self` (and every view of its storage).")]
+                #[doc = concat!("In-place [`", stringify!($name), "`](Self::", stringify!($name), "): writes the result into `self` (and every view of its storage), computed in the result type and converted once.")]
                 ///
                 /// # Errors
                 /// As the out-of-place form; [`TensorError::BadShape`] when `other` does not
-                /// broadcast to `self`'s shape; [`TensorError::PartialOverlap`] when `other`
-                /// shares some but not all of `self`'s memory; [`TensorError::InternalOverlap`];
+                /// broadcast to `self`'s shape; [`TensorError::UnsupportedDType`] when the
+                /// result's dtype cannot be cast to `self`'s; [`TensorError::InternalOverlap`];
                 /// [`TensorError::ReadOnly`].
                 pub fn $name_(&self, other: &Tensor) -> Result<&Tensor> {
                     self.binary_(Binary::$kind, other, 1.0)
+                }
+
+                #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ") into an existing tensor (PyTorch's `out=`): `out` must have the broadcast shape and a dtype the result casts to; it may be one of the inputs. Returns `out`.")]
+                ///
+                /// # Errors
+                /// As the out-of-place form; [`TensorError::BadShape`] for another shape;
+                /// [`TensorError::UnsupportedDType`] when the result cannot be cast to `out`'s
+                /// dtype; [`TensorError::InternalOverlap`]; [`TensorError::ReadOnly`].
+                pub fn $name_out<'o>(&self, other: &Tensor, out: &'o Tensor) -> Result<&'o Tensor> {
+                    self.binary_out(Binary::$kind, other, out, 1.0)
+                }
+
+                #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ") with a number (see [`Scalar`] for the result's dtype).")]
+                ///
+                /// # Errors
+                /// As the tensor form.
+                pub fn $scalar(&self, value: impl Into<Scalar>) -> Result<Tensor> {
+                    let s = self.scalar_operand(Binary::$kind.name(Form::Fresh), value.into())?;
+                    self.binary(Binary::$kind, &s, 1.0)
+                }
+
+                #[doc = concat!("In-place [`", stringify!($scalar), "`](Self::", stringify!($scalar), ").")]
+                ///
+                /// # Errors
+                /// As the in-place tensor form.
+                pub fn $scalar_(&self, value: impl Into<Scalar>) -> Result<&Tensor> {
+                    let s = self.scalar_operand(Binary::$kind.name(Form::InPlace), value.into())?;
+                    self.binary_(Binary::$kind, &s, 1.0)
                 }
             )*
         }
@@ -318,19 +481,19 @@ macro_rules! binary_methods {
 
 binary_methods! {
     /// `self + other`, broadcast.
-    add, add_ => Add;
+    add, add_, add_out, add_scalar, add_scalar_ => Add;
     /// `self - other`, broadcast.
-    sub, sub_ => Sub;
+    sub, sub_, sub_out, sub_scalar, sub_scalar_ => Sub;
     /// `self * other`, broadcast.
-    mul, mul_ => Mul;
+    mul, mul_, mul_out, mul_scalar, mul_scalar_ => Mul;
     /// `self / other`, broadcast (true division: integers give f32).
-    div, div_ => Div;
+    div, div_, div_out, div_scalar, div_scalar_ => Div;
     /// Element-wise maximum (NaN if either is NaN).
-    maximum, maximum_ => Maximum;
+    maximum, maximum_, maximum_out, maximum_scalar, maximum_scalar_ => Maximum;
     /// Element-wise minimum (NaN if either is NaN).
-    minimum, minimum_ => Minimum;
+    minimum, minimum_, minimum_out, minimum_scalar, minimum_scalar_ => Minimum;
     /// `self` to the power `other`.
-    pow, pow_ => Pow;
+    pow, pow_, pow_out, pow_scalar, pow_scalar_ => Pow;
 }
 
 impl Tensor {
@@ -361,7 +524,7 @@ impl Tensor {
 }
 
 macro_rules! compare_methods {
-    ($($(#[$doc:meta])* $name:ident => $kind:ident;)*) => {
+    ($($(#[$doc:meta])* $name:ident, $name_out:ident, $scalar:ident => $kind:ident;)*) => {
         impl Tensor {
             $(
                 $(#[$doc])*
@@ -372,6 +535,24 @@ macro_rules! compare_methods {
                 pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
                     self.compare(Compare::$kind, other)
                 }
+
+                #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ") into an existing bool tensor of the broadcast shape (`out=`).")]
+                ///
+                /// # Errors
+                /// As the out-of-place form; [`TensorError::BadShape`] for another shape;
+                /// [`TensorError::UnsupportedDType`] for a non-bool `out`.
+                pub fn $name_out<'o>(&self, other: &Tensor, out: &'o Tensor) -> Result<&'o Tensor> {
+                    self.compare_out(Compare::$kind, other, out)
+                }
+
+                #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ") with a number.")]
+                ///
+                /// # Errors
+                /// As the tensor form.
+                pub fn $scalar(&self, value: impl Into<Scalar>) -> Result<Tensor> {
+                    let s = self.scalar_operand(Compare::$kind.name(Form::Fresh), value.into())?;
+                    self.compare(Compare::$kind, &s)
+                }
             )*
         }
     };
@@ -379,21 +560,21 @@ macro_rules! compare_methods {
 
 compare_methods! {
     /// `self == other` element-wise, as a bool tensor.
-    eq => Eq;
+    eq, eq_out, eq_scalar => Eq;
     /// `self != other` element-wise, as a bool tensor.
-    ne => Ne;
+    ne, ne_out, ne_scalar => Ne;
     /// `self < other` element-wise, as a bool tensor.
-    lt => Lt;
+    lt, lt_out, lt_scalar => Lt;
     /// `self <= other` element-wise, as a bool tensor.
-    le => Le;
+    le, le_out, le_scalar => Le;
     /// `self > other` element-wise, as a bool tensor.
-    gt => Gt;
+    gt, gt_out, gt_scalar => Gt;
     /// `self >= other` element-wise, as a bool tensor.
-    ge => Ge;
+    ge, ge_out, ge_scalar => Ge;
 }
 
 macro_rules! unary_methods {
-    ($($(#[$doc:meta])* $name:ident, $name_:ident => $kind:ident;)*) => {
+    ($($(#[$doc:meta])* $name:ident, $name_:ident, $name_out:ident => $kind:ident;)*) => {
         impl Tensor {
             $(
                 $(#[$doc])*
@@ -412,6 +593,16 @@ macro_rules! unary_methods {
                 pub fn $name_(&self) -> Result<&Tensor> {
                     self.unary_(Unary::$kind)
                 }
+
+                #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ") into an existing tensor of the same shape (`out=`).")]
+                ///
+                /// # Errors
+                /// As the out-of-place form; [`TensorError::BadShape`] for another shape;
+                /// [`TensorError::UnsupportedDType`] when the result cannot be cast to `out`'s
+                /// dtype.
+                pub fn $name_out<'o>(&self, out: &'o Tensor) -> Result<&'o Tensor> {
+                    self.unary_out(Unary::$kind, out)
+                }
             )*
         }
     };
@@ -419,21 +610,21 @@ macro_rules! unary_methods {
 
 unary_methods! {
     /// `-self` (wrapping for integers; refused for bool).
-    neg, neg_ => Neg;
+    neg, neg_, neg_out => Neg;
     /// `|self|`.
-    abs, abs_ => Abs;
+    abs, abs_, abs_out => Abs;
     /// `max(self, 0)` (NaN stays NaN).
-    relu, relu_ => Relu;
+    relu, relu_, relu_out => Relu;
     /// `e^self`.
-    exp, exp_ => Exp;
+    exp, exp_, exp_out => Exp;
     /// Natural logarithm.
-    log, log_ => Log;
+    log, log_, log_out => Log;
     /// Square root.
-    sqrt, sqrt_ => Sqrt;
+    sqrt, sqrt_, sqrt_out => Sqrt;
     /// GELU with the exact error function (PyTorch's default `approximate='none'`).
-    gelu, gelu_ => Gelu;
+    gelu, gelu_, gelu_out => Gelu;
     /// `1 / (1 + e^-self)`.
-    sigmoid, sigmoid_ => Sigmoid;
+    sigmoid, sigmoid_, sigmoid_out => Sigmoid;
     /// Hyperbolic tangent.
-    tanh, tanh_ => Tanh;
+    tanh, tanh_, tanh_out => Tanh;
 }

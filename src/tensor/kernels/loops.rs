@@ -1,150 +1,345 @@
-//! Inner loops of the element-wise kernels and the checks that guard in-place outputs.
+//! Inner loops of the element-wise kernels, and how an existing output (in-place, `out=`) is
+//! checked and prepared.
 //!
-//! Every loop has a contiguous fast path over slices, which the compiler vectorises, a path
-//! for a broadcast (stride 0) operand, and a general strided path. A fresh output is written
-//! through `&mut [MaybeUninit<O>]` (it aliases nothing); an in-place output, which may be an
-//! input too, through raw pointers only.
+//! Every kernel computes in one type `T` (the operands' result type) and writes `O` (`T`, or
+//! `bool` for comparisons). Three kinds of 1-D runs:
+//! - **distinct**: operands already of type `T`, output of type `O`, the output sharing no
+//!   memory with the inputs (a fresh output, or an `out=` tensor apart from them): slices, with
+//!   contiguous, broadcast-scalar and strided variants the compiler vectorises;
+//! - **in place**: the output is exactly the first input (`a.add_(b)`), same types: one mutable
+//!   slice read and written element by element, vectorised the same way;
+//! - **converting**: anything else (mixed dtypes, an in-place op computing in a wider type, an
+//!   `out=` tensor of another dtype, an output aliasing the second input): blocks of 128
+//!   elements are loaded (converted to `T`) into stack buffers, computed, and stored (converted
+//!   to the output's dtype), so nothing is copied through memory and every element is read
+//!   before it is written.
+//!
+//! An existing output is refused, as in PyTorch, when it is read-only, has a dimension of
+//! stride 0 (several elements at one address), or partially overlaps an input when both are
+//! dense (each covers a range of memory with no gaps: `x.add_(x.t())`). An input sharing memory
+//! with the output is used as it is when it covers exactly the same elements or none of the
+//! output's range; otherwise (strided views such as `b[0::2].add_(b[1::2])`, or the rotary
+//! `a[:, :2].sub_(a[:, 2:])`) it is copied first, so results read as if every input were read
+//! before anything was written.
 
+use core::any::TypeId;
 use core::mem::{MaybeUninit, size_of};
 use core::slice;
 
+use crate::tensor::dtype::{cast, match_dtype};
 use crate::tensor::iter::{Operand, Plan};
 use crate::tensor::shape::{broadcast_strides_to, extent};
 use crate::tensor::storage::lock_storages;
-use crate::tensor::{Element, Result, Tensor, TensorError};
+use crate::tensor::{DType, Element, Result, Tensor, TensorError};
+
+/// Elements per block of the converting loops.
+const BLOCK: usize = 128;
+
+/// Whether the kernel writes a fresh output or an existing tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dest {
+    /// Just allocated by the caller: nobody else sees it.
+    Fresh,
+    /// An existing tensor (in-place or `out=`): checked and prepared by [`prepare_into`].
+    Into,
+}
 
 /// `t`'s strides broadcast to `shape`.
 pub(crate) fn strides_to(op: &'static str, t: &Tensor, shape: &[usize]) -> Result<Vec<usize>> {
     broadcast_strides_to(op, t.sizes(), t.strides(), shape)
 }
 
-/// Refuses an in-place output that is read-only, has elements sharing memory, or partially
-/// overlaps one of `inputs` (exactly the same elements is fine: `a.add_(&a)`).
-pub(crate) fn check_inplace(op: &'static str, out: &Tensor, inputs: &[&Tensor]) -> Result<()> {
-    out.check_writable(op)?;
+/// Whether the layout's elements are all at different addresses (a sufficient test: sorted by
+/// stride, each dimension steps over everything the smaller ones reach).
+fn elements_distinct(t: &Tensor) -> bool {
     let mut dims: Vec<(usize, usize)> =
-        out.sizes().iter().zip(out.strides()).filter(|(s, _)| **s > 1).map(|(&s, &st)| (st, s)).collect();
+        t.sizes().iter().zip(t.strides()).filter(|(s, _)| **s > 1).map(|(&s, &st)| (st, s)).collect();
     dims.sort_unstable();
     let mut reach = 0usize;
     for &(stride, size) in &dims {
         if stride <= reach {
-            return Err(TensorError::InternalOverlap {
-                op,
-                shape: out.sizes().to_vec(),
-                strides: out.strides().to_vec(),
-            });
+            return false;
         }
-        reach += stride * (size - 1);
+        reach = reach.saturating_add(stride.saturating_mul(size - 1));
     }
-    let out_range = (out.storage_offset(), extent(out.sizes(), out.strides(), out.storage_offset()).unwrap_or(0));
+    true
+}
+
+/// PyTorch's `is_non_overlapping_and_dense`: the elements fill one range of memory, each
+/// address once (a permutation of a contiguous layout).
+fn dense(sizes: &[usize], strides: &[usize]) -> bool {
+    let mut dims: Vec<(usize, usize)> =
+        sizes.iter().zip(strides).filter(|(s, _)| **s != 1).map(|(&s, &st)| (st, s)).collect();
+    if dims.iter().any(|d| d.1 == 0) {
+        return true;
+    }
+    dims.sort_unstable();
+    let mut expected = 1usize;
+    for (stride, size) in dims {
+        if stride != expected {
+            return false;
+        }
+        expected = expected.saturating_mul(size);
+    }
+    true
+}
+
+/// What [`prepare_into`] found: the inputs to read (copies where they partially overlapped the
+/// output), which of them are exactly the output, and whether runs may go in parallel.
+pub(crate) struct Prepared {
+    pub(crate) inputs: Vec<Tensor>,
+    pub(crate) alias: Vec<bool>,
+    pub(crate) parallel: bool,
+}
+
+/// Checks an existing output `out` of a kernel reading `inputs` (broadcast to `out`'s shape).
+///
+/// # Errors
+/// [`TensorError::ReadOnly`]; [`TensorError::InternalOverlap`] for a stride-0 dimension of size
+/// above 1 (an expanded tensor); [`TensorError::PartialOverlap`] for a dense input partially
+/// overlapping a dense output; [`TensorError::Alloc`] when a copy of an overlapping input cannot
+/// be made.
+pub(crate) fn prepare_into(op: &'static str, out: &Tensor, inputs: &[&Tensor]) -> Result<Prepared> {
+    out.check_writable(op)?;
+    if out.sizes().iter().zip(out.strides()).any(|(&s, &st)| s > 1 && st == 0) {
+        return Err(TensorError::InternalOverlap { op, shape: out.sizes().to_vec(), strides: out.strides().to_vec() });
+    }
+    // Layouts PyTorch accepts but whose elements cannot be shown distinct run on one thread.
+    let parallel = elements_distinct(out);
+    let out_range =
+        (out.storage_offset(), extent(out.sizes(), out.strides(), out.storage_offset()).unwrap_or(usize::MAX));
+    let mut prepared =
+        Prepared { inputs: Vec::with_capacity(inputs.len()), alias: Vec::with_capacity(inputs.len()), parallel };
+    let out_dense = dense(out.sizes(), out.strides());
     for (i, t) in inputs.iter().enumerate() {
         if !t.shares_storage(out) || t.numel() == 0 || out.numel() == 0 {
+            prepared.inputs.push((*t).clone());
+            prepared.alias.push(false);
             continue;
         }
         let st = strides_to(op, t, out.sizes())?;
         let same = t.storage_offset() == out.storage_offset()
             && out.sizes().iter().zip(st.iter().zip(out.strides())).all(|(&s, (a, b))| s <= 1 || a == b);
         if same {
+            prepared.inputs.push((*t).clone());
+            prepared.alias.push(true);
             continue;
         }
-        let r = (t.storage_offset(), extent(t.sizes(), t.strides(), t.storage_offset()).unwrap_or(0));
-        if r.0 < out_range.1 && out_range.0 < r.1 {
+        let r = (t.storage_offset(), extent(t.sizes(), t.strides(), t.storage_offset()).unwrap_or(usize::MAX));
+        if r.1 <= out_range.0 || out_range.1 <= r.0 {
+            prepared.inputs.push((*t).clone());
+        } else if out_dense && dense(t.sizes(), t.strides()) {
+            // Numbered among the inputs that are not the output itself (for `a.add_(b)`, `b` is 0).
+            let input = i - prepared.alias.iter().filter(|&&a| a).count();
             return Err(TensorError::PartialOverlap {
                 op,
                 output: out.sizes().to_vec(),
-                input: i,
+                input,
                 input_shape: t.sizes().to_vec(),
             });
+        } else {
+            // Overlapping, not the same elements: read a copy, as if read before any write.
+            prepared.inputs.push(t.fresh_copy(op)?);
         }
+        prepared.alias.push(false);
     }
-    Ok(())
+    Ok(prepared)
 }
 
 fn operand<'a>(t: &Tensor, strides: &'a [usize]) -> Operand<'a> {
     Operand { ptr: t.data_ptr(), strides, elem: t.elem_size() }
 }
 
-/// `out[i] = f(a[i], b[i])` over `out`'s shape, `a` and `b` broadcast to it. `fresh`: `out`
-/// was just allocated by the caller (nobody else can see it); otherwise the caller has run
-/// [`check_inplace`]. Element types must be the tensors' dtypes (checked by the callers'
-/// dispatch, asserted in debug builds).
-pub(crate) fn run_binary<A: Element, B: Element, O: Element>(
+/// Loads `dst.len()` values from `src` (byte stride `stride`), converted to `T`.
+type LoadFn<T> = unsafe fn(*const u8, usize, &mut [T]);
+/// Stores `src` to `dst` (byte stride `stride`), converted from `O`.
+type StoreFn<O> = unsafe fn(*mut u8, usize, &[O]);
+
+/// # Safety
+/// `src + i * stride` for `i < dst.len()` are valid, aligned values of `S`.
+unsafe fn load<S: Element, T: Element>(src: *const u8, stride: usize, dst: &mut [T]) {
+    for (i, d) in dst.iter_mut().enumerate() {
+        // SAFETY: the function's contract.
+        let v = unsafe { src.add(i * stride).cast::<S>().read() };
+        *d = convert::<S, T>(v);
+    }
+}
+
+/// # Safety
+/// `dst + i * stride` for `i < src.len()` are valid for writes of an `D`, aligned.
+unsafe fn store<O: Element, D: Element>(dst: *mut u8, stride: usize, src: &[O]) {
+    for (i, &v) in src.iter().enumerate() {
+        // SAFETY: the function's contract.
+        unsafe { dst.add(i * stride).cast::<D>().write(convert::<O, D>(v)) };
+    }
+}
+
+/// `cast`, without the round trip through `f64` when the types are the same.
+#[inline(always)]
+fn convert<S: Element, D: Element>(v: S) -> D {
+    if TypeId::of::<S>() == TypeId::of::<D>() {
+        // SAFETY: `S` and `D` are the same type.
+        unsafe { core::mem::transmute_copy::<S, D>(&v) }
+    } else {
+        cast::<S, D>(v)
+    }
+}
+
+fn loader<T: Element>(dtype: DType) -> Option<LoadFn<T>> {
+    match_dtype!(dtype, S => Some(load::<S, T> as LoadFn<T>), _ => None)
+}
+
+fn storer<O: Element>(dtype: DType) -> Option<StoreFn<O>> {
+    match_dtype!(dtype, D => Some(store::<O, D> as StoreFn<O>), _ => None)
+}
+
+fn unsupported(op: &'static str, t: &Tensor) -> TensorError {
+    TensorError::UnsupportedDType {
+        op,
+        dtype: t.dtype(),
+        shape: t.sizes().to_vec(),
+        hint: "dequantize with to_dtype(DType::F32) first",
+    }
+}
+
+/// `out[i] = f(a[i], b[i])` over `out`'s shape, `a` and `b` broadcast to it, computed in `T`
+/// and written as `O` (both converted from and to the tensors' dtypes as needed).
+pub(crate) fn run_binary<T: Element, O: Element>(
     op: &'static str,
     out: &Tensor,
     a: &Tensor,
     b: &Tensor,
-    fresh: bool,
-    f: impl Fn(A, B) -> O + Sync,
+    dest: Dest,
+    f: impl Fn(T, T) -> O + Sync + Send + Copy,
 ) -> Result<()> {
-    debug_assert!(a.dtype() == A::DTYPE && b.dtype() == B::DTYPE && out.dtype() == O::DTYPE);
+    let (inputs, alias, parallel) = match dest {
+        Dest::Fresh => (vec![a.clone(), b.clone()], vec![false, false], true),
+        Dest::Into => {
+            let p = prepare_into(op, out, &[a, b])?;
+            (p.inputs, p.alias, p.parallel)
+        }
+    };
+    let (a, b) = (&inputs[0], &inputs[1]);
     let (sa, sb) = (strides_to(op, a, out.sizes())?, strides_to(op, b, out.sizes())?);
     a.materialize()?;
     b.materialize()?;
     out.materialize()?;
-    let _g = lock_storages((!fresh).then(|| out.storage()), &[a.storage(), b.storage()]);
+    let (la, lb) = (
+        loader::<T>(a.dtype()).ok_or_else(|| unsupported(op, a))?,
+        loader::<T>(b.dtype()).ok_or_else(|| unsupported(op, b))?,
+    );
+    let so = storer::<O>(out.dtype()).ok_or_else(|| unsupported(op, out))?;
+    let _g = lock_storages((dest == Dest::Into).then(|| out.storage()), &[a.storage(), b.storage()]);
     let plan = Plan::new(out.sizes(), [operand(out, out.strides()), operand(a, &sa), operand(b, &sb)]);
-    // SAFETY: the plan walks `out`, `a` and `b` inside their storages (layouts are checked
-    // when made), with their dtypes' element sizes; `out` is fresh or checked against partial
-    // overlap, and its elements are distinct memory (fresh, or `check_inplace`), so parallel
-    // runs write disjoint elements; the guards keep other writers out.
-    plan.run(true, &|p, s, n| unsafe { binary_loop(&f, p, s, n, fresh) });
+    let typed = a.dtype() == T::DTYPE && b.dtype() == T::DTYPE && out.dtype() == O::DTYPE;
+    let same_type = TypeId::of::<T>() == TypeId::of::<O>();
+    // Why the loops below are sound: the plan walks `out`, `a` and `b` inside their storages
+    // (layouts are checked when made) with their dtypes' element sizes, which the loops read as
+    // `T`/`O` only when the dtypes say so (`typed`) and convert otherwise; the guards keep other
+    // writers out; runs write distinct elements of `out` (fresh, or `prepare_into` checked it,
+    // else `parallel` is false), so parallel runs never write the same memory; an input that is
+    // not exactly the output does not overlap it (`prepare_into` copied it otherwise).
+    match (typed, alias[0], alias[1]) {
+        (true, false, false) => plan.run(parallel, &|p, s, n| {
+            // SAFETY: see above; no input is the output, so the output run overlaps none.
+            unsafe { distinct_binary(&f, p, s, n) }
+        }),
+        (true, true, false) if same_type => {
+            let g = move |x: T, y: T| -> T {
+                let r = f(x, y);
+                // SAFETY: `T` and `O` are the same type (checked above).
+                unsafe { core::mem::transmute_copy::<O, T>(&r) }
+            };
+            plan.run(parallel, &|p, s, n| {
+                // SAFETY: see above; the output is exactly the first input (same run).
+                unsafe { inplace_binary(&g, p, s, n) }
+            })
+        }
+        _ => plan.run(parallel, &|p, s, n| {
+            // SAFETY: see above; the loaders and storer match the operands' dtypes.
+            unsafe { converting_binary(&f, la, lb, so, p, s, n) }
+        }),
+    }
     Ok(())
 }
 
 /// `out[i] = f(a[i])`; as [`run_binary`].
-pub(crate) fn run_unary<A: Element, O: Element>(
+pub(crate) fn run_unary<T: Element, O: Element>(
     op: &'static str,
     out: &Tensor,
     a: &Tensor,
-    fresh: bool,
-    f: impl Fn(A) -> O + Sync,
+    dest: Dest,
+    f: impl Fn(T) -> O + Sync + Send + Copy,
 ) -> Result<()> {
-    debug_assert!(a.dtype() == A::DTYPE && out.dtype() == O::DTYPE);
+    let (inputs, alias, parallel) = match dest {
+        Dest::Fresh => (vec![a.clone()], vec![false], true),
+        Dest::Into => {
+            let p = prepare_into(op, out, &[a])?;
+            (p.inputs, p.alias, p.parallel)
+        }
+    };
+    let a = &inputs[0];
     let sa = strides_to(op, a, out.sizes())?;
     a.materialize()?;
     out.materialize()?;
-    let _g = lock_storages((!fresh).then(|| out.storage()), &[a.storage()]);
+    let la = loader::<T>(a.dtype()).ok_or_else(|| unsupported(op, a))?;
+    let so = storer::<O>(out.dtype()).ok_or_else(|| unsupported(op, out))?;
+    let _g = lock_storages((dest == Dest::Into).then(|| out.storage()), &[a.storage()]);
     let plan = Plan::new(out.sizes(), [operand(out, out.strides()), operand(a, &sa)]);
-    // SAFETY: as in `run_binary`.
-    plan.run(true, &|p, s, n| unsafe { unary_loop(&f, p, s, n, fresh) });
+    let typed = a.dtype() == T::DTYPE && out.dtype() == O::DTYPE;
+    // Sound as in `run_binary`.
+    match (typed, alias[0]) {
+        (true, false) => plan.run(parallel, &|p, s, n| {
+            // SAFETY: as in `run_binary`: the output run overlaps the input run nowhere.
+            unsafe { distinct_unary(&f, p, s, n) }
+        }),
+        (true, true) if TypeId::of::<T>() == TypeId::of::<O>() => {
+            let g = move |x: T| -> T {
+                let r = f(x);
+                // SAFETY: `T` and `O` are the same type (checked above).
+                unsafe { core::mem::transmute_copy::<O, T>(&r) }
+            };
+            plan.run(parallel, &|p, s, n| {
+                // SAFETY: as in `run_binary`: the output is exactly the input.
+                unsafe { inplace_unary(&g, p, s, n) }
+            })
+        }
+        _ => plan.run(parallel, &|p, s, n| {
+            // SAFETY: as in `run_binary`: the loader and storer match the dtypes.
+            unsafe { converting_unary(&f, la, so, p, s, n) }
+        }),
+    }
     Ok(())
 }
 
-/// One run of a binary kernel.
+/// One run of a binary kernel into memory no input shares.
 ///
 /// # Safety
-/// `p[k] + i * s[k]` for `i < n` are valid elements of the operands' types; `p[0]` is
-/// writable; with `fresh`, the output run overlaps neither input.
+/// `p[k] + i * s[k]` for `i < n` are valid elements (`O`, `T`, `T`); `p[0]` is writable and
+/// overlaps neither input run.
 #[inline(always)]
-unsafe fn binary_loop<A: Element, B: Element, O: Element>(
-    f: &impl Fn(A, B) -> O,
-    p: [*mut u8; 3],
-    s: [usize; 3],
-    n: usize,
-    fresh: bool,
-) {
-    let (o, a, b) = (p[0] as *mut O, p[1] as *const A, p[2] as *const B);
-    let (eo, ea, eb) = (size_of::<O>(), size_of::<A>(), size_of::<B>());
-    // SAFETY: the function's contract; slices are made only over runs with unit strides,
-    // and a `&mut` output slice only when `fresh` says nothing else refers to it.
+unsafe fn distinct_binary<T: Element, O: Element>(f: &impl Fn(T, T) -> O, p: [*mut u8; 3], s: [usize; 3], n: usize) {
+    let (o, a, b) = (p[0] as *mut O, p[1] as *const T, p[2] as *const T);
+    let (eo, et) = (size_of::<O>(), size_of::<T>());
+    // SAFETY: the function's contract; slices are made only over runs with unit strides.
     unsafe {
-        if fresh && s[0] == eo {
+        if s[0] == eo {
             let out = slice::from_raw_parts_mut(o as *mut MaybeUninit<O>, n);
-            if s[1] == ea && s[2] == eb {
+            if s[1] == et && s[2] == et {
                 let (a, b) = (slice::from_raw_parts(a, n), slice::from_raw_parts(b, n));
                 for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
                     o.write(f(x, y));
                 }
                 return;
             }
-            if s[1] == ea && s[2] == 0 {
+            if s[1] == et && s[2] == 0 {
                 let (a, y) = (slice::from_raw_parts(a, n), b.read());
                 for (o, &x) in out.iter_mut().zip(a) {
                     o.write(f(x, y));
                 }
                 return;
             }
-            if s[1] == 0 && s[2] == eb {
+            if s[1] == 0 && s[2] == et {
                 let (x, b) = (a.read(), slice::from_raw_parts(b, n));
                 for (o, &y) in out.iter_mut().zip(b) {
                     o.write(f(x, y));
@@ -160,22 +355,94 @@ unsafe fn binary_loop<A: Element, B: Element, O: Element>(
     }
 }
 
-/// One run of a unary kernel; as [`binary_loop`].
+/// One run of a binary kernel whose output is its first input.
 ///
 /// # Safety
-/// As [`binary_loop`].
+/// `p[0] == p[1]` with `s[0] == s[1]` (the same elements of `T`, valid, writable); `p[2] + i *
+/// s[2]` valid elements of `T` that do not overlap the output run unless they are exactly it.
 #[inline(always)]
-unsafe fn unary_loop<A: Element, O: Element>(
-    f: &impl Fn(A) -> O,
-    p: [*mut u8; 2],
-    s: [usize; 2],
-    n: usize,
-    fresh: bool,
-) {
-    let (o, a) = (p[0] as *mut O, p[1] as *const A);
-    // SAFETY: as in `binary_loop`.
+unsafe fn inplace_binary<T: Element>(f: &impl Fn(T, T) -> T, p: [*mut u8; 3], s: [usize; 3], n: usize) {
+    let (o, b) = (p[0] as *mut T, p[2] as *const T);
+    let et = size_of::<T>();
+    // SAFETY: the function's contract; the mutable slice is the only reference to the output
+    // run while it lives, and `b` is read through it when it is the same run.
     unsafe {
-        if fresh && s[0] == size_of::<O>() && s[1] == size_of::<A>() {
+        if s[0] == et {
+            let out = slice::from_raw_parts_mut(o, n);
+            if p[2] == p[0] && s[2] == s[0] {
+                for x in out.iter_mut() {
+                    *x = f(*x, *x);
+                }
+            } else if s[2] == et {
+                for (x, &y) in out.iter_mut().zip(slice::from_raw_parts(b, n)) {
+                    *x = f(*x, y);
+                }
+            } else if s[2] == 0 {
+                let y = b.read();
+                for x in out.iter_mut() {
+                    *x = f(*x, y);
+                }
+            } else {
+                for (i, x) in out.iter_mut().enumerate() {
+                    *x = f(*x, b.byte_add(i * s[2]).read());
+                }
+            }
+            return;
+        }
+        for i in 0..n {
+            let d = o.byte_add(i * s[0]);
+            let y = b.byte_add(i * s[2]).read();
+            d.write(f(d.read(), y));
+        }
+    }
+}
+
+/// One run of a binary kernel through converting blocks.
+///
+/// # Safety
+/// As [`distinct_binary`], with the operands' real dtypes those of `la`, `lb` and `so`; the
+/// output run may overlap an input run only element for element.
+#[inline(always)]
+unsafe fn converting_binary<T: Element, O: Element>(
+    f: &impl Fn(T, T) -> O,
+    la: LoadFn<T>,
+    lb: LoadFn<T>,
+    so: StoreFn<O>,
+    p: [*mut u8; 3],
+    s: [usize; 3],
+    n: usize,
+) {
+    let mut xa = [T::default(); BLOCK];
+    let mut xb = [T::default(); BLOCK];
+    let mut xo = [O::default(); BLOCK];
+    let mut start = 0;
+    while start < n {
+        let m = BLOCK.min(n - start);
+        // SAFETY: the function's contract: elements `start..start + m` of each run are valid;
+        // both blocks are read before the output block is written.
+        unsafe {
+            la(p[1].add(start * s[1]), s[1], &mut xa[..m]);
+            lb(p[2].add(start * s[2]), s[2], &mut xb[..m]);
+        }
+        for i in 0..m {
+            xo[i] = f(xa[i], xb[i]);
+        }
+        // SAFETY: as above.
+        unsafe { so(p[0].add(start * s[0]), s[0], &xo[..m]) };
+        start += m;
+    }
+}
+
+/// One run of a unary kernel into memory the input does not share.
+///
+/// # Safety
+/// As [`distinct_binary`].
+#[inline(always)]
+unsafe fn distinct_unary<T: Element, O: Element>(f: &impl Fn(T) -> O, p: [*mut u8; 2], s: [usize; 2], n: usize) {
+    let (o, a) = (p[0] as *mut O, p[1] as *const T);
+    // SAFETY: as in `distinct_binary`.
+    unsafe {
+        if s[0] == size_of::<O>() && s[1] == size_of::<T>() {
             let out = slice::from_raw_parts_mut(o as *mut MaybeUninit<O>, n);
             for (o, &x) in out.iter_mut().zip(slice::from_raw_parts(a, n)) {
                 o.write(f(x));
@@ -185,5 +452,56 @@ unsafe fn unary_loop<A: Element, O: Element>(
         for i in 0..n {
             o.byte_add(i * s[0]).write(f(a.byte_add(i * s[1]).read()));
         }
+    }
+}
+
+/// One run of a unary kernel in place.
+///
+/// # Safety
+/// `p[0] == p[1]`, `s[0] == s[1]`: valid, writable elements of `T`.
+#[inline(always)]
+unsafe fn inplace_unary<T: Element>(f: &impl Fn(T) -> T, p: [*mut u8; 2], s: [usize; 2], n: usize) {
+    let o = p[0] as *mut T;
+    // SAFETY: as in `inplace_binary`.
+    unsafe {
+        if s[0] == size_of::<T>() {
+            for x in slice::from_raw_parts_mut(o, n) {
+                *x = f(*x);
+            }
+            return;
+        }
+        for i in 0..n {
+            let d = o.byte_add(i * s[0]);
+            d.write(f(d.read()));
+        }
+    }
+}
+
+/// One run of a unary kernel through converting blocks.
+///
+/// # Safety
+/// As [`converting_binary`].
+#[inline(always)]
+unsafe fn converting_unary<T: Element, O: Element>(
+    f: &impl Fn(T) -> O,
+    la: LoadFn<T>,
+    so: StoreFn<O>,
+    p: [*mut u8; 2],
+    s: [usize; 2],
+    n: usize,
+) {
+    let mut xa = [T::default(); BLOCK];
+    let mut xo = [O::default(); BLOCK];
+    let mut start = 0;
+    while start < n {
+        let m = BLOCK.min(n - start);
+        // SAFETY: as in `converting_binary`.
+        unsafe { la(p[1].add(start * s[1]), s[1], &mut xa[..m]) };
+        for i in 0..m {
+            xo[i] = f(xa[i]);
+        }
+        // SAFETY: as in `converting_binary`.
+        unsafe { so(p[0].add(start * s[0]), s[0], &xo[..m]) };
+        start += m;
     }
 }

@@ -95,7 +95,10 @@ impl Tensor {
         b.materialize()?;
         {
             let _g = lock_storages(None, &[a.storage(), b.storage()]);
-            match_numeric!(compute, T => batched::<T>(&a, &b, &out, &batch, n, k, m), _ => {});
+            let flops = out.numel().saturating_mul(k);
+            let threads = crate::tensor::parallel::threads_for(flops, PARALLEL_FLOPS / 2);
+            let run = || match_numeric!(compute, T => batched::<T>(&a, &b, &out, &batch, n, k, m, threads), _ => {});
+            if threads > 1 { crate::tensor::parallel::install(run) } else { run() }
         }
         let mut out = if compute != dt { out.to_dtype(dt)? } else { out };
         if a_vec {
@@ -110,7 +113,17 @@ impl Tensor {
 
 /// Runs one matrix product per batch index. `a` and `b` are expanded to `batch + [n, k]` and
 /// `batch + [k, m]`, read-locked; `out` is fresh and contiguous.
-fn batched<T: Element + Num>(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize], n: usize, k: usize, m: usize) {
+#[allow(clippy::too_many_arguments)]
+fn batched<T: Element + Num>(
+    a: &Tensor,
+    b: &Tensor,
+    out: &Tensor,
+    batch: &[usize],
+    n: usize,
+    k: usize,
+    m: usize,
+    threads: usize,
+) {
     let nb = batch.len();
     let offsets = |t: &Tensor| {
         let mut v = Vec::new();
@@ -125,7 +138,9 @@ fn batched<T: Element + Num>(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usiz
         // storages); batch `i` of `out` is the `n * m` elements from `i * n * m`.
         let (lhs, rhs, dst) = unsafe { (ap.add(x), bp.add(y), op.add(i * n * m)) };
         // SAFETY: as above; `dst` is fresh and aliases neither operand.
-        unsafe { product(Mat { ptr: lhs, rs: ars, cs: acs }, Mat { ptr: rhs, rs: brs, cs: bcs }, dst, n, k, m) };
+        unsafe {
+            product(Mat { ptr: lhs, rs: ars, cs: acs }, Mat { ptr: rhs, rs: brs, cs: bcs }, dst, n, k, m, threads)
+        };
     }
 }
 
@@ -134,11 +149,18 @@ fn batched<T: Element + Num>(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usiz
 /// # Safety
 /// `lhs` and `rhs` address valid `n x k` and `k x m` matrices of initialised `T` with the
 /// given strides; `dst` is valid for writes of `n * m` elements and overlaps neither.
-unsafe fn product<T: Element + Num>(lhs: Mat<T>, rhs: Mat<T>, dst: *mut T, n: usize, k: usize, m: usize) {
+unsafe fn product<T: Element + Num>(
+    lhs: Mat<T>,
+    rhs: Mat<T>,
+    dst: *mut T,
+    n: usize,
+    k: usize,
+    m: usize,
+    threads: usize,
+) {
     use core::any::TypeId;
     let id = TypeId::of::<T>();
     if id == TypeId::of::<f32>() || id == TypeId::of::<f64>() || id == TypeId::of::<half::f16>() {
-        let threads = rayon::current_num_threads();
         let par = if threads > 1 && n * m * k >= PARALLEL_FLOPS {
             gemm::Parallelism::Rayon(threads)
         } else {

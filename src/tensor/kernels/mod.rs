@@ -2,6 +2,8 @@
 
 mod cast;
 mod elementwise;
+
+pub use elementwise::Scalar;
 mod loops;
 mod matmul;
 mod reduce;

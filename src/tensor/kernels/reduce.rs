@@ -157,24 +157,28 @@ where
             core::slice::from_raw_parts_mut(out.data_ptr() as *mut core::mem::MaybeUninit<O>, rows),
         )
     };
-    let threads = if rows * len >= 2 * GRAIN { rayon::current_num_threads() } else { 1 };
+    let threads = crate::tensor::parallel::threads_for(rows * len, GRAIN);
     let row = |r: usize| &data[r * len..(r + 1) * len];
     if threads > 1 && rows == 1 {
         let pieces = threads.min(len.div_ceil(GRAIN));
-        let parts: Vec<A> = (0..pieces)
-            .into_par_iter()
-            .map(|p| {
-                let (s, e) = (len * p / pieces, len * (p + 1) / pieces);
-                fold(&data[s..e], s)
-            })
-            .collect();
+        let parts: Vec<A> = crate::tensor::parallel::install(|| {
+            (0..pieces)
+                .into_par_iter()
+                .map(|p| {
+                    let (s, e) = (len * p / pieces, len * (p + 1) / pieces);
+                    fold(&data[s..e], s)
+                })
+                .collect()
+        });
         let acc = parts.into_iter().reduce(&combine);
         if let Some(acc) = acc {
             dst[0].write(finish(acc, len));
         }
     } else if threads > 1 {
-        dst.par_iter_mut().enumerate().with_min_len((GRAIN / len.max(1)).max(1)).for_each(|(r, o)| {
-            o.write(finish(fold(row(r), 0), len));
+        crate::tensor::parallel::install(|| {
+            dst.par_iter_mut().enumerate().with_min_len((GRAIN / len.max(1)).max(1)).for_each(|(r, o)| {
+                o.write(finish(fold(row(r), 0), len));
+            })
         });
     } else {
         for (r, o) in dst.iter_mut().enumerate() {
