@@ -114,8 +114,12 @@ impl Tensor {
     /// # Errors
     /// [`TensorError::DimOutOfRange`].
     pub fn size(&self, dim: isize) -> Result<usize> {
+        if self.sizes.is_empty() {
+            // A 0-d tensor has no dimension to ask about (PyTorch: an IndexError).
+            return Err(TensorError::DimOutOfRange { op: "size", dim, shape: vec![] });
+        }
         let d = wrap_dim("size", dim, &self.sizes)?;
-        Ok(self.sizes.get(d).copied().unwrap_or(1))
+        Ok(self.sizes[d])
     }
 
     /// The strides, in elements.
@@ -135,7 +139,8 @@ impl Tensor {
 
     /// The number of elements.
     pub fn numel(&self) -> usize {
-        self.sizes.iter().product()
+        // Every layout's element count was checked to fit when it was made.
+        checked_numel(&self.sizes).unwrap_or(usize::MAX)
     }
 
     /// The element type.
@@ -229,11 +234,11 @@ impl Tensor {
         if index.len() != self.sizes.len() {
             return Err(TensorError::IndexCount { op, given: index.len(), shape: self.sizes.clone() });
         }
-        let mut off = 0;
-        for (d, &i) in index.iter().enumerate() {
-            off += wrap_index(op, i, d, &self.sizes)? * self.strides[d];
-        }
-        Ok(off)
+        let indices: Vec<usize> =
+            index.iter().enumerate().map(|(d, &i)| wrap_index(op, i, d, &self.sizes)).collect::<Result<_>>()?;
+        // Every index is in range, so the element exists and its offset lies inside the
+        // storage: the sum cannot overflow.
+        Ok(indices.iter().zip(&self.strides).map(|(i, s)| i * s).sum())
     }
 
     /// The element at `index` (one entry per dimension; negative counts from the end).

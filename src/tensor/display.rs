@@ -167,12 +167,23 @@ impl fmt::Display for Tensor {
             return write!(f, "tensor(<{e}>)");
         }
         let summarize = t.numel() > THRESHOLD;
-        let values = {
+        // An empty tensor shows no values, whatever its other dimensions (O(1)).
+        let values = if t.numel() == 0 {
+            Vec::new()
+        } else {
             let _g = lock_storages(None, &[t.storage()]);
             collect(&t, summarize)
         };
         let cells = format_all(&values);
-        let width = cells.iter().map(String::len).max().unwrap_or(0);
+        // PyTorch's width: floats are aligned to their nonzero finite values (zeros and
+        // non-finite values do not widen the column); integers and bools to every value.
+        let width = values
+            .iter()
+            .zip(&cells)
+            .filter(|(v, _)| !matches!(v, Value::F(x) if *x == 0.0 || !x.is_finite()))
+            .map(|(_, c)| c.len())
+            .max()
+            .unwrap_or(0);
         let mut out = String::from("tensor(");
         if t.numel() == 0 {
             out.push_str("[]");
@@ -185,7 +196,14 @@ impl fmt::Display for Tensor {
         } else {
             Printer { t: &t, cells, next: 0, width, summarize }.dim(0, 7, &mut out);
         }
-        if !matches!(self.dtype(), DType::F32 | DType::I64 | DType::Bool) {
+        // The dtype is said unless the values imply it: f32 (the default), or i64 and bool
+        // when there are values to show it (an empty tensor shows none).
+        let implied = match self.dtype() {
+            DType::F32 => true,
+            DType::I64 | DType::Bool => t.numel() > 0,
+            _ => false,
+        };
+        if !implied {
             out.push_str(&format!(", dtype={}", self.dtype()));
         }
         out.push(')');

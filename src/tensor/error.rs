@@ -291,6 +291,21 @@ pub enum TensorError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// Splitting an empty tensor would make more views than allowed.
+    #[error(
+        "{op}: cutting an empty tensor of shape {shape:?} would make {pieces} views of nothing (at most {limit}); \
+         empty tensors need no splitting"
+    )]
+    TooManyViews {
+        /// The operation.
+        op: &'static str,
+        /// The views it would make.
+        pieces: usize,
+        /// The most allowed.
+        limit: usize,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+    },
     /// A byte size that does not fit in `usize`.
     #[error("{op}: shape {shape:?} of {dtype} needs more bytes than fit in memory")]
     SizeOverflow {

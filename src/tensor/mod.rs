@@ -23,8 +23,11 @@
 //! let opts = TensorOptions::new().allocator(tracker.clone()).seed(0);
 //! let res = Tensor::rand(&[3, 4], &opts)?.select(0, 0)?.add(&Tensor::rand(&[3, 4], &opts)?)?;
 //! assert_eq!(res.sizes(), [3, 4]);
-//! assert_eq!(tracker.live_chunks().len(), 1); // only the 3x4 output
-//! assert_eq!(tracker.sizes().live_bytes, 3 * 4 * 4);
+//! let live = tracker.live_chunks();
+//! assert_eq!(live.len(), 1); // only the 3x4 output
+//! // 48 bytes asked for; what is set aside depends on the allocator (jemalloc's size class
+//! // for 48 bytes is 64), so the check is on the request.
+//! assert_eq!(live[0].requested_size, 3 * 4 * 4);
 //! drop(res);
 //! assert_eq!(tracker.sizes().live_bytes, 0);
 //! # Ok::<(), tensormem::tensor::TensorError>(())

@@ -16,31 +16,35 @@ pub(crate) fn contiguous_strides(sizes: &[usize]) -> Vec<usize> {
 /// Whether `sizes`/`strides` are row-major contiguous (dimensions of size 1 may have any
 /// stride, as in PyTorch).
 pub(crate) fn is_contiguous(sizes: &[usize], strides: &[usize]) -> bool {
+    if sizes.contains(&0) {
+        return true;
+    }
     let mut expected = 1usize;
     for d in (0..sizes.len()).rev() {
         if sizes[d] == 1 {
             continue;
         }
-        if sizes[d] == 0 {
-            return true;
-        }
         if strides[d] != expected {
             return false;
         }
-        expected *= sizes[d];
+        expected = expected.saturating_mul(sizes[d]);
     }
     true
 }
 
 /// The number of elements, or `None` on overflow.
 pub(crate) fn checked_numel(sizes: &[usize]) -> Option<usize> {
+    if sizes.contains(&0) {
+        return Some(0);
+    }
     sizes.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s))
 }
 
-/// One past the largest element index the layout reaches (0 when it has no elements).
+/// One past the largest element index the layout reaches; `offset` itself when it has no
+/// elements (an empty view still points at its offset, which must lie inside the storage).
 pub(crate) fn extent(sizes: &[usize], strides: &[usize], offset: usize) -> Option<usize> {
     if sizes.contains(&0) {
-        return Some(0);
+        return Some(offset);
     }
     let mut last = offset;
     for (&s, &st) in sizes.iter().zip(strides) {
@@ -187,9 +191,10 @@ pub(crate) fn infer_size(op: &'static str, target: &[isize], shape: &[usize], nu
 /// (PyTorch's `computeStride`): each run of old dimensions that is contiguous in memory may
 /// be split or merged freely; runs may not be mixed.
 pub(crate) fn view_strides(old_sizes: &[usize], old_strides: &[usize], new_sizes: &[usize]) -> Option<Vec<usize>> {
-    let numel: usize = old_sizes.iter().product();
+    let numel = checked_numel(old_sizes)?;
     if numel == 0 {
-        return Some(contiguous_strides(new_sizes));
+        // PyTorch's computeStride: an empty tensor viewed as its own shape keeps its strides.
+        return Some(if old_sizes == new_sizes { old_strides.to_vec() } else { contiguous_strides(new_sizes) });
     }
     let (old_sizes, old_strides): (&[usize], &[usize]) =
         if old_sizes.is_empty() { (&[1], &[1]) } else { (old_sizes, old_strides) };

@@ -1,14 +1,27 @@
 //! Views: new sizes/strides/offset over the same storage, no copy.
 
 use super::shape::{
-    broadcast_strides, broadcast_strides_to, extent, infer_size, view_strides, wrap_dim, wrap_index, wrap_insert_dim,
+    broadcast_strides, broadcast_strides_to, checked_numel, extent, infer_size, view_strides, wrap_dim, wrap_index,
+    wrap_insert_dim,
 };
 use super::{QUANT_BLOCK, Result, Tensor, TensorError};
 
 impl Tensor {
-    /// A view with the given layout over the same storage; quantised tensors keep whole
-    /// blocks (last stride 1, everything else a multiple of 32).
+    /// A view with the given layout over the same storage: its element count must fit in
+    /// `usize`; quantised tensors keep whole blocks (at least one dimension, last stride 1,
+    /// everything else a multiple of 32).
     fn make_view(&self, op: &'static str, sizes: Vec<usize>, strides: Vec<usize>, offset: usize) -> Result<Tensor> {
+        if checked_numel(&sizes).is_none() {
+            return Err(TensorError::SizeOverflow { op, shape: sizes, dtype: self.dtype() });
+        }
+        if self.dtype().is_quantized() && sizes.is_empty() {
+            return Err(TensorError::UnsupportedDType {
+                op,
+                dtype: self.dtype(),
+                shape: self.sizes().to_vec(),
+                hint: "a quantised tensor needs at least one dimension (its blocks); dequantize first",
+            });
+        }
         if self.dtype().is_quantized() {
             let ok = sizes.last().is_none_or(|&l| l % QUANT_BLOCK == 0)
                 && strides.last().is_none_or(|&s| s == 1)
@@ -89,15 +102,25 @@ impl Tensor {
                 op,
                 dim: d,
                 start,
-                length: end - start,
+                length: end.saturating_sub(start),
                 size: size as usize,
                 shape: self.sizes().to_vec(),
             });
         }
         let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
         sizes[d] = ((e - s) as usize).div_ceil(step);
+        // `s <= size`: the offset stays inside the storage.
         let offset = self.storage_offset() + s as usize * strides[d];
-        strides[d] *= step;
+        // A step past the end only matters when more than one element is taken.
+        strides[d] = if sizes[d] > 1 {
+            strides[d].checked_mul(step).ok_or_else(|| TensorError::SizeOverflow {
+                op,
+                shape: self.sizes().to_vec(),
+                dtype: self.dtype(),
+            })?
+        } else {
+            strides[d]
+        };
         self.make_view(op, sizes, strides, offset)
     }
 
@@ -301,17 +324,42 @@ impl Tensor {
     }
 
     /// `chunks` views along `dim` of `ceil(size / chunks)` elements each (the last may be
-    /// smaller, and there may be fewer than `chunks`, as in PyTorch).
+    /// smaller, and there may be fewer than `chunks`, as in PyTorch). A dimension of size 0
+    /// gives `chunks` empty views, as in PyTorch.
     ///
     /// # Errors
-    /// [`TensorError::ZeroArgument`] for `chunks == 0`; [`TensorError::DimOutOfRange`].
+    /// [`TensorError::ZeroArgument`] for `chunks == 0`; [`TensorError::DimOutOfRange`];
+    /// [`TensorError::TooManyViews`] when an empty tensor would be cut into more than
+    /// [`MAX_EMPTY_PIECES`](Self::MAX_EMPTY_PIECES) views.
     pub fn chunk(&self, chunks: usize, dim: isize) -> Result<Vec<Tensor>> {
+        let op = "chunk";
         if chunks == 0 {
-            return Err(TensorError::ZeroArgument { op: "chunk", what: "chunks", shape: self.sizes().to_vec() });
+            return Err(TensorError::ZeroArgument { op, what: "chunks", shape: self.sizes().to_vec() });
         }
-        let d = self.nonscalar_dim("chunk", dim)?;
+        let d = self.nonscalar_dim(op, dim)?;
         let size = self.sizes()[d];
-        self.split(size.div_ceil(chunks).max(1), dim)
+        if size == 0 {
+            self.check_empty_pieces(op, chunks)?;
+            return Ok(vec![self.clone(); chunks]);
+        }
+        self.split(size.div_ceil(chunks), dim)
+    }
+
+    /// The most views `chunk` and `split` make of a tensor with no elements: views of nothing
+    /// cost memory and time, not data, and a huge dimension of an empty tensor asks for
+    /// billions of them.
+    pub const MAX_EMPTY_PIECES: usize = 1 << 16;
+
+    fn check_empty_pieces(&self, op: &'static str, pieces: usize) -> Result<()> {
+        if self.numel() == 0 && pieces > Self::MAX_EMPTY_PIECES {
+            return Err(TensorError::TooManyViews {
+                op,
+                pieces,
+                limit: Self::MAX_EMPTY_PIECES,
+                shape: self.sizes().to_vec(),
+            });
+        }
+        Ok(())
     }
 
     /// Views along `dim` of `split_size` elements each (the last may be smaller).
@@ -327,6 +375,7 @@ impl Tensor {
         if size == 0 {
             return Ok(vec![self.clone()]);
         }
+        self.check_empty_pieces("split", size.div_ceil(split_size))?;
         (0..size)
             .step_by(split_size)
             .map(|start| self.narrow(d as isize, start as isize, split_size.min(size - start)))

@@ -93,7 +93,7 @@ impl Tensor {
         let out = unsafe { Tensor::output(op, &out_shape, compute, self) }?;
         a.materialize()?;
         b.materialize()?;
-        {
+        if out.numel() > 0 {
             let _g = lock_storages(None, &[a.storage(), b.storage()]);
             let flops = out.numel().saturating_mul(k);
             let threads = crate::tensor::parallel::threads_for(flops, PARALLEL_FLOPS / 2);

@@ -1,0 +1,141 @@
+//! Where tensors behaved differently from PyTorch (issue 11, "PyTorch semantics that differ
+//! today"): overlap, in-place promotion, mixed dtypes, zero-size tensors, printing, 0-d sizes,
+//! checked arithmetic on sizes, strides and offsets.
+#![cfg(feature = "tensor")]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use half::{bf16, f16};
+use tensormem::tensor::{DType, Tensor, TensorError, TensorOptions};
+use tensormem::{SystemAllocator, TrackingAllocator};
+
+fn arange(n: usize) -> Tensor {
+    Tensor::arange(0.0, n as f64, 1.0, DType::F32).unwrap()
+}
+
+#[test]
+fn in_place_ops_on_views_that_share_no_element_are_accepted() {
+    // b[0::2] += b[1::2]
+    let b = arange(8);
+    b.slice(0, 0, 8, 2).unwrap().add_(&b.slice(0, 1, 8, 2).unwrap()).unwrap();
+    assert_eq!(b.to_vec::<f32>().unwrap(), [1., 1., 5., 3., 9., 5., 13., 7.]);
+    // The rotary pattern: a[:, :2] -= a[:, 2:]
+    let a = arange(8).view(&[2, 4]).unwrap();
+    a.narrow(1, 0, 2).unwrap().sub_(&a.narrow(1, 2, 2).unwrap()).unwrap();
+    assert_eq!(a.to_vec::<f32>().unwrap(), [-2., -2., 2., 3., -2., -2., 6., 7.]);
+    // A layout whose elements are all distinct though not "sorted" ([3,3] strides [2,3]).
+    let s = Tensor::full(&[11], -1.0, DType::F32).unwrap();
+    let odd = s.as_strided(&[3, 3], &[2, 3], 0).unwrap();
+    odd.relu_().unwrap();
+    assert_eq!(odd.to_vec::<f32>().unwrap(), [0.0; 9]);
+    assert_eq!(s.get::<f32>(&[1]).unwrap(), -1.0, "element 1 is not in the view");
+    // Dense views that partially overlap are still refused, as PyTorch does.
+    let c = arange(6);
+    let e = c.narrow(0, 1, 5).unwrap().add_(&c.narrow(0, 0, 5).unwrap()).unwrap_err();
+    assert!(matches!(e, TensorError::PartialOverlap { .. }), "{e}");
+}
+
+#[test]
+fn in_place_ops_compute_in_the_promoted_type_and_round_once() {
+    let h = Tensor::from_vec(vec![f16::from_f32(2048.0)], &[1], DType::F16).unwrap();
+    h.add_(&Tensor::from_vec(vec![1.0004f32], &[1], DType::F32).unwrap()).unwrap();
+    assert_eq!(h.to_vec::<f16>().unwrap()[0].to_f32(), 2050.0, "PyTorch gives 2050");
+    let b = Tensor::from_vec(vec![bf16::from_f32(2048.0)], &[1], DType::BF16).unwrap();
+    b.add_(&Tensor::from_vec(vec![8.01f32], &[1], DType::F32).unwrap()).unwrap();
+    assert_eq!(b.to_vec::<bf16>().unwrap()[0].to_f32(), 2064.0, "PyTorch gives 2064");
+    // The same through out=: an f16 output of an f32 computation.
+    let out = Tensor::zeros(&[1], DType::F16).unwrap();
+    Tensor::from_vec(vec![2048.0f32], &[1], DType::F32)
+        .unwrap()
+        .add_out(&Tensor::from_vec(vec![1.0004f32], &[1], DType::F32).unwrap(), &out)
+        .unwrap();
+    assert_eq!(out.to_vec::<f16>().unwrap()[0].to_f32(), 2050.0);
+}
+
+#[test]
+fn mixed_dtype_operands_are_converted_inside_the_loop_not_copied() {
+    let tracker = Arc::new(TrackingAllocator::new(Arc::new(SystemAllocator::new())));
+    let opts = TensorOptions::new().allocator(tracker.clone());
+    let a = Tensor::from_vec((0..1000).collect::<Vec<i32>>(), &[1000], opts.clone()).unwrap();
+    let b = Tensor::full(&[1000], 0.5, opts.clone().dtype(DType::F32)).unwrap();
+    let before = tracker.sizes().total_bytes;
+    let c = a.add(&b).unwrap();
+    assert_eq!(c.dtype(), DType::F32);
+    assert_eq!(c.get::<f32>(&[999]).unwrap(), 999.5);
+    assert_eq!(tracker.sizes().total_bytes - before, 4000, "only the output was allocated, no converted copy of `a`");
+    let before = tracker.sizes().total_bytes;
+    b.add_(&a).unwrap();
+    assert_eq!(tracker.sizes().total_bytes, before, "an in-place op with a mixed-dtype operand allocates nothing");
+    assert_eq!(b.get::<f32>(&[10]).unwrap(), 10.5);
+}
+
+#[test]
+fn zero_size_tensors_chunk_and_view_as_pytorch_does() {
+    let e = Tensor::empty(&[0], DType::F32).unwrap();
+    let pieces = e.chunk(3, 0).unwrap();
+    assert_eq!(pieces.len(), 3, "torch.empty(0).chunk(3) gives three empty tensors");
+    assert!(pieces.iter().all(|p| p.sizes() == [0]));
+    let t = Tensor::zeros(&[0, 3], DType::F32).unwrap().t().unwrap();
+    let v = t.view(&[3, 0]).unwrap();
+    assert_eq!(v.strides(), t.strides(), "an empty tensor viewed as its own shape keeps its strides");
+}
+
+#[test]
+fn printing_matches_pytorch() {
+    let t = Tensor::from_vec(vec![1.0f32, f32::INFINITY], &[2], DType::F32).unwrap();
+    assert_eq!(t.to_string(), "tensor([1., inf])");
+    let z = Tensor::from_vec(vec![0.0f32, 1.5, f32::NAN], &[3], DType::F32).unwrap();
+    assert_eq!(z.to_string(), "tensor([0.0000, 1.5000,    nan])");
+    assert_eq!(Tensor::zeros(&[0], DType::I32).unwrap().to_string(), "tensor([], dtype=i32)");
+    assert_eq!(Tensor::zeros(&[0], DType::I64).unwrap().to_string(), "tensor([], dtype=i64)");
+    assert_eq!(Tensor::zeros(&[0], DType::Bool).unwrap().to_string(), "tensor([], dtype=bool)");
+    assert_eq!(Tensor::zeros(&[0], DType::F32).unwrap().to_string(), "tensor([])");
+    assert_eq!(Tensor::zeros(&[2], DType::I64).unwrap().to_string(), "tensor([0, 0])");
+}
+
+#[test]
+fn a_zero_dim_tensor_has_no_size_0_and_quantised_views_keep_a_dimension() {
+    let s = Tensor::scalar(3.0, DType::F32).unwrap();
+    assert!(matches!(s.size(0), Err(TensorError::DimOutOfRange { .. })));
+    assert!(matches!(s.size(-1), Err(TensorError::DimOutOfRange { .. })));
+    let q = Tensor::randn(&[32], DType::F32).unwrap().to_dtype(DType::Q8_0).unwrap();
+    let e = q.select(0, 0).unwrap_err();
+    assert!(e.to_string().contains("needs at least one dimension"), "{e}");
+}
+
+#[test]
+fn sizes_strides_and_offsets_are_checked_everywhere() {
+    let four = arange(4);
+    // An empty view far past the end of its storage.
+    assert!(matches!(four.as_strided(&[0], &[1], 1 << 40), Err(TensorError::OutOfStorage { .. })));
+    // Element counts that overflow usize.
+    let scalar = Tensor::scalar(1.0, DType::F32).unwrap();
+    assert!(matches!(scalar.broadcast_to(&[3, 0xAAAA_AAAA_AAAA_AAAB]), Err(TensorError::SizeOverflow { .. })));
+    assert!(matches!(scalar.expand(&[3, 0x5555_5555_5555_5556, 2]), Err(TensorError::SizeOverflow { .. })));
+    // Slicing with extreme steps and bounds.
+    let taken = four.slice(0, 0, 2, usize::MAX).unwrap();
+    assert_eq!(taken.to_vec::<f32>().unwrap(), [0.0]);
+    assert!(matches!(four.slice(0, isize::MIN, isize::MAX, 1), Err(TensorError::RangeOutOfBounds { .. })));
+    // Indexing into an empty tensor with huge dimensions.
+    let huge_empty = Tensor::empty(&[isize::MAX as usize, 0, 5, 2], DType::F32).unwrap();
+    assert!(matches!(huge_empty.get::<f32>(&[isize::MAX - 1, 0, 0, 0]), Err(TensorError::IndexOutOfRange { .. })));
+    assert!(Tensor::zeros(&[0, isize::MAX as usize, 1, 5], DType::F32).unwrap().is_contiguous());
+    assert_eq!(Tensor::ones(&[0, usize::MAX, 0], DType::F32).unwrap().neg().unwrap().numel(), 0);
+}
+
+#[test]
+fn work_on_empty_tensors_does_not_depend_on_their_other_dimensions() {
+    let start = Instant::now();
+    let wide = Tensor::zeros(&[1 << 31, 0], DType::F32).unwrap();
+    assert_eq!(wide.to_string(), "tensor([], size=(2147483648, 0))");
+    let batched = Tensor::zeros(&[1 << 32, 0, 0], DType::F32).unwrap();
+    let product = batched.matmul(&Tensor::zeros(&[0, 4], DType::F32).unwrap()).unwrap();
+    assert_eq!(product.sizes(), [1 << 32, 0, 4]);
+    let long = Tensor::zeros(&[1, 0, 1 << 32], DType::F32).unwrap();
+    assert!(matches!(long.chunk(1 << 40, 2), Err(TensorError::TooManyViews { .. })));
+    assert_eq!(long.chunk(2, 2).unwrap().len(), 2);
+    assert_eq!(wide.add(&wide).unwrap().sizes(), [1 << 31, 0]);
+    assert_eq!(wide.sum_dim(0, false).unwrap().sizes(), [0]);
+    assert!(start.elapsed() < Duration::from_secs(2), "empty tensors took {:?}", start.elapsed());
+}
