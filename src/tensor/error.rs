@@ -291,6 +291,54 @@ pub enum TensorError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The operation needs a contiguous tensor (direct access to its elements as a slice).
+    #[error("{op}: the tensor (shape {shape:?}, strides {strides:?}) is not contiguous; call contiguous() first")]
+    NotContiguous {
+        /// The operation.
+        op: &'static str,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+        /// Its strides.
+        strides: Vec<usize>,
+    },
+    /// Index values (an index tensor's elements) outside the dimension they index.
+    #[error("{op}: index {index} is out of range for dimension {dim} of size {size} (tensor of shape {shape:?})")]
+    IndexValue {
+        /// The operation.
+        op: &'static str,
+        /// The offending index value.
+        index: i64,
+        /// The dimension indexed.
+        dim: usize,
+        /// Its size.
+        size: usize,
+        /// The indexed tensor's shape.
+        shape: Vec<usize>,
+    },
+    /// Tensors to join (`cat`, `stack`) that do not fit together.
+    #[error("{op}: tensor {index} has shape {shape:?}, which does not match {expected:?} {reason}")]
+    Mismatch {
+        /// The operation.
+        op: &'static str,
+        /// Which tensor of the list.
+        index: usize,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// The shape it should have (the first tensor's).
+        expected: Vec<usize>,
+        /// In what way.
+        reason: &'static str,
+    },
+    /// A file of tensors (safetensors) that cannot be read as one.
+    #[error("{op}: {path}: {reason}")]
+    BadFile {
+        /// The operation.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// Splitting an empty tensor would make more views than allowed.
     #[error(
         "{op}: cutting an empty tensor of shape {shape:?} would make {pieces} views of nothing (at most {limit}); \

@@ -35,6 +35,15 @@ pub(crate) enum Binary {
     Pow,
 }
 
+/// The operators a number can take on its left (`2.0 - &x`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
 /// Which form of an operation runs, for its name in errors.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Form {
@@ -178,7 +187,7 @@ impl Scalar {
         }
     }
 
-    fn as_f64(self) -> f64 {
+    pub(crate) fn as_f64(self) -> f64 {
         match self {
             Scalar::Bool(b) => f64::from(u8::from(b)),
             Scalar::Int(i) => i as f64,
@@ -355,6 +364,19 @@ impl Tensor {
             None => TensorOptions::new().dtype(dt),
         };
         Tensor::scalar(s.as_f64(), opts)
+    }
+
+    /// `value op self` (a number on the left): the number as a 0-d tensor of the operation's
+    /// type, first.
+    pub(crate) fn scalar_first(&self, kind: BinaryOp, value: f64) -> Result<Tensor> {
+        let kind = match kind {
+            BinaryOp::Add => Binary::Add,
+            BinaryOp::Sub => Binary::Sub,
+            BinaryOp::Mul => Binary::Mul,
+            BinaryOp::Div => Binary::Div,
+        };
+        let s = self.scalar_operand(kind.name(Form::Fresh), Scalar::Float(value))?;
+        s.binary(kind, self, 1.0)
     }
 
     fn compare(&self, kind: Compare, other: &Tensor) -> Result<Tensor> {

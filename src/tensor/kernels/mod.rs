@@ -2,7 +2,12 @@
 
 mod cast;
 mod elementwise;
+mod index;
+mod join;
+mod mask;
+mod norm;
 
+pub(crate) use elementwise::BinaryOp;
 pub use elementwise::Scalar;
 mod loops;
 mod matmul;

@@ -1,0 +1,231 @@
+//! Fused normalisations: `layer_norm` and `rms_norm`, one pass over each row for the
+//! statistics and one for the output (not five separate ops and their temporaries).
+//!
+//! Rows are the trailing `normalized_shape` elements; `f16`/`bf16`/`f32` compute in `f32`,
+//! `f64` in `f64`, with the statistics summed in `f64`; the result keeps the input's dtype.
+
+use rayon::prelude::*;
+
+use crate::tensor::dtype::match_float;
+use crate::tensor::iter::GRAIN;
+use crate::tensor::parallel::{install, threads_for};
+use crate::tensor::storage::lock_storages;
+use crate::tensor::{DType, Element, Result, Tensor, TensorError};
+
+/// Which normalisation.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Layer,
+    Rms,
+}
+
+/// The compute type: `f32` (for every float dtype but `f64`) or `f64`.
+trait Acc: Copy + Send + Sync + Default {
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+}
+
+impl Acc for f32 {
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+}
+
+impl Acc for f64 {
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+}
+
+/// Normalises each row of `x` (contiguous `T`, rows of `n`) into `out` (fresh, contiguous).
+#[allow(clippy::too_many_arguments)]
+fn normalize_rows<
+    T: Element,
+    C: Acc + core::ops::Sub<Output = C> + core::ops::Mul<Output = C> + core::ops::Add<Output = C>,
+>(
+    kind: Kind,
+    x: &[T],
+    out: &mut [core::mem::MaybeUninit<T>],
+    n: usize,
+    weight: Option<&[C]>,
+    bias: Option<&[C]>,
+    eps: f64,
+) {
+    // Three passes over a row that stays in cache: no temporary is allocated.
+    let row = |src: &[T], dst: &mut [core::mem::MaybeUninit<T>]| {
+        let (shift, scale) = match kind {
+            Kind::Layer => {
+                let mean = src.iter().map(|v| v.to_f64()).sum::<f64>() / n as f64;
+                let var = src.iter().map(|v| (v.to_f64() - mean).powi(2)).sum::<f64>() / n as f64;
+                (C::from_f64(mean), C::from_f64(1.0 / (var + eps).sqrt()))
+            }
+            Kind::Rms => {
+                let ms = src.iter().map(|v| v.to_f64().powi(2)).sum::<f64>() / n as f64;
+                (C::default(), C::from_f64(1.0 / (ms + eps).sqrt()))
+            }
+        };
+        for (i, (d, v)) in dst.iter_mut().zip(src).enumerate() {
+            let mut y = (C::from_f64(v.to_f64()) - shift) * scale;
+            if let Some(w) = weight {
+                y = y * w[i];
+            }
+            if let Some(b) = bias {
+                y = y + b[i];
+            }
+            d.write(T::from_f64(y.to_f64()));
+        }
+    };
+    let rows = x.len() / n.max(1);
+    if threads_for(x.len(), GRAIN) > 1 {
+        install(|| {
+            out.par_chunks_mut(n)
+                .zip(x.par_chunks(n))
+                .with_min_len((GRAIN / n.max(1)).max(1))
+                .for_each(|(d, s)| row(s, d))
+        });
+    } else {
+        for (d, s) in out.chunks_mut(n).zip(x.chunks(n)).take(rows) {
+            row(s, d);
+        }
+    }
+}
+
+impl Tensor {
+    fn normalize(
+        &self,
+        op: &'static str,
+        kind: Kind,
+        normalized_shape: &[usize],
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<Tensor> {
+        if !self.dtype().is_floating_point() {
+            return Err(TensorError::UnsupportedDType {
+                op,
+                dtype: self.dtype(),
+                shape: self.sizes().to_vec(),
+                hint: "normalisation needs a floating-point tensor",
+            });
+        }
+        let k = normalized_shape.len();
+        if k == 0 || k > self.dim() || self.sizes()[self.dim() - k..] != *normalized_shape {
+            return Err(TensorError::BadShape {
+                op,
+                shape: self.sizes().to_vec(),
+                target: normalized_shape.to_vec(),
+                reason: "normalized_shape must be the tensor's trailing dimensions (at least one)",
+            });
+        }
+        for t in [weight, bias].into_iter().flatten() {
+            if t.sizes() != normalized_shape {
+                return Err(TensorError::BadShape {
+                    op,
+                    shape: t.sizes().to_vec(),
+                    target: normalized_shape.to_vec(),
+                    reason: "weight and bias must have the normalized shape",
+                });
+            }
+        }
+        if eps.is_nan() || eps < 0.0 {
+            return Err(TensorError::BadShape {
+                op,
+                shape: self.sizes().to_vec(),
+                target: normalized_shape.to_vec(),
+                reason: "eps must be a number >= 0",
+            });
+        }
+        let n: usize = normalized_shape.iter().product();
+        let x = self.contiguous()?;
+        // SAFETY: `normalize_rows` writes every row of `out`.
+        let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
+        if out.numel() == 0 || n == 0 {
+            return if out.numel() == 0 { Ok(out) } else { Tensor::zeros(self.sizes(), self.options()) };
+        }
+        let acc = if self.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+        let params = |t: Option<&Tensor>| t.map(|t| t.to_dtype(acc)).transpose();
+        let (w, b) = (params(weight)?, params(bias)?);
+        x.materialize()?;
+        let _g = lock_storages(None, &[x.storage()]);
+        let numel = x.numel();
+        match_float!(self.dtype(), T => {
+            // SAFETY: `x` is contiguous `T` with `numel` elements, read-locked; `out` is a
+            // fresh allocation of `numel` elements of `T` that nothing else refers to.
+            let (src, dst) = unsafe {
+                (
+                    core::slice::from_raw_parts(x.data_ptr() as *const T, numel),
+                    core::slice::from_raw_parts_mut(out.data_ptr() as *mut core::mem::MaybeUninit<T>, numel),
+                )
+            };
+            if acc == DType::F64 {
+                let (w, b) = (w.map(|t| t.to_vec::<f64>()).transpose()?, b.map(|t| t.to_vec::<f64>()).transpose()?);
+                normalize_rows::<T, f64>(kind, src, dst, n, w.as_deref(), b.as_deref(), eps);
+            } else {
+                let (w, b) = (w.map(|t| t.to_vec::<f32>()).transpose()?, b.map(|t| t.to_vec::<f32>()).transpose()?);
+                normalize_rows::<T, f32>(kind, src, dst, n, w.as_deref(), b.as_deref(), eps);
+            }
+        }, _ => {});
+        Ok(out)
+    }
+
+    /// Layer normalisation over the trailing `normalized_shape` dimensions
+    /// (`F.layer_norm`): `(x - mean) / sqrt(var + eps) * weight + bias`, with the biased
+    /// variance, in one fused pass per row.
+    ///
+    /// ```
+    /// use tensormem::tensor::{DType, Tensor};
+    ///
+    /// let x = Tensor::from_vec(vec![1.0f32, 2., 3., 4.], &[2, 2], DType::F32)?;
+    /// let y = x.layer_norm(&[2], None, None, 1e-5)?;
+    /// let v = y.to_vec::<f32>()?;
+    /// assert!((v[0] + 1.0).abs() < 1e-3 && (v[1] - 1.0).abs() < 1e-3);
+    /// # Ok::<(), tensormem::tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`TensorError::UnsupportedDType`] for a non-float tensor; [`TensorError::BadShape`] when
+    /// `normalized_shape` is not the trailing shape, when weight or bias has another shape, or
+    /// for a negative or NaN `eps`.
+    pub fn layer_norm(
+        &self,
+        normalized_shape: &[usize],
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<Tensor> {
+        self.normalize("layer_norm", Kind::Layer, normalized_shape, weight, bias, eps)
+    }
+
+    /// RMS normalisation over the trailing `normalized_shape` dimensions (`F.rms_norm`, as in
+    /// LLaMA): `x / sqrt(mean(x^2) + eps) * weight`; `eps` defaults to the dtype's machine
+    /// epsilon, as in PyTorch.
+    ///
+    /// ```
+    /// use tensormem::tensor::{DType, Tensor};
+    ///
+    /// let x = Tensor::from_vec(vec![3.0f32, 4.], &[1, 2], DType::F32)?;
+    /// let w = Tensor::from_vec(vec![1.0f32, 2.], &[2], DType::F32)?;
+    /// let y = x.rms_norm(&[2], Some(&w), Some(0.0))?.to_vec::<f32>()?;
+    /// let rms = (12.5f32).sqrt();
+    /// assert!((y[0] - 3.0 / rms).abs() < 1e-6 && (y[1] - 8.0 / rms).abs() < 1e-6);
+    /// # Ok::<(), tensormem::tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`layer_norm`](Self::layer_norm).
+    pub fn rms_norm(&self, normalized_shape: &[usize], weight: Option<&Tensor>, eps: Option<f64>) -> Result<Tensor> {
+        let eps = eps.unwrap_or(match self.dtype() {
+            DType::F16 => 9.765_625e-4,
+            DType::BF16 => 7.812_5e-3,
+            DType::F64 => f64::EPSILON,
+            _ => f64::from(f32::EPSILON),
+        });
+        self.normalize("rms_norm", Kind::Rms, normalized_shape, weight, None, eps)
+    }
+}

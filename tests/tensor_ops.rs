@@ -1,0 +1,536 @@
+//! The ops a transformer block needs (issue 11): joins, indexing, masks, fused norms, scalar
+//! operands, `*_like`, slice access and safetensors weights. Every expected value is computed
+//! independently (by hand or by a plain loop), never by the kernel under test.
+
+use std::sync::Arc;
+
+use tensormem::tensor::{DType, SafeTensors, Tensor, TensorError, TensorOptions, save_safetensors};
+use tensormem::{AllocatorRegistry, TrackingAllocator};
+
+fn t32(v: &[f32], shape: &[usize]) -> Tensor {
+    Tensor::from_slice(v, shape, DType::F32).unwrap()
+}
+
+fn i64s(v: &[i64], shape: &[usize]) -> Tensor {
+    Tensor::from_slice(v, shape, DType::I64).unwrap()
+}
+
+fn close(a: &[f32], b: &[f32], tol: f32) {
+    assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol * (1.0 + y.abs()), "element {i}: {x} vs {y} ({a:?} vs {b:?})");
+    }
+}
+
+fn tempdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("tm-ops-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+// ---- cat / stack ----
+
+#[test]
+fn cat_along_each_dimension_and_a_growing_kv_cache() {
+    let a = t32(&[1., 2., 3., 4., 5., 6.], &[2, 3]);
+    let b = t32(&[7., 8., 9.], &[1, 3]);
+    let c = Tensor::cat(&[&a, &b], 0).unwrap();
+    assert_eq!(c.sizes(), [3, 3]);
+    assert_eq!(c.to_vec::<f32>().unwrap(), [1., 2., 3., 4., 5., 6., 7., 8., 9.]);
+
+    let d = t32(&[10., 20.], &[2, 1]);
+    let e = Tensor::cat(&[&a, &d], -1).unwrap();
+    assert_eq!(e.sizes(), [2, 4]);
+    assert_eq!(e.to_vec::<f32>().unwrap(), [1., 2., 3., 10., 4., 5., 6., 20.]);
+
+    // Views (a transpose) and mixed dtypes promote as PyTorch's cat does.
+    let at = a.t().unwrap();
+    let ints = Tensor::from_slice(&[100i32, 200, 300], &[3, 1], DType::I32).unwrap();
+    let f = Tensor::cat(&[&at, &ints], 1).unwrap();
+    assert_eq!(f.dtype(), DType::F32);
+    assert_eq!(f.to_vec::<f32>().unwrap(), [1., 4., 100., 2., 5., 200., 3., 6., 300.]);
+
+    // A KV cache grows one step at a time along the sequence dimension.
+    let mut cache = Tensor::zeros(&[1, 2, 0, 4], DType::F32).unwrap();
+    for step in 0..5 {
+        let kv = Tensor::full(&[1, 2, 1, 4], step as f64, DType::F32).unwrap();
+        cache = Tensor::cat(&[&cache, &kv], 2).unwrap();
+    }
+    assert_eq!(cache.sizes(), [1, 2, 5, 4]);
+    let v = cache.to_vec::<f32>().unwrap();
+    for h in 0..2 {
+        for s in 0..5 {
+            for k in 0..4 {
+                assert_eq!(v[h * 20 + s * 4 + k], s as f32);
+            }
+        }
+    }
+}
+
+#[test]
+fn cat_and_stack_refuse_what_does_not_fit() {
+    let a = t32(&[1., 2., 3., 4.], &[2, 2]);
+    let b = t32(&[1., 2., 3.], &[1, 3]);
+    let e = Tensor::cat(&[&a, &b], 0).unwrap_err();
+    assert!(matches!(e, TensorError::Mismatch { op: "cat", index: 1, .. }), "{e}");
+    assert!(e.to_string().contains("[1, 3]"), "{e}");
+    assert!(Tensor::cat(&[], 0).is_err());
+    assert!(Tensor::cat(&[&a, &a], 2).is_err());
+    assert!(Tensor::cat(&[&a, &a], -3).is_err());
+    let e = Tensor::stack(&[&a, &b], 0).unwrap_err();
+    assert!(matches!(e, TensorError::Mismatch { op: "stack", .. }), "{e}");
+    assert!(Tensor::stack(&[], 0).is_err());
+    // A 0-d tensor cannot be concatenated (PyTorch: zero-dimensional tensor cannot be
+    // concatenated), but it can be stacked.
+    let s = Tensor::scalar(1.0, DType::F32).unwrap();
+    assert!(Tensor::cat(&[&s, &s], 0).is_err());
+    assert_eq!(Tensor::stack(&[&s, &s], 0).unwrap().to_vec::<f32>().unwrap(), [1., 1.]);
+}
+
+#[test]
+fn stack_inserts_a_dimension_anywhere() {
+    let a = t32(&[1., 2., 3.], &[3]);
+    let b = t32(&[4., 5., 6.], &[3]);
+    let s0 = Tensor::stack(&[&a, &b], 0).unwrap();
+    assert_eq!(s0.sizes(), [2, 3]);
+    assert_eq!(s0.to_vec::<f32>().unwrap(), [1., 2., 3., 4., 5., 6.]);
+    let s1 = Tensor::stack(&[&a, &b], -1).unwrap();
+    assert_eq!(s1.sizes(), [3, 2]);
+    assert_eq!(s1.to_vec::<f32>().unwrap(), [1., 4., 2., 5., 3., 6.]);
+    assert!(Tensor::stack(&[&a, &b], 2).is_err());
+}
+
+// ---- index_select / embedding / gather ----
+
+#[test]
+fn index_select_picks_rows_and_columns() {
+    let x = t32(&(0..12).map(|v| v as f32).collect::<Vec<_>>(), &[3, 4]);
+    let rows = x.index_select(0, &i64s(&[2, 0, 2], &[3])).unwrap();
+    assert_eq!(rows.sizes(), [3, 4]);
+    assert_eq!(rows.to_vec::<f32>().unwrap(), [8., 9., 10., 11., 0., 1., 2., 3., 8., 9., 10., 11.]);
+    let cols = x.index_select(-1, &Tensor::from_slice(&[3i32, 1], &[2], DType::I32).unwrap()).unwrap();
+    assert_eq!(cols.to_vec::<f32>().unwrap(), [3., 1., 7., 5., 11., 9.]);
+    // Negative and out-of-range indices are errors naming the value (PyTorch: index out of
+    // range in self).
+    let e = x.index_select(0, &i64s(&[3], &[1])).unwrap_err();
+    assert!(matches!(e, TensorError::IndexValue { index: 3, size: 3, .. }), "{e}");
+    let e = x.index_select(0, &i64s(&[-1], &[1])).unwrap_err();
+    assert!(matches!(e, TensorError::IndexValue { index: -1, .. }), "{e}");
+    assert!(x.index_select(0, &t32(&[0.], &[1])).is_err(), "float indices are refused");
+    assert!(x.index_select(0, &i64s(&[0, 1], &[1, 2])).is_err(), "index must be 1-d");
+    assert!(x.index_select(2, &i64s(&[0], &[1])).is_err());
+    // An empty index gives an empty result.
+    assert_eq!(x.index_select(0, &i64s(&[], &[0])).unwrap().sizes(), [0, 4]);
+}
+
+#[test]
+fn embedding_looks_up_rows_for_any_index_shape() {
+    let vocab = 5;
+    let dim = 3;
+    let w: Vec<f32> = (0..vocab * dim).map(|v| v as f32 * 0.5).collect();
+    let weight = t32(&w, &[vocab, dim]);
+    let ids = i64s(&[4, 0, 1, 1, 3, 2], &[2, 3]);
+    let e = weight.embedding(&ids).unwrap();
+    assert_eq!(e.sizes(), [2, 3, dim]);
+    let got = e.to_vec::<f32>().unwrap();
+    for (k, id) in [4usize, 0, 1, 1, 3, 2].iter().enumerate() {
+        assert_eq!(&got[k * dim..(k + 1) * dim], &w[id * dim..(id + 1) * dim]);
+    }
+    assert!(weight.embedding(&i64s(&[5], &[1])).is_err());
+    assert!(t32(&[1., 2.], &[2]).embedding(&i64s(&[0], &[1])).is_err(), "weight must be 2-d");
+}
+
+#[test]
+fn gather_follows_torch_gather() {
+    // torch.gather(torch.tensor([[1,2],[3,4]]), 1, torch.tensor([[0,0],[1,0]])) == [[1,1],[4,3]]
+    let x = t32(&[1., 2., 3., 4.], &[2, 2]);
+    let g = x.gather(1, &i64s(&[0, 0, 1, 0], &[2, 2])).unwrap();
+    assert_eq!(g.to_vec::<f32>().unwrap(), [1., 1., 4., 3.]);
+    let g0 = x.gather(0, &i64s(&[1, 0], &[1, 2])).unwrap();
+    assert_eq!(g0.sizes(), [1, 2]);
+    assert_eq!(g0.to_vec::<f32>().unwrap(), [3., 2.]);
+    assert!(x.gather(1, &i64s(&[2], &[1, 1])).is_err());
+    assert!(x.gather(1, &i64s(&[0], &[1])).is_err(), "index needs self's rank");
+}
+
+// ---- where / masked_fill ----
+
+#[test]
+fn masked_fill_builds_a_causal_attention_mask() {
+    let n = 4;
+    let scores = Tensor::ones(&[n, n], DType::F32).unwrap();
+    // mask[i][j] = j > i
+    let cols = Tensor::arange(0.0, n as f64, 1.0, DType::I64).unwrap();
+    let rows = cols.view(&[n as isize, 1]).unwrap();
+    let mask = cols.gt(&rows).unwrap();
+    assert_eq!(mask.dtype(), DType::Bool);
+    let masked = scores.masked_fill(&mask, f64::NEG_INFINITY).unwrap();
+    let v = masked.to_vec::<f32>().unwrap();
+    for i in 0..n {
+        for j in 0..n {
+            let want = if j > i { f32::NEG_INFINITY } else { 1.0 };
+            assert_eq!(v[i * n + j], want, "({i}, {j})");
+        }
+    }
+    // In place, through a broadcast mask.
+    let x = Tensor::zeros(&[2, 3], DType::F32).unwrap();
+    let m = Tensor::from_slice(&[true, false, true], &[3], DType::Bool).unwrap();
+    x.masked_fill_(&m, 7.0).unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), [7., 0., 7., 7., 0., 7.]);
+    // The mask must be bool and broadcast to self.
+    assert!(x.masked_fill(&t32(&[1., 0., 1.], &[3]), 1.0).is_err());
+    assert!(x.masked_fill_(&Tensor::ones(&[4, 2, 3], DType::Bool).unwrap(), 1.0).is_err());
+}
+
+#[test]
+fn where_cond_chooses_and_broadcasts() {
+    let c = Tensor::from_slice(&[true, false, false, true], &[2, 2], DType::Bool).unwrap();
+    let a = t32(&[1., 2., 3., 4.], &[2, 2]);
+    let b = Tensor::from_slice(&[10i32, 20], &[2], DType::I32).unwrap();
+    let w = a.where_cond(&c, &b).unwrap();
+    assert_eq!(w.dtype(), DType::F32);
+    assert_eq!(w.to_vec::<f32>().unwrap(), [1., 20., 10., 4.]);
+    assert!(a.where_cond(&a, &b).is_err(), "the condition must be bool");
+}
+
+// ---- fused norms ----
+
+fn layer_norm_ref(x: &[f32], n: usize, w: &[f32], b: &[f32], eps: f64) -> Vec<f32> {
+    x.chunks(n)
+        .flat_map(|row| {
+            let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64;
+            let var = row.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n as f64;
+            let inv = 1.0 / (var + eps).sqrt();
+            row.iter()
+                .enumerate()
+                .map(move |(i, &v)| ((f64::from(v) - mean) * inv * f64::from(w[i]) + f64::from(b[i])) as f32)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn layer_norm_and_rms_norm_match_the_formulas() {
+    let (rows, n) = (5, 64);
+    let opts = TensorOptions::new().dtype(DType::F32).seed(7);
+    let x = Tensor::randn(&[rows, n], &opts).unwrap().mul_scalar(3.0).unwrap().add_scalar(1.5).unwrap();
+    let w = Tensor::rand(&[n], &opts).unwrap();
+    let b = Tensor::randn(&[n], &opts).unwrap();
+    let (xv, wv, bv) = (x.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    let y = x.layer_norm(&[n], Some(&w), Some(&b), 1e-5).unwrap();
+    close(&y.to_vec::<f32>().unwrap(), &layer_norm_ref(&xv, n, &wv, &bv, 1e-5), 1e-5);
+    // Without affine parameters every row has mean 0 and variance 1.
+    let plain = x.layer_norm(&[n], None, None, 0.0).unwrap().to_vec::<f32>().unwrap();
+    for row in plain.chunks(n) {
+        let mean: f32 = row.iter().sum::<f32>() / n as f32;
+        let var: f32 = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
+        assert!(mean.abs() < 1e-5 && (var - 1.0).abs() < 1e-4, "mean {mean} var {var}");
+    }
+
+    let r = x.rms_norm(&[n], Some(&w), Some(1e-6)).unwrap().to_vec::<f32>().unwrap();
+    let wv = &wv;
+    let want: Vec<f32> = xv
+        .chunks(n)
+        .flat_map(|row| {
+            let ms = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / n as f64;
+            let inv = 1.0 / (ms + 1e-6).sqrt();
+            row.iter()
+                .enumerate()
+                .map(move |(i, &v)| (f64::from(v) * inv * f64::from(wv[i])) as f32)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    close(&r, &want, 1e-5);
+
+    // A strided input (a transposed view) normalises the same as its contiguous copy.
+    let xt = Tensor::randn(&[n, rows], &opts).unwrap().t().unwrap();
+    let a = xt.layer_norm(&[n], Some(&w), Some(&b), 1e-5).unwrap().to_vec::<f32>().unwrap();
+    let c = xt.contiguous().unwrap().layer_norm(&[n], Some(&w), Some(&b), 1e-5).unwrap();
+    close(&a, &c.to_vec::<f32>().unwrap(), 1e-6);
+
+    // Half precision keeps its dtype and is close to the f32 result.
+    let h = x.to_dtype(DType::BF16).unwrap().rms_norm(&[n], None, None).unwrap();
+    assert_eq!(h.dtype(), DType::BF16);
+    let hf = h.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    let f =
+        x.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap().rms_norm(&[n], None, Some(7.8125e-3)).unwrap();
+    close(&hf, &f.to_vec::<f32>().unwrap(), 1e-2);
+}
+
+#[test]
+fn norms_refuse_bad_shapes_and_parameters() {
+    let x = Tensor::ones(&[2, 3, 4], DType::F32).unwrap();
+    assert!(x.layer_norm(&[3], None, None, 1e-5).is_err(), "not the trailing shape");
+    assert!(x.layer_norm(&[2, 3, 4, 1], None, None, 1e-5).is_err());
+    assert!(x.layer_norm(&[4], Some(&Tensor::ones(&[3], DType::F32).unwrap()), None, 1e-5).is_err());
+    assert!(x.layer_norm(&[4], None, None, -1.0).is_err());
+    assert!(x.layer_norm(&[4], None, None, f64::NAN).is_err());
+    assert!(Tensor::ones(&[2, 4], DType::I32).unwrap().rms_norm(&[4], None, None).is_err());
+    // Over two trailing dimensions at once.
+    let y = x.layer_norm(&[3, 4], None, None, 1e-5).unwrap();
+    assert_eq!(y.sizes(), [2, 3, 4]);
+    assert!(y.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0), "a constant row normalises to 0");
+}
+
+// ---- scalar operands ----
+
+#[test]
+fn scalar_operands_on_both_sides() {
+    let x = t32(&[1., 2., 4.], &[3]);
+    assert_eq!((&x * 0.125).to_vec::<f32>().unwrap(), [0.125, 0.25, 0.5]);
+    assert_eq!((2.0 - &x).to_vec::<f32>().unwrap(), [1., 0., -2.]);
+    assert_eq!((&x / 2.0).to_vec::<f32>().unwrap(), [0.5, 1., 2.]);
+    assert_eq!((8.0 / &x).to_vec::<f32>().unwrap(), [8., 4., 2.]);
+    assert_eq!((&x + 1.0).to_vec::<f32>().unwrap(), [2., 3., 5.]);
+    assert_eq!(x.add_scalar(1.0).unwrap().to_vec::<f32>().unwrap(), [2., 3., 5.]);
+    // An integer tensor times a float scalar becomes float (PyTorch's promotion); times an
+    // integer scalar it stays integer.
+    let i = Tensor::from_slice(&[1i32, 2, 3], &[3], DType::I32).unwrap();
+    let f = i.mul_scalar(0.5).unwrap();
+    assert_eq!(f.dtype(), DType::F32);
+    assert_eq!(f.to_vec::<f32>().unwrap(), [0.5, 1.0, 1.5]);
+    let k = i.mul_scalar(3i64).unwrap();
+    assert_eq!(k.dtype(), DType::I32);
+    assert_eq!(k.to_vec::<i32>().unwrap(), [3, 6, 9]);
+    // A half tensor stays half with a float scalar.
+    let h = x.to_dtype(DType::F16).unwrap().mul_scalar(0.125).unwrap();
+    assert_eq!(h.dtype(), DType::F16);
+    x.add_scalar_(10.0).unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), [11., 12., 14.]);
+    assert!(i.add_scalar_(0.5).is_err(), "an in-place int op cannot take a float result");
+}
+
+// ---- options, *_like, new_* ----
+
+#[test]
+fn outputs_land_in_the_inputs_allocator() {
+    let tracker = Arc::new(TrackingAllocator::new(AllocatorRegistry::global().get()));
+    let opts = TensorOptions::new().allocator(tracker.clone()).dtype(DType::BF16);
+    let x = Tensor::ones(&[4, 8], &opts).unwrap();
+    let before = tracker.live_chunks().len();
+    let z = Tensor::zeros_like(&x).unwrap();
+    let o = Tensor::ones_like(&x).unwrap();
+    let f = Tensor::full_like(&x, 2.5).unwrap();
+    let n = x.new_zeros(&[3]).unwrap();
+    let m = x.new_full(&[2, 2], -1.0).unwrap();
+    for t in [&z, &o, &f, &n, &m] {
+        assert_eq!(t.dtype(), DType::BF16);
+        assert!(std::ptr::addr_eq(Arc::as_ptr(t.storage().allocator().unwrap()), Arc::as_ptr(&tracker)));
+        t.materialize().unwrap(); // zeros and empty are lazy until first used
+    }
+    assert_eq!(tracker.live_chunks().len(), before + 5);
+    let f32s = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(f32s(&f), vec![2.5; 32]);
+    assert_eq!(f32s(&m), vec![-1.0; 4]);
+    assert_eq!(f32s(&z), vec![0.0; 32]);
+    assert_eq!(o.sizes(), [4, 8]);
+    assert_eq!(x.options().get_dtype(), Some(DType::BF16));
+    // Kernels on x allocate through the same allocator.
+    let y = &x + &o;
+    assert!(std::ptr::addr_eq(Arc::as_ptr(y.storage().allocator().unwrap()), Arc::as_ptr(&tracker)));
+}
+
+// ---- slice access ----
+
+#[test]
+fn slices_read_and_write_contiguous_data() {
+    let x = Tensor::zeros(&[2, 3], DType::F32).unwrap();
+    {
+        let mut s = x.as_mut_slice::<f32>().unwrap();
+        for (i, v) in s.iter_mut().enumerate() {
+            *v = i as f32;
+        }
+    }
+    assert_eq!(x.to_vec::<f32>().unwrap(), [0., 1., 2., 3., 4., 5.]);
+    // A row view is contiguous and reads its own elements.
+    assert_eq!(&*x.select(0, 1).unwrap().as_slice::<f32>().unwrap(), &[3., 4., 5.]);
+    let e = x.t().unwrap().as_slice::<f32>().unwrap_err();
+    assert!(matches!(e, TensorError::NotContiguous { .. }), "{e}");
+    assert!(x.as_slice::<f64>().is_err(), "wrong element type");
+    // Readers share; a kernel reading the tensor runs while a slice is held.
+    let s = x.as_slice::<f32>().unwrap();
+    assert_eq!(x.sum().unwrap().item::<f32>().unwrap(), 15.0);
+    drop(s);
+}
+
+// ---- rotary slicing ----
+
+#[test]
+fn rotary_embedding_by_slices_in_place() {
+    // x = [x1, x2] halves; rotate_half(x) = [-x2, x1]; out = x*cos + rotate_half(x)*sin.
+    let (s, d) = (3, 4);
+    let xv: Vec<f32> = (0..s * d).map(|v| v as f32 + 1.0).collect();
+    let x = t32(&xv, &[s, d]);
+    let cos = Tensor::full(&[s, d], 0.5, DType::F32).unwrap();
+    let sin = Tensor::full(&[s, d], 2.0, DType::F32).unwrap();
+    let x1 = x.narrow(-1, 0, d / 2).unwrap();
+    let x2 = x.narrow(-1, (d / 2) as isize, d / 2).unwrap();
+    let rot = Tensor::cat(&[&x2.neg().unwrap(), &x1], -1).unwrap();
+    let out = &(&x * &cos) + &(&rot * &sin);
+    let got = out.to_vec::<f32>().unwrap();
+    for r in 0..s {
+        for c in 0..d {
+            let rv = if c < d / 2 { -xv[r * d + c + d / 2] } else { xv[r * d + c - d / 2] };
+            assert_eq!(got[r * d + c], xv[r * d + c] * 0.5 + rv * 2.0);
+        }
+    }
+    // The in-place form PyTorch accepts: a[:, :2].sub_(a[:, 2:]) (disjoint halves).
+    let a = t32(&xv, &[s, d]);
+    a.narrow(1, 0, 2).unwrap().sub_(&a.narrow(1, 2, 2).unwrap()).unwrap();
+    let av = a.to_vec::<f32>().unwrap();
+    for r in 0..s {
+        assert_eq!(av[r * d], xv[r * d] - xv[r * d + 2]);
+        assert_eq!(av[r * d + 3], xv[r * d + 3]);
+    }
+}
+
+// ---- safetensors ----
+
+#[test]
+fn safetensors_round_trip_is_zero_copy_and_accounted() {
+    let dir = tempdir("st");
+    let path = dir.join("model.safetensors");
+    let opts = TensorOptions::new().seed(3);
+    let wq = Tensor::randn(&[64, 32], opts.clone().dtype(DType::F32)).unwrap();
+    let emb = Tensor::randn(&[100, 16], opts.clone().dtype(DType::BF16)).unwrap();
+    let ids = Tensor::arange(0.0, 10.0, 1.0, DType::I64).unwrap();
+    let flags = Tensor::from_slice(&[true, false, true], &[3], DType::Bool).unwrap();
+    let view = wq.t().unwrap(); // a view is written as its elements
+    let empty = Tensor::zeros(&[0, 5], DType::F16).unwrap();
+    let meta = [("format".to_string(), "pt".to_string())].into_iter().collect();
+    let list = [("wq", &wq), ("emb", &emb), ("ids", &ids), ("flags", &flags), ("wq_t", &view), ("empty", &empty)];
+    save_safetensors(&path, &list, Some(meta)).unwrap();
+
+    let before = tensormem::telemetry::mapped_memory().bytes;
+    // SAFETY: the test owns the file and does not change it.
+    let file = unsafe { SafeTensors::open(&path) }.unwrap();
+    let file_len = std::fs::metadata(&path).unwrap().len();
+    assert_eq!(file.mapped_bytes() as u64, file_len);
+    assert!(tensormem::telemetry::mapped_memory().bytes >= before + file_len);
+    assert_eq!(file.len(), 6);
+    let mut names = file.names();
+    names.sort();
+    assert_eq!(names, ["emb", "empty", "flags", "ids", "wq", "wq_t"]);
+    assert_eq!(file.metadata().unwrap()["format"], "pt");
+    assert_eq!(file.info("emb").unwrap(), (Ok(DType::BF16), vec![100, 16]));
+
+    for (name, orig) in list {
+        let t = file.tensor(name).unwrap();
+        assert_eq!(t.dtype(), orig.dtype(), "{name}");
+        assert_eq!(t.sizes(), orig.sizes(), "{name}");
+        let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        assert_eq!(f64s(&t), f64s(orig), "{name}");
+        assert_eq!(t.storage().allocator_name(), "mmap", "{name}");
+        assert!(t.storage().same(file.tensor("wq").unwrap().storage()), "one mapping backs every tensor");
+        assert!(t.add_scalar_(1.0).is_err(), "{name}: mapped weights are read-only");
+    }
+    // Zero copy: the tensor's data lies inside the file's mapping.
+    let wq_m = file.tensor_checked("wq", DType::F32, &[64, 32]).unwrap();
+    let off_bytes = wq_m.storage_offset() * 4;
+    assert!(off_bytes >= 8 && off_bytes + 64 * 32 * 4 <= file.mapped_bytes());
+    // Kernels read mapped weights directly.
+    let x = Tensor::ones(&[2, 64], DType::F32).unwrap();
+    let y = x.matmul(&wq_m).unwrap();
+    let want = x.matmul(&wq).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+
+    // The mapping outlives the SafeTensors handle while tensors use it.
+    drop(file);
+    assert_eq!(wq_m.to_vec::<f32>().unwrap(), wq.to_vec::<f32>().unwrap());
+    drop((wq_m, y));
+    assert!(
+        tensormem::telemetry::mapped_memory().files.iter().all(|f| f.path != path),
+        "unmapped with its last tensor"
+    );
+
+    // A writable copy through the default allocator.
+    let copy = Tensor::load_safetensors(&path, "ids", DType::I64).unwrap();
+    copy.add_scalar_(1i64).unwrap();
+    assert_eq!(copy.to_vec::<i64>().unwrap(), (1..=10).collect::<Vec<i64>>());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn safetensors_checked_loads_name_what_differs() {
+    let dir = tempdir("st-check");
+    let path = dir.join("w.safetensors");
+    let w = Tensor::zeros(&[4, 8], DType::F16).unwrap();
+    save_safetensors(&path, &[("layer.0.w", &w)], None).unwrap();
+    // SAFETY: the test owns the file.
+    let file = unsafe { SafeTensors::open(&path) }.unwrap();
+    let e = file.tensor_checked("layer.0.w", DType::F16, &[8, 4]).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("[4, 8]") && msg.contains("[8, 4]"), "{msg}");
+    let e = file.tensor_checked("layer.0.w", DType::F32, &[4, 8]).unwrap_err();
+    assert!(e.to_string().contains("f32") && e.to_string().contains("f16"), "{e}");
+    let e = file.tensor("layer.1.w").unwrap_err();
+    assert!(matches!(e, TensorError::BadFile { .. }), "{e}");
+    assert!(e.to_string().contains("layer.1.w") && e.to_string().contains("layer.0.w"), "{e}");
+    assert!(file.info("nope").is_none());
+    // Saving: duplicate names and quantised dtypes are refused, and the file is left alone.
+    assert!(save_safetensors(&path, &[("a", &w), ("a", &w)], None).is_err());
+    let q = Tensor::zeros(&[1, 32], DType::F32).unwrap().to_dtype(DType::Q8_0).unwrap();
+    assert!(save_safetensors(dir.join("q.safetensors"), &[("q", &q)], None).is_err());
+    assert!(!dir.join("q.safetensors").exists());
+    drop(file);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A safetensors file written by hand: header JSON padded with `pad` spaces, then `data`.
+fn handmade(path: &std::path::Path, header: &str, pad: usize, data: &[u8]) {
+    let mut h = header.as_bytes().to_vec();
+    h.extend(std::iter::repeat_n(b' ', pad));
+    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(h);
+    bytes.extend(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn safetensors_bad_files_are_errors_not_crashes() {
+    let dir = tempdir("st-bad");
+    let p = dir.join("bad.safetensors");
+    let open = |p: &std::path::Path| {
+        // SAFETY: the test owns the files.
+        unsafe { SafeTensors::open(p) }
+    };
+    // Empty, truncated, not JSON, offsets past the data, sizes not matching the shape.
+    std::fs::write(&p, b"").unwrap();
+    assert!(matches!(open(&p).unwrap_err(), TensorError::BadFile { .. }));
+    std::fs::write(&p, 1000u64.to_le_bytes()).unwrap();
+    assert!(matches!(open(&p).unwrap_err(), TensorError::BadFile { .. }));
+    handmade(&p, "not json", 0, &[]);
+    assert!(matches!(open(&p).unwrap_err(), TensorError::BadFile { .. }));
+    handmade(&p, r#"{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 0, &[0; 4]);
+    assert!(matches!(open(&p).unwrap_err(), TensorError::BadFile { .. }));
+    handmade(&p, r#"{"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, 0, &[0; 8]);
+    assert!(matches!(open(&p).unwrap_err(), TensorError::BadFile { .. }));
+    assert!(matches!(open(&dir.join("missing")).unwrap_err(), TensorError::Io { .. }));
+
+    // A dtype tensormem does not have: the file opens, that tensor is an error naming it.
+    handmade(&p, r#"{"u":{"dtype":"U32","shape":[2],"data_offsets":[0,8]}}"#, 0, &[0; 8]);
+    let f = open(&p).unwrap();
+    assert!(f.info("u").unwrap().0.is_err());
+    let e = f.tensor("u").unwrap_err();
+    assert!(e.to_string().contains("U32"), "{e}");
+    drop(f);
+
+    // A bool byte that is not 0 or 1.
+    handmade(&p, r#"{"b":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}}"#, 0, &[1, 2, 0]);
+    let f = open(&p).unwrap();
+    assert!(f.tensor("b").unwrap_err().to_string().contains("byte 2"));
+    drop(f);
+
+    // Data not aligned to the element size (header of odd length): copied, values intact.
+    let header = r#"{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+    let pad = (0..8).find(|k| (8 + header.len() + k) % 4 != 0).unwrap();
+    let mut data = 1.5f32.to_le_bytes().to_vec();
+    data.extend((-2.0f32).to_le_bytes());
+    handmade(&p, header, pad, &data);
+    let f = open(&p).unwrap();
+    let x = f.tensor("x").unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), [1.5, -2.0]);
+    assert_ne!(x.storage().allocator_name(), "mmap", "misaligned data is copied");
+    drop(f);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
