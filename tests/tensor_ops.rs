@@ -523,7 +523,7 @@ fn safetensors_bad_files_are_errors_not_crashes() {
 
     // Data not aligned to the element size (header of odd length): copied, values intact.
     let header = r#"{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
-    let pad = (0..8).find(|k| (8 + header.len() + k) % 4 != 0).unwrap();
+    let pad = (0..8).find(|k| !(8 + header.len() + k).is_multiple_of(4)).unwrap();
     let mut data = 1.5f32.to_le_bytes().to_vec();
     data.extend((-2.0f32).to_le_bytes());
     handmade(&p, header, pad, &data);
