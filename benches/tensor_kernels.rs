@@ -1,39 +1,81 @@
-//! Tensor kernels against memory-copy baselines of the same bytes, in the same run, at 1 and 2
-//! threads (a rayon pool of that size), f32.
+//! Tensor kernels on the path a user gets by default (tensors made with no allocator chosen,
+//! so the registry's default allocates their outputs), beside a memory-copy baseline of the
+//! same bytes in the same run, at 1 and 2 threads, f32.
 //!
-//! 1. `a + b`, 4M contiguous, output allocated through a caching allocator (pool) and, for
-//!    reference, the system allocator; baseline: a copy moving the same 12 bytes per element
-//!    (6 read, 6 written).
-//! 2. 2048x2048 + a 2048-vector broadcast along rows; baseline: a copy moving 8 bytes per
-//!    element.
-//! 3. `a.t() + b`, 2048x2048, against `a + b` at the same size.
+//! Every group has `copy` (the baseline: a plain copy moving the bytes the kernel moves, on a
+//! rayon pool of the same size), `default` (fresh output, default allocator), `pool` (fresh
+//! output from an explicit `PoolAllocator`: the reference), and where PyTorch has them
+//! `inplace` (`a.add_(&b)`) and `out` (`a.add_out(&b, &out)`).
+//!
+//! 1. `a + b`, 4M elements: 12 bytes of traffic per element (8 read, 4 written); the copy
+//!    baseline copies 6 bytes per element (6 read, 6 written), the same traffic.
+//!    The same at 256K elements (3 MiB in all, cache-resident): the scaling without the memory
+//!    bandwidth limit.
+//! 2. 2048x2048 + a 2048 row vector (8 bytes per element; the copy: 4).
+//! 3. `a.t() + b`, 2048x2048 (12 bytes per element), beside `a + b` of the same size.
 //! 4. `sum` of 4M against a read-only pass over the same 16 MB.
-//! 5. `matmul` 512x512x512 against calling the gemm crate directly.
+//! 5. `matmul` 512x512x512 against the gemm crate called directly.
 //! 6. `contiguous()` of a transposed 2048x2048 against a copy of 16 MB.
+//!
+//! Page faults: every benchmark is timed with `iter_custom`, which also reads `getrusage`'s
+//! minor-fault count around the timed loop; the count per call of the last sample (steady
+//! state) is written to `target/criterion/tensor_faults.json`.
 //!
 //! Ratios: `python3 benches/ratios.py` after `cargo bench --bench tensor_kernels`.
 
 // criterion_group! generates an undocumented `pub fn benches()`.
 #![allow(missing_docs)]
 
+use std::collections::BTreeMap;
 use std::hint::black_box;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime};
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, measurement::WallTime};
 use rayon::prelude::*;
-use tensormem::tensor::{Tensor, TensorOptions};
-use tensormem::{Allocator, PoolAllocator, SystemAllocator};
+use tensormem::tensor::{DType, Tensor, TensorOptions, set_num_threads};
+use tensormem::{Allocator, AllocatorRegistry, PoolAllocator};
 
 const N4M: usize = 4 << 20;
 const SIDE: usize = 2048;
 
+/// Minor page faults per call of each benchmark's last sample, by "group/name".
+static FAULTS: Mutex<BTreeMap<String, f64>> = Mutex::new(BTreeMap::new());
+
+fn minor_faults() -> i64 {
+    // SAFETY: `getrusage` fills the zeroed struct it is given; RUSAGE_SELF is always valid.
+    unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u.ru_minflt
+    }
+}
+
+/// Benchmarks `f`, timing it and counting the page faults of its timed loop.
+fn bench<R>(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, name: &str, mut f: impl FnMut() -> R) {
+    let key = format!("{group}/{name}");
+    g.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            let faults = minor_faults();
+            let start = Instant::now();
+            for _ in 0..iters {
+                black_box(f());
+            }
+            let elapsed = start.elapsed();
+            let per_call = (minor_faults() - faults) as f64 / iters as f64;
+            FAULTS.lock().unwrap().insert(key.clone(), per_call);
+            elapsed
+        })
+    });
+}
+
+/// A pool for the reference rows: TensorFlow's caching pool over the system allocator.
 fn pool() -> Arc<dyn Allocator> {
-    let sys: Arc<dyn Allocator> = Arc::new(SystemAllocator::new());
+    let sys: Arc<dyn Allocator> = Arc::new(tensormem::SystemAllocator::new());
     Arc::new(PoolAllocator::builder(sys).build().expect("pool"))
 }
 
-fn threads(n: usize) -> rayon::ThreadPool {
+fn rayon_pool(n: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new().num_threads(n).build().expect("rayon pool")
 }
 
@@ -49,127 +91,177 @@ fn par_read(src: &[u64]) -> u64 {
     src.par_chunks(chunk).map(|c| c.iter().fold(0u64, |a, &v| a.wrapping_add(v))).reduce(|| 0, u64::wrapping_add)
 }
 
-fn copy_baseline(g: &mut BenchmarkGroup<'_, WallTime>, pool: &rayon::ThreadPool, bytes: usize, name: &str) {
-    let src = vec![1u8; bytes];
-    let mut dst = vec![0u8; bytes];
-    g.bench_function(name, |b| b.iter(|| pool.install(|| par_copy(black_box(&src), &mut dst))));
+fn group<'a>(c: &'a mut Criterion, name: &str, t: usize, bytes: usize) -> BenchmarkGroup<'a, WallTime> {
+    set_num_threads(t);
+    let mut g = c.benchmark_group(name);
+    g.sample_size(30).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    g.throughput(Throughput::Bytes(bytes as u64));
+    g
 }
 
-fn config(g: &mut BenchmarkGroup<'_, WallTime>) {
-    g.sample_size(30).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+fn copy_baseline(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, t: usize, bytes: usize) {
+    let tp = rayon_pool(t);
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    bench(g, group, "copy", || tp.install(|| par_copy(black_box(&src), &mut dst)));
+}
+
+fn default_opts(seed: u64) -> TensorOptions {
+    TensorOptions::new().dtype(DType::F32).seed(seed)
 }
 
 fn add_contiguous(c: &mut Criterion) {
+    let (a, b) = (Tensor::rand(&[N4M], default_opts(1)).unwrap(), Tensor::rand(&[N4M], default_opts(2)).unwrap());
+    let popts = default_opts(1).allocator(pool());
+    let (pa, pb) = (Tensor::rand(&[N4M], &popts).unwrap(), Tensor::rand(&[N4M], &popts).unwrap());
+    let out = Tensor::zeros(&[N4M], DType::F32).unwrap();
     for t in [1, 2] {
-        let tp = threads(t);
-        let mut g = c.benchmark_group(format!("add_4M_{t}t"));
-        config(&mut g);
-        g.throughput(Throughput::Bytes((N4M * 12) as u64));
-        copy_baseline(&mut g, &tp, N4M * 6, "copy");
-        for (name, alloc) in [("tensor_pool", pool()), ("tensor_system", Arc::new(SystemAllocator::new()) as _)] {
-            let opts = TensorOptions::new().allocator(alloc).seed(1);
-            let (a, b) = (Tensor::rand(&[N4M], &opts).unwrap(), Tensor::rand(&[N4M], &opts).unwrap());
-            g.bench_function(name, |bch| bch.iter(|| tp.install(|| black_box(a.add(&b).unwrap()))));
-        }
+        let name = format!("add_4M_{t}t");
+        let mut g = group(c, &name, t, N4M * 12);
+        copy_baseline(&mut g, &name, t, N4M * 6);
+        bench(&mut g, &name, "default", || a.add(&b).unwrap());
+        bench(&mut g, &name, "pool", || pa.add(&pb).unwrap());
+        bench(&mut g, &name, "inplace", || out.add_(&b).map(|_| ()).unwrap());
+        bench(&mut g, &name, "out", || a.add_out(&b, &out).map(|_| ()).unwrap());
+        g.finish();
+    }
+}
+
+/// `a + b` on 256K elements (1 MiB per operand, 3 MiB together: in this machine's caches), to
+/// show how the kernel itself scales when memory bandwidth does not bound it.
+fn add_cached(c: &mut Criterion) {
+    const N: usize = 256 << 10;
+    let (a, b) = (Tensor::rand(&[N], default_opts(9)).unwrap(), Tensor::rand(&[N], default_opts(10)).unwrap());
+    let popts = default_opts(9).allocator(pool());
+    let (pa, pb) = (Tensor::rand(&[N], &popts).unwrap(), Tensor::rand(&[N], &popts).unwrap());
+    let out = Tensor::zeros(&[N], DType::F32).unwrap();
+    for t in [1, 2] {
+        let name = format!("add_256K_{t}t");
+        let mut g = group(c, &name, t, N * 12);
+        copy_baseline(&mut g, &name, t, N * 6);
+        bench(&mut g, &name, "default", || a.add(&b).unwrap());
+        bench(&mut g, &name, "pool", || pa.add(&pb).unwrap());
+        bench(&mut g, &name, "inplace", || out.add_(&b).map(|_| ()).unwrap());
+        bench(&mut g, &name, "out", || a.add_out(&b, &out).map(|_| ()).unwrap());
         g.finish();
     }
 }
 
 fn add_broadcast_and_transposed(c: &mut Criterion) {
-    let opts = TensorOptions::new().allocator(pool()).seed(2);
-    let a = Tensor::rand(&[SIDE, SIDE], &opts).unwrap();
-    let b = Tensor::rand(&[SIDE, SIDE], &opts).unwrap();
-    let row = Tensor::rand(&[SIDE], &opts).unwrap();
+    let a = Tensor::rand(&[SIDE, SIDE], default_opts(3)).unwrap();
+    let b = Tensor::rand(&[SIDE, SIDE], default_opts(4)).unwrap();
+    let row = Tensor::rand(&[SIDE], default_opts(5)).unwrap();
     let at = a.t().unwrap();
+    let popts = default_opts(3).allocator(pool());
+    let (pa, pb, prow) = (
+        Tensor::rand(&[SIDE, SIDE], &popts).unwrap(),
+        Tensor::rand(&[SIDE, SIDE], &popts).unwrap(),
+        Tensor::rand(&[SIDE], &popts).unwrap(),
+    );
+    let pat = pa.t().unwrap();
+    let out = Tensor::zeros(&[SIDE, SIDE], DType::F32).unwrap();
     for t in [1, 2] {
-        let tp = threads(t);
-        let mut g = c.benchmark_group(format!("broadcast_2048_{t}t"));
-        config(&mut g);
-        g.throughput(Throughput::Bytes((SIDE * SIDE * 8) as u64));
-        copy_baseline(&mut g, &tp, SIDE * SIDE * 4, "copy");
-        g.bench_function("tensor", |bch| bch.iter(|| tp.install(|| black_box(a.add(&row).unwrap()))));
+        let name = format!("broadcast_2048_{t}t");
+        let mut g = group(c, &name, t, SIDE * SIDE * 8);
+        copy_baseline(&mut g, &name, t, SIDE * SIDE * 4);
+        bench(&mut g, &name, "default", || a.add(&row).unwrap());
+        bench(&mut g, &name, "pool", || pa.add(&prow).unwrap());
+        bench(&mut g, &name, "inplace", || out.add_(&row).map(|_| ()).unwrap());
+        bench(&mut g, &name, "out", || a.add_out(&row, &out).map(|_| ()).unwrap());
         g.finish();
 
-        let mut g = c.benchmark_group(format!("transposed_2048_{t}t"));
-        config(&mut g);
-        g.throughput(Throughput::Bytes((SIDE * SIDE * 12) as u64));
-        copy_baseline(&mut g, &tp, SIDE * SIDE * 6, "copy");
-        g.bench_function("contiguous_add", |bch| bch.iter(|| tp.install(|| black_box(a.add(&b).unwrap()))));
-        g.bench_function("transposed_add", |bch| bch.iter(|| tp.install(|| black_box(at.add(&b).unwrap()))));
+        let name = format!("transposed_2048_{t}t");
+        let mut g = group(c, &name, t, SIDE * SIDE * 12);
+        copy_baseline(&mut g, &name, t, SIDE * SIDE * 6);
+        bench(&mut g, &name, "contiguous_add", || a.add(&b).unwrap());
+        bench(&mut g, &name, "default", || at.add(&b).unwrap());
+        bench(&mut g, &name, "pool", || pat.add(&pb).unwrap());
+        bench(&mut g, &name, "out", || at.add_out(&b, &out).map(|_| ()).unwrap());
         g.finish();
 
-        let mut g = c.benchmark_group(format!("contiguous_of_transposed_2048_{t}t"));
-        config(&mut g);
-        g.throughput(Throughput::Bytes((SIDE * SIDE * 8) as u64));
-        copy_baseline(&mut g, &tp, SIDE * SIDE * 4, "copy");
-        g.bench_function("tensor", |bch| bch.iter(|| tp.install(|| black_box(at.contiguous().unwrap()))));
+        let name = format!("contiguous_of_transposed_2048_{t}t");
+        let mut g = group(c, &name, t, SIDE * SIDE * 8);
+        copy_baseline(&mut g, &name, t, SIDE * SIDE * 4);
+        bench(&mut g, &name, "default", || at.contiguous().unwrap());
+        bench(&mut g, &name, "pool", || pat.contiguous().unwrap());
         g.finish();
     }
 }
 
 fn sum(c: &mut Criterion) {
-    let opts = TensorOptions::new().allocator(pool()).seed(3);
-    let x = Tensor::rand(&[N4M], &opts).unwrap();
+    let x = Tensor::rand(&[N4M], default_opts(6)).unwrap();
+    let px = Tensor::rand(&[N4M], default_opts(6).allocator(pool())).unwrap();
     let words = vec![1u64; N4M / 2];
     for t in [1, 2] {
-        let tp = threads(t);
-        let mut g = c.benchmark_group(format!("sum_4M_{t}t"));
-        config(&mut g);
-        g.throughput(Throughput::Bytes((N4M * 4) as u64));
-        g.bench_function("read", |bch| bch.iter(|| tp.install(|| black_box(par_read(black_box(&words))))));
-        g.bench_function("tensor", |bch| bch.iter(|| tp.install(|| black_box(x.sum().unwrap()))));
+        let name = format!("sum_4M_{t}t");
+        let mut g = group(c, &name, t, N4M * 4);
+        let tp = rayon_pool(t);
+        bench(&mut g, &name, "read", || tp.install(|| par_read(black_box(&words))));
+        bench(&mut g, &name, "default", || x.sum().unwrap());
+        bench(&mut g, &name, "pool", || px.sum().unwrap());
         g.finish();
     }
 }
 
 fn matmul(c: &mut Criterion) {
     const M: usize = 512;
-    let opts = TensorOptions::new().allocator(pool()).seed(4);
-    let a = Tensor::rand(&[M, M], &opts).unwrap();
-    let b = Tensor::rand(&[M, M], &opts).unwrap();
+    let a = Tensor::rand(&[M, M], default_opts(7)).unwrap();
+    let b = Tensor::rand(&[M, M], default_opts(8)).unwrap();
+    let popts = default_opts(7).allocator(pool());
+    let (pa, pb) = (Tensor::rand(&[M, M], &popts).unwrap(), Tensor::rand(&[M, M], &popts).unwrap());
     let (av, bv) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
     let mut dst = vec![0f32; M * M];
     for t in [1, 2] {
-        let tp = threads(t);
-        let mut g = c.benchmark_group(format!("matmul_512_{t}t"));
-        config(&mut g);
+        let name = format!("matmul_512_{t}t");
+        let mut g = group(c, &name, t, 0);
         g.throughput(Throughput::Elements((2 * M * M * M) as u64));
-        g.bench_function("gemm_direct", |bch| {
-            bch.iter(|| {
-                tp.install(|| {
-                    let par = if t > 1 { gemm::Parallelism::Rayon(t) } else { gemm::Parallelism::None };
-                    // SAFETY: all three are M x M row-major buffers of f32; dst is separate.
-                    unsafe {
-                        gemm::gemm(
-                            M,
-                            M,
-                            M,
-                            dst.as_mut_ptr(),
-                            1,
-                            M as isize,
-                            false,
-                            av.as_ptr(),
-                            1,
-                            M as isize,
-                            bv.as_ptr(),
-                            1,
-                            M as isize,
-                            0.0f32,
-                            1.0f32,
-                            false,
-                            false,
-                            false,
-                            par,
-                        )
-                    };
-                    black_box(&dst);
-                })
+        let tp = rayon_pool(t);
+        bench(&mut g, &name, "gemm_direct", || {
+            tp.install(|| {
+                let par = if t > 1 { gemm::Parallelism::Rayon(t) } else { gemm::Parallelism::None };
+                // SAFETY: all three are M x M row-major buffers of f32; dst is separate.
+                unsafe {
+                    gemm::gemm(
+                        M,
+                        M,
+                        M,
+                        dst.as_mut_ptr(),
+                        1,
+                        M as isize,
+                        false,
+                        av.as_ptr(),
+                        1,
+                        M as isize,
+                        bv.as_ptr(),
+                        1,
+                        M as isize,
+                        0.0f32,
+                        1.0f32,
+                        false,
+                        false,
+                        false,
+                        par,
+                    )
+                };
             })
         });
-        g.bench_function("tensor", |bch| bch.iter(|| tp.install(|| black_box(a.matmul(&b).unwrap()))));
+        bench(&mut g, &name, "default", || a.matmul(&b).unwrap());
+        bench(&mut g, &name, "pool", || pa.matmul(&pb).unwrap());
         g.finish();
     }
 }
 
-criterion_group!(benches, add_contiguous, add_broadcast_and_transposed, sum, matmul);
-criterion_main!(benches);
+criterion_group!(benches, add_contiguous, add_cached, add_broadcast_and_transposed, sum, matmul);
+
+fn main() {
+    eprintln!("default allocator: {}", AllocatorRegistry::global().get().name());
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    let faults = FAULTS.lock().unwrap();
+    if !faults.is_empty() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/criterion");
+        std::fs::create_dir_all(&dir).expect("target/criterion");
+        let json = serde_json::to_string_pretty(&*faults).expect("json");
+        std::fs::write(dir.join("tensor_faults.json"), json).expect("write tensor_faults.json");
+    }
+}

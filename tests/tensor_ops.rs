@@ -534,3 +534,35 @@ fn safetensors_bad_files_are_errors_not_crashes() {
     drop(f);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---- large inputs: the parallel paths ----
+
+#[test]
+fn parallel_row_kernels_match_plain_loops() {
+    // 300 rows of 1000: above the parallel threshold, with rows that do not divide evenly
+    // between threads.
+    let (rows, n) = (300, 1000);
+    let x = Tensor::randn(&[rows, n], TensorOptions::new().dtype(DType::F32).seed(11)).unwrap();
+    let xv = x.to_vec::<f32>().unwrap();
+    let sums = x.sum_dim(-1, false).unwrap().to_vec::<f32>().unwrap();
+    let sm = x.softmax(-1).unwrap().to_vec::<f32>().unwrap();
+    let ln = x.layer_norm(&[n], None, None, 1e-5).unwrap().to_vec::<f32>().unwrap();
+    let total = x.sum().unwrap().item::<f32>().unwrap();
+    let mut want_total = 0f64;
+    for r in 0..rows {
+        let row = &xv[r * n..(r + 1) * n];
+        let s: f64 = row.iter().map(|&v| f64::from(v)).sum();
+        want_total += s;
+        assert!((f64::from(sums[r]) - s).abs() < 1e-3, "row {r}: {} vs {s}", sums[r]);
+        let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let z: f64 = row.iter().map(|&v| f64::from(v - m).exp()).sum();
+        for (k, &v) in row.iter().enumerate() {
+            let want = (f64::from(v - m).exp() / z) as f32;
+            assert!((sm[r * n + k] - want).abs() < 1e-6, "softmax ({r}, {k})");
+        }
+        let lr = &ln[r * n..(r + 1) * n];
+        let mean: f32 = lr.iter().sum::<f32>() / n as f32;
+        assert!(mean.abs() < 1e-4, "layer_norm row {r} mean {mean}");
+    }
+    assert!((f64::from(total) - want_total).abs() < 0.05, "{total} vs {want_total}");
+}

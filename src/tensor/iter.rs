@@ -16,8 +16,6 @@
 //! both the input and the output are read and written along cache lines. Above [`GRAIN`]
 //! elements the work is split across the kernel threads (see [`parallel`](super::parallel)).
 
-use rayon::prelude::*;
-
 /// Elements below which a kernel runs on the calling thread only (PyTorch's `GRAIN_SIZE`).
 pub(crate) const GRAIN: usize = 32_768;
 
@@ -116,10 +114,8 @@ impl<const N: usize> Plan<N> {
             if chunks <= 1 {
                 self.run_tiles(0, tasks, tiled, (w, h), f);
             } else {
-                super::parallel::install(|| {
-                    (0..chunks).into_par_iter().for_each(|c| {
-                        self.run_tiles(tasks * c / chunks, tasks * (c + 1) / chunks, tiled, (w, h), f);
-                    })
+                super::parallel::for_each_piece(chunks, |c| {
+                    self.run_tiles(tasks * c / chunks, tasks * (c + 1) / chunks, tiled, (w, h), f);
                 });
             }
             return;
@@ -128,10 +124,8 @@ impl<const N: usize> Plan<N> {
         if chunks <= 1 {
             self.run_range(0, numel, f);
         } else {
-            super::parallel::install(|| {
-                (0..chunks)
-                    .into_par_iter()
-                    .for_each(|c| self.run_range(numel * c / chunks, numel * (c + 1) / chunks, f))
+            super::parallel::for_each_piece(chunks, |c| {
+                self.run_range(numel * c / chunks, numel * (c + 1) / chunks, f)
             });
         }
     }

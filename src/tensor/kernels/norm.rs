@@ -4,11 +4,9 @@
 //! Rows are the trailing `normalized_shape` elements; `f16`/`bf16`/`f32` compute in `f32`,
 //! `f64` in `f64`, with the statistics summed in `f64`; the result keeps the input's dtype.
 
-use rayon::prelude::*;
-
 use crate::tensor::dtype::match_float;
 use crate::tensor::iter::GRAIN;
-use crate::tensor::parallel::{install, threads_for};
+use crate::tensor::parallel::{for_each_part, threads_for};
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
@@ -82,12 +80,14 @@ fn normalize_rows<
         }
     };
     let rows = x.len() / n.max(1);
-    if threads_for(x.len(), GRAIN) > 1 {
-        install(|| {
-            out.par_chunks_mut(n)
-                .zip(x.par_chunks(n))
-                .with_min_len((GRAIN / n.max(1)).max(1))
-                .for_each(|(d, s)| row(s, d))
+    let threads = threads_for(x.len(), GRAIN);
+    if threads > 1 {
+        let pieces = threads.min(x.len().div_ceil(GRAIN));
+        for_each_part(&mut out[..rows * n], pieces, n, |first, part| {
+            let len = part.len();
+            for (d, s) in part.chunks_mut(n).zip(x[first..first + len].chunks(n)) {
+                row(s, d);
+            }
         });
     } else {
         for (d, s) in out.chunks_mut(n).zip(x.chunks(n)).take(rows) {

@@ -8,8 +8,6 @@
 //! over rows, or within a row, across rayon's threads: integer results are the same either
 //! way, float results differ only in rounding.
 
-use rayon::prelude::*;
-
 use crate::tensor::dtype::{match_float, match_numeric};
 use crate::tensor::iter::GRAIN;
 use crate::tensor::num::{Float, Num};
@@ -161,24 +159,20 @@ where
     let row = |r: usize| &data[r * len..(r + 1) * len];
     if threads > 1 && rows == 1 {
         let pieces = threads.min(len.div_ceil(GRAIN));
-        let parts: Vec<A> = crate::tensor::parallel::install(|| {
-            (0..pieces)
-                .into_par_iter()
-                .map(|p| {
-                    let (s, e) = (len * p / pieces, len * (p + 1) / pieces);
-                    fold(&data[s..e], s)
-                })
-                .collect()
+        let parts: Vec<A> = crate::tensor::parallel::map_pieces(pieces, |p| {
+            let (s, e) = (len * p / pieces, len * (p + 1) / pieces);
+            fold(&data[s..e], s)
         });
         let acc = parts.into_iter().reduce(&combine);
         if let Some(acc) = acc {
             dst[0].write(finish(acc, len));
         }
     } else if threads > 1 {
-        crate::tensor::parallel::install(|| {
-            dst.par_iter_mut().enumerate().with_min_len((GRAIN / len.max(1)).max(1)).for_each(|(r, o)| {
-                o.write(finish(fold(row(r), 0), len));
-            })
+        let pieces = threads.min((rows * len).div_ceil(GRAIN));
+        crate::tensor::parallel::for_each_part(dst, pieces, 1, |first, part| {
+            for (k, o) in part.iter_mut().enumerate() {
+                o.write(finish(fold(row(first + k), 0), len));
+            }
         });
     } else {
         for (r, o) in dst.iter_mut().enumerate() {
@@ -409,8 +403,12 @@ impl Tensor {
                 }
             };
             if len > 0 {
-                if n >= 2 * GRAIN {
-                    src.par_chunks(len).zip(dst.par_chunks_mut(len)).for_each(row);
+                let threads = crate::tensor::parallel::threads_for(n, GRAIN);
+                if threads > 1 {
+                    let pieces = threads.min(n.div_ceil(GRAIN));
+                    crate::tensor::parallel::for_each_part(dst, pieces, len, |first, part| {
+                        src[first..first + part.len()].chunks(len).zip(part.chunks_mut(len)).for_each(row);
+                    });
                 } else {
                     src.chunks(len).zip(dst.chunks_mut(len)).for_each(row);
                 }
