@@ -28,7 +28,7 @@
 //!   model does).
 
 use core::sync::atomic::{
-    AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, fence,
+    AtomicU32, AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, fence,
 };
 
 use parking_lot::RwLock;
@@ -47,6 +47,8 @@ pub(crate) struct Record {
     pub(crate) allocated: usize,
     pub(crate) id: u64,
     pub(crate) align: usize,
+    /// The scope tag's raw number (0: none).
+    pub(crate) tag: u32,
 }
 
 #[derive(Default)]
@@ -58,6 +60,7 @@ struct Slot {
     allocated: AtomicUsize,
     id: AtomicU64,
     align: AtomicUsize,
+    tag: AtomicU32,
 }
 
 impl Slot {
@@ -68,6 +71,7 @@ impl Slot {
             allocated: self.allocated.load(Relaxed),
             id: self.id.load(Relaxed),
             align: self.align.load(Relaxed),
+            tag: self.tag.load(Relaxed),
         }
     }
 
@@ -105,6 +109,7 @@ impl Slot {
         self.allocated.store(r.allocated, Relaxed);
         self.id.store(r.id, Relaxed);
         self.align.store(r.align, Relaxed);
+        self.tag.store(r.tag, Relaxed);
         // Release: a remote thread that sees the key (Acquire in `find`) sees the record.
         self.key.store(key, Release);
         self.seq.store(seq + 2, Release);

@@ -3,7 +3,11 @@
 //! - Pick allocators by priority or by name at startup without touching call sites:
 //!   [`AllocatorRegistry`], `TENSORMEM_ALLOCATOR`, [`register_allocator!`].
 //! - Know where memory goes: every allocator keeps [`AllocatorStats`]; a
-//!   [`TrackingAllocator`] records every live pointer, which is what a leak check needs.
+//!   [`TrackingAllocator`] records every live pointer; [`scope`] tags allocations;
+//!   [`history`] records every event for the [`timeline`] page;
+//!   [`telemetry::memory_summary`] prints a table.
+//! - Fail a test the moment it leaks: [`testing::LeakCheck`] sees every allocation of its
+//!   thread through any tensormem allocator.
 //!
 //! The allocator layer itself (the [`Allocator`] trait, its types, the backends) is the
 //! `tensormem-allocators` crate, re-exported as [`allocators`] and at the top level here.
@@ -32,13 +36,18 @@ pub use tensormem_allocators as allocators;
 
 mod chunk_table;
 mod config;
+pub mod history;
+mod observer;
 mod registration;
 mod registry;
 mod retry;
+mod scope;
 pub mod telemetry;
 #[cfg(feature = "tensor")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tensor")))]
 pub mod tensor;
+pub mod testing;
+pub mod timeline;
 mod trace;
 mod tracking;
 mod wrapper;
@@ -52,12 +61,14 @@ pub use allocators::{
 #[cfg_attr(docsrs, doc(cfg(feature = "jemalloc")))]
 pub use allocators::{JemallocAllocator, JemallocStats};
 pub use config::{ALLOC_CONF_ENV, AllocConf, ConfigError, KEYS as ALLOC_CONF_KEYS, SIZE_SPELLINGS, parse_size};
+pub use observer::{TagStats, tag_stats};
 pub use registration::AllocatorFactory;
 pub use registry::{
     ALLOCATOR_ENV, AllocatorRegistry, CONFIGURED_PRIORITY, DEFAULT_PRIORITY, RegistryEntry, RegistryError,
     SelectionOrigin,
 };
 pub use retry::{DEFAULT_MAX_RETRY_WAIT, RetryAllocator};
+pub use scope::{ScopeGuard, current_scope, scope, with_default_allocator};
 pub use trace::{
     AllocationTrace, PreparedTrace, ReplayReport, TRACE_VERSION, TraceError, TraceEvent, TraceRecorder, replay,
 };

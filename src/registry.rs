@@ -289,12 +289,20 @@ impl AllocatorRegistry {
 
     /// Like [`get`](Self::get), but reports a misconfiguration instead of panicking.
     ///
+    /// On the global registry, inside [`with_default_allocator`](crate::with_default_allocator)
+    /// both return that call's allocator on its thread.
+    ///
     /// # Errors
     /// [`RegistryError::UnknownAllocator`] when the chosen name (from `TENSORMEM_ALLOCATOR` or
     /// [`select`](Self::select)) is not registered, listing the registered names;
     /// [`RegistryError::Empty`] when nothing is registered; the first startup registration
     /// error of the global registry, if any.
     pub fn try_get(&self) -> Result<Arc<dyn Allocator>, RegistryError> {
+        if let Some(a) = crate::scope::default_override()
+            && core::ptr::eq(self, Self::global())
+        {
+            return Ok(a);
+        }
         let inner = self.inner.read();
         if let Some(e) = inner.startup_errors.first() {
             return Err(e.clone());

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::allocators::observe::{self, Tag};
 use crate::allocators::{
     AllocError, AllocationAttributes, Allocator, AllocatorStats, LiveChunk, MemoryDump, PerThread, StatsCounters,
     dangling,
@@ -27,6 +28,9 @@ pub struct Chunk {
     pub allocated_size: usize,
     /// Unique within the tracker, from 1; see [`TrackingAllocator`] for the order.
     pub allocation_id: u64,
+    /// The [scope](crate::scope) it was allocated in.
+    #[serde(default)]
+    pub tag: Option<Tag>,
 }
 
 /// TensorFlow's `GetSizes()`: byte totals of a [`TrackingAllocator`], in allocated bytes.
@@ -121,6 +125,7 @@ impl TrackingAllocator {
                 requested_size: r.requested,
                 allocated_size: r.allocated,
                 allocation_id: r.id,
+                tag: Tag::from_raw(r.tag),
             })
         };
         self.tables.for_each(|t| t.for_each_live(&mut push));
@@ -137,6 +142,7 @@ impl TrackingAllocator {
             requested_size: r.requested,
             allocated_size: r.allocated,
             allocation_id: r.id,
+            tag: Tag::from_raw(r.tag),
         })
     }
 
@@ -221,17 +227,24 @@ unsafe impl Allocator for TrackingAllocator {
         let allocated =
             if self.inner_tracks_sizes { self.inner.allocated_size(ptr) } else { self.inner.allocated_size_slow(ptr) };
         let allocated = allocated.unwrap_or(0).max(layout.size());
+        let tag = observe::scope_tag().map_or(0, Tag::to_raw);
         let key = ptr.as_ptr() as usize;
         // SAFETY: `with` runs the closure on this thread's own table, as its owner; `key` was
         // just returned by the inner allocator, so it is live in no table.
         let recorded = self.tables.with(|t, _| unsafe {
-            let record =
-                Record { requested: layout.size(), allocated, id: t.next_id(&self.next_id), align: layout.align() };
+            let record = Record {
+                requested: layout.size(),
+                allocated,
+                id: t.next_id(&self.next_id),
+                align: layout.align(),
+                tag,
+            };
             t.insert_owned(key, record);
         });
         if recorded.is_none() {
             let id = self.next_id.fetch_add(1, Relaxed);
-            self.orphans.lock().insert(key, Record { requested: layout.size(), allocated, id, align: layout.align() });
+            let record = Record { requested: layout.size(), allocated, id, align: layout.align(), tag };
+            self.orphans.lock().insert(key, record);
         }
         self.counters.record_alloc(allocated);
         Ok(ptr)

@@ -28,7 +28,10 @@ fn records_chunks_with_ids_increasing_from_one() {
     let ptrs: Vec<_> =
         layouts.iter().map(|&(s, a)| t.allocate_raw(Layout::from_size_align(s, a).unwrap(), &attrs).unwrap()).collect();
     for (i, (&p, &(size, _))) in ptrs.iter().zip(&layouts).enumerate() {
-        assert_eq!(t.chunk(p), Some(Chunk { requested_size: size, allocated_size: size, allocation_id: i as u64 + 1 }));
+        assert_eq!(
+            t.chunk(p),
+            Some(Chunk { requested_size: size, allocated_size: size, allocation_id: i as u64 + 1, tag: None })
+        );
         assert_eq!(t.requested_size(p), Some(size));
         assert_eq!(t.allocated_size(p), Some(size));
         assert_eq!(t.allocation_id(p), Some(i as u64 + 1));

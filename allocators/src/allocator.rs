@@ -18,6 +18,9 @@ pub struct LiveChunk {
     pub allocated_size: usize,
     /// The allocation's id (unique within the allocator, from 1).
     pub allocation_id: u64,
+    /// The [scope](crate::observe::scope) it was allocated in, if the allocator records it.
+    #[serde(default)]
+    pub tag: Option<crate::observe::Tag>,
 }
 
 /// A source of raw memory with statistics: TensorFlow's `Allocator`, in Rust.

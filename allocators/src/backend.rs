@@ -4,6 +4,7 @@
 use core::alloc::Layout;
 use core::ptr::NonNull;
 
+use crate::observe::{self, Layer};
 use crate::{AllocError, AllocErrorKind, BackendOptions, Fill, StatsCounters, dangling};
 
 /// Options plus counters; a backend supplies only its raw alloc and free functions.
@@ -24,9 +25,11 @@ impl Backend {
         }
     }
 
-    /// Allocates through `raw(layout, zeroed)`, which returns null on failure.
+    /// Allocates through `raw(layout, zeroed)`, which returns null on failure, and reports the
+    /// block to the [observer](crate::observe) when `OBSERVE` (always, except in the bench
+    /// baseline).
     #[inline(always)]
-    pub(crate) fn allocate(
+    pub(crate) fn allocate<const OBSERVE: bool>(
         &self,
         layout: Layout,
         raw: impl Fn(Layout, bool) -> *mut u8,
@@ -35,14 +38,21 @@ impl Backend {
         if size == 0 {
             return Ok(dangling(layout));
         }
-        if self.plain {
-            if let Some(ptr) = NonNull::new(raw(layout, false)) {
-                self.counters.record_alloc(size);
-                return Ok(ptr);
+        let ptr = if self.plain {
+            match NonNull::new(raw(layout, false)) {
+                Some(ptr) => {
+                    self.counters.record_alloc(size);
+                    ptr
+                }
+                None => return Err(self.out_of_memory(layout)),
             }
-            return Err(self.out_of_memory(layout));
+        } else {
+            self.allocate_general(layout, &raw)?
+        };
+        if OBSERVE {
+            observe::allocated(Layer::Leaf, &self.options.name, ptr.as_ptr() as usize, size, size);
         }
-        self.allocate_general(layout, &raw)
+        Ok(ptr)
     }
 
     /// The path with a limit or a fill.
@@ -72,6 +82,7 @@ impl Backend {
     #[inline(never)]
     fn out_of_memory(&self, layout: Layout) -> AllocError {
         self.counters.record_oom();
+        observe::out_of_memory(&self.options.name, layout.size());
         let in_use = self.counters.snapshot().bytes_in_use;
         let err = AllocError::new(AllocErrorKind::OutOfMemory, layout, &self.options.name)
             .with_usage(in_use, self.counters.limit());
@@ -83,20 +94,30 @@ impl Backend {
     #[inline(never)]
     fn over_limit(&self, layout: Layout, in_use: u64, limit: u64) -> AllocError {
         self.counters.record_oom();
+        observe::out_of_memory(&self.options.name, layout.size());
         let err =
             AllocError::new(AllocErrorKind::LimitExceeded, layout, &self.options.name).with_usage(in_use, Some(limit));
         tracing::warn!(allocator = %self.options.name, size = layout.size(), in_use, limit, "{err}");
         err
     }
 
-    /// Frees through `raw(ptr, layout)`.
+    /// Frees through `raw(ptr, layout)`, reporting the free first (before the address can be
+    /// handed out again) when `OBSERVE`.
     ///
     /// # Safety
     /// `ptr` must be currently allocated by this backend with `layout`.
     #[inline(always)]
-    pub(crate) unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout, raw: impl FnOnce(*mut u8, Layout)) {
+    pub(crate) unsafe fn deallocate<const OBSERVE: bool>(
+        &self,
+        ptr: NonNull<u8>,
+        layout: Layout,
+        raw: impl FnOnce(*mut u8, Layout),
+    ) {
         if layout.size() == 0 {
             return;
+        }
+        if OBSERVE {
+            observe::freed(Layer::Leaf, &self.options.name, ptr.as_ptr() as usize, layout.size());
         }
         self.counters.record_free(layout.size());
         raw(ptr.as_ptr(), layout);

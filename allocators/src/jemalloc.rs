@@ -94,7 +94,7 @@ unsafe impl Allocator for JemallocAllocator {
 
     #[inline(always)]
     fn allocate_raw(&self, layout: Layout, _attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
-        self.backend.allocate(layout, |layout, zeroed| {
+        self.backend.allocate::<true>(layout, |layout, zeroed| {
             // SAFETY: `Backend::allocate` only calls this with a non-zero size.
             unsafe { if zeroed { Jemalloc.alloc_zeroed(layout) } else { Jemalloc.alloc(layout) } }
         })
@@ -104,7 +104,7 @@ unsafe impl Allocator for JemallocAllocator {
     unsafe fn deallocate_raw(&self, ptr: NonNull<u8>, layout: Layout) {
         // SAFETY: the caller promises `ptr` is currently allocated here with `layout`, i.e. it
         // came from `Jemalloc.alloc(layout)` (non-zero size; zero sizes never reach `raw`).
-        unsafe { self.backend.deallocate(ptr, layout, |p, l| Jemalloc.dealloc(p, l)) }
+        unsafe { self.backend.deallocate::<true>(ptr, layout, |p, l| Jemalloc.dealloc(p, l)) }
     }
 
     fn allocated_size_slow(&self, ptr: NonNull<u8>) -> Option<usize> {

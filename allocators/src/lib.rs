@@ -1,8 +1,8 @@
 //! The allocator layer of [tensormem](https://docs.rs/tensormem): the [`Allocator`] trait,
 //! its [`AllocatorStats`], attributes and [`AllocError`], and the backends.
 //!
-//! This crate holds no global state; the registry, decorators and telemetry live in the
-//! `tensormem` crate, which re-exports this one.
+//! The registry, decorators and telemetry live in the `tensormem` crate, which re-exports this
+//! one; the only global state here is the [`observe`] hooks' switch word and observer.
 //!
 //! Backends:
 //! - [`SystemAllocator`]: the system allocator with exact, lock-free statistics.
@@ -39,6 +39,7 @@ mod expandable;
 mod format;
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 mod jemalloc;
+pub mod observe;
 mod per_thread;
 mod pool;
 mod stats;

@@ -51,6 +51,26 @@ impl SystemAllocator {
     pub fn options(&self) -> &BackendOptions {
         &self.backend.options
     }
+
+    /// The allocation path without the observation hook: the baseline of the `observe` bench,
+    /// not for use (leak checks and history do not see it).
+    #[doc(hidden)]
+    pub fn allocate_unobserved(&self, layout: Layout) -> Result<NonNull<u8>, AllocError> {
+        self.backend.allocate::<false>(layout, |layout, zeroed| {
+            // SAFETY: `Backend::allocate` only calls this with a non-zero size.
+            unsafe { if zeroed { System.alloc_zeroed(layout) } else { System.alloc(layout) } }
+        })
+    }
+
+    /// Frees a block from [`allocate_unobserved`](Self::allocate_unobserved).
+    ///
+    /// # Safety
+    /// As [`Allocator::deallocate_raw`], for a block from `allocate_unobserved`.
+    #[doc(hidden)]
+    pub unsafe fn deallocate_unobserved(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: the caller promises `ptr` came from `System.alloc(layout)` via this backend.
+        unsafe { self.backend.deallocate::<false>(ptr, layout, |p, l| System.dealloc(p, l)) }
+    }
 }
 
 impl Default for SystemAllocator {
@@ -76,7 +96,7 @@ unsafe impl Allocator for SystemAllocator {
 
     #[inline(always)]
     fn allocate_raw(&self, layout: Layout, _attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
-        self.backend.allocate(layout, |layout, zeroed| {
+        self.backend.allocate::<true>(layout, |layout, zeroed| {
             // SAFETY: `Backend::allocate` only calls this with a non-zero size.
             unsafe { if zeroed { System.alloc_zeroed(layout) } else { System.alloc(layout) } }
         })
@@ -86,7 +106,7 @@ unsafe impl Allocator for SystemAllocator {
     unsafe fn deallocate_raw(&self, ptr: NonNull<u8>, layout: Layout) {
         // SAFETY: the caller promises `ptr` is currently allocated here with `layout`, i.e. it
         // came from `System.alloc(layout)` (non-zero size; zero sizes never reach `raw`).
-        unsafe { self.backend.deallocate(ptr, layout, |p, l| System.dealloc(p, l)) }
+        unsafe { self.backend.deallocate::<true>(ptr, layout, |p, l| System.dealloc(p, l)) }
     }
 
     fn stats(&self) -> Option<AllocatorStats> {

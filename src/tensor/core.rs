@@ -87,7 +87,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         let nbytes = nbytes_of(op, sizes, dtype)?;
         // SAFETY: forwarded: the caller fills the tensor before anything reads it.
-        let storage = unsafe { Storage::new_uninit(op, nbytes, allocator) }?;
+        let storage = unsafe { Storage::new_uninit(op, nbytes, allocator) }?.described(dtype, sizes);
         Ok(Tensor::from_parts(storage, sizes.to_vec(), contiguous_strides(sizes), 0, dtype))
     }
 

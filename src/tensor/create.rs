@@ -41,7 +41,7 @@ impl Tensor {
         let opts = opts.into();
         let dtype = opts.get_dtype().unwrap_or(DType::F32);
         let nbytes = nbytes_of("empty", sizes, dtype)?;
-        let storage = Storage::new_lazy(nbytes, allocator_of("empty", &opts)?)?;
+        let storage = Storage::new_lazy(nbytes, allocator_of("empty", &opts)?)?.described(dtype, sizes);
         Ok(Tensor::from_parts(storage, sizes.to_vec(), contiguous_strides(sizes), 0, dtype))
     }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::allocators::{AllocError, AllocationAttributes, Allocator};
+use crate::allocators::{AllocError, AllocationAttributes, Allocator, observe};
 
 use super::{Result, TensorError};
 
@@ -41,6 +41,9 @@ struct Inner {
     /// Taken for reading by kernels that read this storage and for writing by kernels that
     /// write it, so that two views on two threads never race.
     access: RwLock<()>,
+    /// What the first tensor on it was (`tensor f32 [2, 3]`), kept only when the creating
+    /// thread was watched (a leak check, a scope or history), for leak reports.
+    description: Option<Box<str>>,
 }
 
 enum Backing {
@@ -109,8 +112,27 @@ impl Storage {
                 nbytes,
                 backing: Backing::Heap { allocator, ptr: AtomicPtr::new(ptr), init: Mutex::new(()) },
                 access: RwLock::new(()),
+                description: None,
             }),
         }
+    }
+
+    /// Describes the storage as the tensor it is made for, when something watches this thread
+    /// (see [`observe::describe`](crate::allocators::observe::describe)); already allocated
+    /// storage is described to the observer now, lazy storage when it is materialised.
+    pub(crate) fn described(mut self, dtype: super::DType, sizes: &[usize]) -> Storage {
+        if !observe::watched() {
+            return self;
+        }
+        let text = format!("tensor {dtype} {sizes:?}");
+        let Backing::Heap { ptr, .. } = &self.inner.backing else { return self };
+        let ptr = ptr.load(Ordering::Acquire);
+        if !ptr.is_null() {
+            observe::describe(ptr as usize, || text.clone());
+        } else if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.description = Some(text.into());
+        }
+        self
     }
 
     /// Maps `len` bytes of the file at `path`, from byte `offset`, read-only.
@@ -150,6 +172,7 @@ impl Storage {
                     offset,
                 },
                 access: RwLock::new(()),
+                description: None,
             }),
         })
     }
@@ -218,6 +241,9 @@ impl Storage {
         // SAFETY: `p` is valid for writes of `nbytes` bytes (the allocator's contract) and
         // nobody else sees it before the store below publishes it.
         unsafe { p.as_ptr().write_bytes(0, self.inner.nbytes) };
+        if let Some(d) = &self.inner.description {
+            observe::describe(p.as_ptr() as usize, || d.to_string());
+        }
         ptr.store(p.as_ptr(), Ordering::Release);
         Ok(())
     }

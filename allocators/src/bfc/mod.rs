@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use crate::observe::{self, Layer};
 pub use dump::{BinSummary, ChunkInfo, ExpandableInfo, MemoryDump, RegionInfo};
 pub use split::{ParseSplitPolicyError, SplitPolicy};
 use state::{AllocFailure, FreeError, Growth, GrowthOptions, Options, State};
@@ -208,10 +209,15 @@ unsafe impl Allocator for BfcAllocator {
         let mut state = self.state.lock();
         match state.allocate(layout.size(), rounded, layout.align(), &*self.sub, self.garbage_collection) {
             // The address lies inside memory the sub-allocator returned non-null.
-            Ok(p) => Ok(NonNull::new(p as *mut u8).unwrap_or_else(|| dangling(layout))),
+            Ok(p) => {
+                drop(state);
+                observe::allocated(Layer::Caching, &self.name, p, layout.size(), rounded);
+                Ok(NonNull::new(p as *mut u8).unwrap_or_else(|| dangling(layout)))
+            }
             Err(failure) => {
                 let (err, dump) = self.fail(&mut state, failure, layout, rounded);
                 drop(state);
+                observe::out_of_memory(&self.name, layout.size());
                 if let (Some(path), Some(dump)) = (&self.dump_on_oom, dump) {
                     write_dump(&self.name, path, &dump);
                 }
@@ -224,6 +230,7 @@ unsafe impl Allocator for BfcAllocator {
         if layout.size() == 0 {
             return;
         }
+        observe::freed(Layer::Caching, &self.name, ptr.as_ptr() as usize, layout.size());
         let result = self.state.lock().deallocate(ptr.as_ptr() as usize, &*self.sub);
         if let Err(why) = result {
             self.refuse_free(ptr, layout, why);
@@ -530,8 +537,8 @@ impl BfcBuilder {
             }
         };
         Ok(BfcAllocator {
+            state: Mutex::new(State::new(&name, options, growth)),
             name,
-            state: Mutex::new(State::new(options, growth)),
             max_alignment,
             sub,
             garbage_collection: self.garbage_collection,

@@ -15,6 +15,7 @@ use lru::Pool;
 pub use thread_cache::THREAD_CACHE_MAX_CLASS;
 use thread_cache::{Core, ThreadCache};
 
+use crate::observe::{self, Layer};
 use crate::{
     AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorStats, BfcAllocator, BuildError, PerThread,
     StatsCounters, dangling,
@@ -196,13 +197,14 @@ impl PoolAllocator {
         layout: Layout,
         attrs: &AllocationAttributes,
     ) -> Result<NonNull<u8>, AllocError> {
-        let p = match large.allocate_raw(layout, attrs) {
+        let p = match observe::nested(|| large.allocate_raw(layout, attrs)) {
             Ok(p) => p,
-            Err(_) if self.release_cached() > 0 => large.allocate_raw(layout, attrs)?,
+            Err(_) if self.release_cached() > 0 => observe::nested(|| large.allocate_raw(layout, attrs))?,
             Err(e) => return Err(e),
         };
         self.large_allocations.fetch_add(1, Relaxed);
         self.counters.record_alloc(large_size(layout.size()));
+        observe::allocated(Layer::Caching, &self.name, p.as_ptr() as usize, layout.size(), large_size(layout.size()));
         Ok(p)
     }
 
@@ -225,10 +227,10 @@ impl PoolAllocator {
         // `class` was checked to make a valid layout.
         let rounded = Layout::from_size_align(class.0, class.1)
             .map_err(|_| AllocError::new(AllocErrorKind::SizeOverflow, layout, &self.name))?;
-        let got = match core.inner.allocate_raw(rounded, attrs) {
+        let got = match observe::nested(|| core.inner.allocate_raw(rounded, attrs)) {
             // Out of memory: give back what every thread caches (the caller's own cache
             // included) and try once more.
-            Err(_) if self.release_cached() > 0 => core.inner.allocate_raw(rounded, attrs),
+            Err(_) if self.release_cached() > 0 => observe::nested(|| core.inner.allocate_raw(rounded, attrs)),
             other => other,
         };
         let mut pool = core.pool.lock();
@@ -277,6 +279,7 @@ unsafe impl Allocator for PoolAllocator {
             None => self.allocate_shared(layout, class, attrs)?,
         };
         self.counters.record_alloc(class.0);
+        observe::allocated(Layer::Caching, &self.name, ptr.as_ptr() as usize, layout.size(), class.0);
         Ok(ptr)
     }
 
@@ -285,11 +288,12 @@ unsafe impl Allocator for PoolAllocator {
         if layout.size() == 0 {
             return;
         }
+        observe::freed(Layer::Caching, &self.name, ptr.as_ptr() as usize, layout.size());
         if let Some(large) = self.large_for(layout) {
             self.counters.record_free(large_size(layout.size()));
             // SAFETY: requests of this size went to `large` (see `allocate_raw`), so the caller's
             // promise about `ptr` and `layout` holds for it.
-            return unsafe { large.deallocate_raw(ptr, layout) };
+            return observe::nested(|| unsafe { large.deallocate_raw(ptr, layout) });
         }
         // The caller promises `layout` is the allocation's, so this is the class it came from.
         let Some(class) = self.class(layout) else { return };

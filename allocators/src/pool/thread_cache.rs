@@ -26,6 +26,7 @@ use parking_lot::Mutex;
 
 use super::lru::{Class, Pool};
 use crate::barrier;
+use crate::observe;
 use crate::{Allocator, PerThread, ThreadValue};
 
 /// Size classes a thread cache holds at once.
@@ -216,7 +217,7 @@ impl Core {
         if let (Some(p), Ok(layout)) = (NonNull::new(ptr as *mut u8), Layout::from_size_align(size, align)) {
             // SAFETY: the buffer was allocated from `inner` with exactly this layout, was freed
             // into the pool by its user, and has just been removed from the pool.
-            unsafe { self.inner.deallocate_raw(p, layout) };
+            observe::nested(|| unsafe { self.inner.deallocate_raw(p, layout) });
         }
     }
 

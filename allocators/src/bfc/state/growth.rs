@@ -11,6 +11,7 @@
 use core::ptr::NonNull;
 
 use super::{Chunk, MIN_ALLOCATION_BITS, MIN_ALLOCATION_SIZE, NONE, REGION_ALIGNMENT, Region, State, rounded_bytes};
+use crate::observe::{self, Action};
 use crate::{ExpandableMemory, SubAllocator};
 
 /// How the allocator grows.
@@ -181,6 +182,7 @@ impl State {
         self.reserved += reported;
         self.peak_reserved = self.peak_reserved.max(self.reserved);
         tracing::debug!(base, bytes = reported, reserved = self.reserved, "bfc: took a region");
+        observe::segment(Action::SegmentAlloc, &self.name, base, reported);
         self.add_region(base, size, Some((base, reported)), sub.supports_coalescing());
         true
     }
@@ -225,6 +227,7 @@ impl State {
         self.reserved += bytes;
         self.peak_reserved = self.peak_reserved.max(self.reserved);
         tracing::debug!(at = end, bytes, committed = self.reserved, "bfc: committed");
+        observe::segment(Action::SegmentAlloc, &self.name, end, bytes);
         self.add_region(end, bytes, None, true);
         true
     }
@@ -313,6 +316,7 @@ impl State {
             }
         }
         e.committed -= cut;
+        observe::segment(Action::SegmentFree, &self.name, end - cut, cut);
         self.reserved -= cut;
         self.usable -= cut;
         self.remove_free(h);
@@ -359,6 +363,7 @@ impl State {
             self.usable -= region.size;
             for (p, bytes) in region.pieces {
                 self.reserved -= bytes;
+                observe::segment(Action::SegmentFree, &self.name, p, bytes);
                 if let Some(p) = NonNull::new(p as *mut u8) {
                     // SAFETY: the piece came from this sub-allocator's `alloc_region` with this
                     // reported size, and its only chunk is free, so nothing uses its memory.
@@ -375,6 +380,7 @@ impl State {
     pub(crate) fn release_all(&mut self, sub: &dyn SubAllocator) {
         for region in self.regions.drain(..) {
             for (p, bytes) in region.pieces {
+                observe::segment(Action::SegmentFree, &self.name, p, bytes);
                 if let Some(p) = NonNull::new(p as *mut u8) {
                     // SAFETY: the piece came from this sub-allocator with this reported size;
                     // the allocator is being dropped, so no block of it may be used any more.
@@ -383,6 +389,9 @@ impl State {
             }
         }
         if let (Growth::Expandable(e), Some(memory)) = (&mut self.growth, sub.expandable()) {
+            if e.committed > 0 {
+                observe::segment(Action::SegmentFree, &self.name, e.base, e.committed);
+            }
             if let Some(base) = NonNull::new(e.base as *mut u8) {
                 // SAFETY: `base`/`reserved` is the reservation this allocator made on `memory`
                 // at construction and never released; the allocator is being dropped, so no

@@ -128,6 +128,8 @@ pub(crate) struct Options {
 /// The allocator's whole state.
 #[derive(Debug)]
 pub(crate) struct State {
+    /// The allocator's name, for the segment events it reports.
+    name: Box<str>,
     chunks: Vec<Chunk>,
     free_handles: Vec<Handle>,
     /// Sorted by base address.
@@ -161,8 +163,9 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub(crate) fn new(options: Options, growth: Growth) -> Self {
+    pub(crate) fn new(name: &str, options: Options, growth: Growth) -> Self {
         Self {
+            name: name.into(),
             chunks: Vec::new(),
             free_handles: Vec::new(),
             regions: Vec::new(),

@@ -1,0 +1,331 @@
+//! Observation hooks: how leak checks, scopes and allocation history see every allocation made
+//! through any tensormem allocator.
+//!
+//! Users reach this through the `tensormem` crate (`tensormem::scope`, `tensormem::testing`,
+//! `tensormem::history`); this module is where the backends report, and where an allocator
+//! written outside tensormem can report too.
+//!
+//! # Who reports
+//! Decorators (tracking, retry, wrappers) forward and report nothing; the backend that serves a
+//! request reports it once:
+//! - a *leaf* backend (system, jemalloc) reports `alloc`/`free` when called by a user or a
+//!   decorator, and `segment_alloc`/`segment_free` when a caching allocator calls it for memory
+//!   to cache (inside [`nested`]);
+//! - a *caching* backend (BFC, pool) reports `alloc`/`free` of the blocks it hands out, and the
+//!   regions it takes from and returns to its source as segments; called from another caching
+//!   allocator, its blocks are that allocator's memory and it reports none.
+//!
+//! # Cost
+//! With nothing watching (no leak check, scope or history), an allocation costs one read of a
+//! thread-local word and one relaxed load of a global word, and a free one relaxed load; both
+//! are measured in the `observe` criterion bench.
+
+mod scope;
+mod tag;
+
+use core::cell::{Cell, RefCell};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+pub use scope::{ScopeGuard, current_scope, current_tag, scope};
+pub use tag::Tag;
+
+/// This thread has an active leak check.
+const CHECKED: u32 = 1;
+/// This thread has an open scope.
+const SCOPED: u32 = 2;
+/// This thread is inside the observer: its allocations are not observed.
+const IN_HOOK: u32 = 4;
+/// Bits above this count the depth of [`nested`] calls.
+const DEPTH_SHIFT: u32 = 8;
+
+/// Global watch word: bit 0 = history recording; the rest counts live records (2 each).
+static WATCH: AtomicUsize = AtomicUsize::new(0);
+const HISTORY: usize = 1;
+
+static OBSERVER: OnceLock<&'static dyn Observer> = OnceLock::new();
+
+thread_local! {
+    /// CHECKED | SCOPED | IN_HOOK | depth << DEPTH_SHIFT. Const-initialised with no destructor:
+    /// reading it never allocates or fails, even during thread teardown.
+    static STATE: Cell<u32> = const { Cell::new(0) };
+    /// The ids of the leak checks this thread reports to, innermost last.
+    static CHECKS: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+fn set_bits(bits: u32, on: bool) {
+    STATE.with(|s| s.set(if on { s.get() | bits } else { s.get() & !bits }));
+}
+
+/// What happened to memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// A block was handed out.
+    Alloc,
+    /// A block was given back.
+    Free,
+    /// A request could not be served.
+    Oom,
+    /// A caching allocator took memory from its source (a region, a commit, a buffer).
+    SegmentAlloc,
+    /// A caching allocator gave memory back to its source.
+    SegmentFree,
+}
+
+impl Action {
+    /// The name used in history files: `alloc`, `free`, `oom`, `segment_alloc`, `segment_free`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::Free => "free",
+            Action::Oom => "oom",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+        }
+    }
+}
+
+/// One observed event, as handed to the [`Observer`].
+#[derive(Clone, Copy, Debug)]
+pub struct Event<'a> {
+    /// What happened.
+    pub action: Action,
+    /// The block's (or segment's) address; 0 for an OOM.
+    pub address: usize,
+    /// The size asked for (the segment's size for segments).
+    pub requested: usize,
+    /// The size set aside (a size class, a rounded chunk); equals `requested` when the same.
+    pub allocated: usize,
+    /// The name of the allocator that served it.
+    pub allocator: &'a str,
+    /// The innermost scope of the allocating thread (allocations and OOMs only).
+    pub tag: Option<Tag>,
+    /// Whether the allocating thread has an active leak check (allocations only); the observer
+    /// reads the check ids with [`thread_checks`].
+    pub checked: bool,
+}
+
+/// Receives events; installed once per process by the `tensormem` crate.
+pub trait Observer: Send + Sync {
+    /// One event. Called on the thread that allocated or freed, with this thread's further
+    /// allocations unobserved until it returns (so the observer may allocate).
+    fn event(&self, event: &Event<'_>);
+
+    /// A description of the block at `address` (e.g. the shape and dtype of the tensor it
+    /// holds), asked for only while something watches this thread.
+    fn describe(&self, address: usize, description: &dyn Fn() -> String);
+}
+
+/// Installs the process's observer. Returns `false` if one was installed already.
+pub fn set_observer(observer: &'static dyn Observer) -> bool {
+    OBSERVER.set(observer).is_ok()
+}
+
+/// Turns history recording on or off for every thread.
+pub fn set_recording(on: bool) {
+    if on {
+        WATCH.fetch_or(HISTORY, Relaxed);
+    } else {
+        WATCH.fetch_and(!HISTORY, Relaxed);
+    }
+}
+
+/// Whether history is being recorded.
+pub fn recording() -> bool {
+    WATCH.load(Relaxed) & HISTORY != 0
+}
+
+/// Tells the hooks how many allocation records the observer holds (`delta` added); while any
+/// exist, frees on every thread are reported.
+pub fn add_records(delta: isize) {
+    if delta >= 0 {
+        WATCH.fetch_add(delta as usize * 2, Relaxed);
+    } else {
+        WATCH.fetch_sub(delta.unsigned_abs() * 2, Relaxed);
+    }
+}
+
+/// Makes this thread report its allocations to leak check `id` (innermost last).
+pub fn push_check(id: u64) {
+    CHECKS.with_borrow_mut(|c| c.push(id));
+    set_bits(CHECKED, true);
+}
+
+/// Stops this thread reporting to leak check `id` (wherever it is in the stack).
+pub fn remove_check(id: u64) {
+    let _ = CHECKS.try_with(|c| {
+        if let Ok(mut c) = c.try_borrow_mut() {
+            if let Some(i) = c.iter().rposition(|&x| x == id) {
+                c.remove(i);
+            }
+            if c.is_empty() {
+                set_bits(CHECKED, false);
+            }
+        }
+    });
+}
+
+/// The leak checks this thread reports to, outermost first.
+pub fn thread_checks() -> Vec<u64> {
+    CHECKS.try_with(|c| c.try_borrow().map(|c| c.clone()).unwrap_or_default()).unwrap_or_default()
+}
+
+/// Where a backend sits (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layer {
+    /// Takes memory from the system: nested calls are a caching allocator's segments.
+    Leaf,
+    /// Caches memory: nested calls are another caching allocator's business.
+    Caching,
+}
+
+/// Runs `f` as a caching allocator's call into its source: allocations and frees in it are
+/// segments (leaf) or not reported (caching).
+#[inline]
+pub fn nested<R>(f: impl FnOnce() -> R) -> R {
+    struct Depth;
+    impl Drop for Depth {
+        fn drop(&mut self) {
+            STATE.with(|s| s.set(s.get().wrapping_sub(1 << DEPTH_SHIFT)));
+        }
+    }
+    STATE.with(|s| s.set(s.get().wrapping_add(1 << DEPTH_SHIFT)));
+    let _depth = Depth;
+    f()
+}
+
+/// Reports a block handed out by the backend `allocator` at `address`.
+#[inline(always)]
+pub fn allocated(layer: Layer, allocator: &str, address: usize, requested: usize, allocated: usize) {
+    let s = STATE.with(Cell::get);
+    if s & (CHECKED | SCOPED) == 0 && WATCH.load(Relaxed) & HISTORY == 0 {
+        return;
+    }
+    allocated_slow(s, layer, allocator, address, requested, allocated);
+}
+
+#[cold]
+#[inline(never)]
+fn allocated_slow(s: u32, layer: Layer, allocator: &str, address: usize, requested: usize, allocated: usize) {
+    let action = match (s >> DEPTH_SHIFT != 0, layer) {
+        (false, _) => Action::Alloc,
+        (true, Layer::Leaf) if recording() => Action::SegmentAlloc,
+        (true, _) => return,
+    };
+    let top = action == Action::Alloc;
+    let tag = if top && s & SCOPED != 0 { current_tag() } else { None };
+    let checked = top && s & CHECKED != 0;
+    dispatch(s, &Event { action, address, requested, allocated, allocator, tag, checked });
+}
+
+/// Reports a block given back to the backend `allocator`; call it before the memory can be
+/// handed out again.
+#[inline(always)]
+pub fn freed(layer: Layer, allocator: &str, address: usize, size: usize) {
+    if WATCH.load(Relaxed) == 0 {
+        return;
+    }
+    freed_slow(layer, allocator, address, size);
+}
+
+#[cold]
+#[inline(never)]
+fn freed_slow(layer: Layer, allocator: &str, address: usize, size: usize) {
+    let s = STATE.with(Cell::get);
+    let action = match (s >> DEPTH_SHIFT != 0, layer) {
+        (false, _) => Action::Free,
+        (true, Layer::Leaf) if recording() => Action::SegmentFree,
+        (true, _) => return,
+    };
+    let event = Event { action, address, requested: size, allocated: size, allocator, tag: None, checked: false };
+    dispatch(s, &event);
+}
+
+/// Reports a caching allocator's segment (region, commit) taken from or returned to its source.
+#[inline]
+pub fn segment(action: Action, allocator: &str, address: usize, size: usize) {
+    if !recording() {
+        return;
+    }
+    let s = STATE.with(Cell::get);
+    let event = Event { action, address, requested: size, allocated: size, allocator, tag: None, checked: false };
+    dispatch(s, &event);
+}
+
+/// Reports a request of `size` bytes that `allocator` could not serve.
+#[cold]
+pub fn out_of_memory(allocator: &str, size: usize) {
+    if !recording() {
+        return;
+    }
+    let s = STATE.with(Cell::get);
+    let tag = if s & SCOPED != 0 { current_tag() } else { None };
+    let event =
+        Event { action: Action::Oom, address: 0, requested: size, allocated: 0, allocator, tag, checked: false };
+    dispatch(s, &event);
+}
+
+/// Describes the block at `address` (built lazily: only while this thread is watched).
+#[inline]
+pub fn describe(address: usize, description: impl Fn() -> String) {
+    let s = STATE.with(Cell::get);
+    if s & (CHECKED | SCOPED) == 0 && !recording() {
+        return;
+    }
+    if s & IN_HOOK != 0 {
+        return;
+    }
+    if let Some(o) = OBSERVER.get() {
+        let _hook = InHook::enter();
+        o.describe(address, &description);
+    }
+}
+
+fn dispatch(s: u32, event: &Event<'_>) {
+    if s & IN_HOOK != 0 {
+        return;
+    }
+    if let Some(o) = OBSERVER.get() {
+        let _hook = InHook::enter();
+        o.event(event);
+    }
+}
+
+/// Marks the thread as inside the observer until dropped.
+struct InHook;
+
+impl InHook {
+    fn enter() -> Self {
+        set_bits(IN_HOOK, true);
+        InHook
+    }
+}
+
+impl Drop for InHook {
+    fn drop(&mut self) {
+        set_bits(IN_HOOK, false);
+    }
+}
+
+/// Runs `f` with this thread's allocations unobserved (the `#[doc(hidden)]` baseline of the
+/// `observe` bench, and for an observer's own bookkeeping).
+#[doc(hidden)]
+pub fn unobserved<R>(f: impl FnOnce() -> R) -> R {
+    let _hook = InHook::enter();
+    f()
+}
+
+/// Whether this thread's allocations are watched now (a leak check, a scope, or history): a
+/// caller may skip building descriptions for [`describe`] otherwise.
+#[inline]
+pub fn watched() -> bool {
+    STATE.with(Cell::get) & (CHECKED | SCOPED) != 0 || recording()
+}
+
+/// The innermost open scope's tag, reading one thread-local word when no scope is open (for
+/// allocators that record a tag per allocation, such as the tracking allocator).
+#[inline]
+pub fn scope_tag() -> Option<Tag> {
+    if STATE.with(Cell::get) & SCOPED == 0 { None } else { current_tag() }
+}

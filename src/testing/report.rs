@@ -1,0 +1,125 @@
+//! [`LeakReport`]: what a leak check found still live.
+
+use core::fmt;
+
+use crate::allocators::ByteSize;
+use crate::observer::hub;
+
+/// One allocation still live when its check finished.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Leak {
+    /// The allocation's id: unique in the process, increasing in allocation order.
+    pub allocation_id: u64,
+    /// Its address.
+    pub address: usize,
+    /// The size asked for.
+    pub requested_size: usize,
+    /// The size the allocator set aside (size class, rounded chunk).
+    pub allocated_size: usize,
+    /// The allocator that served it.
+    pub allocator: String,
+    /// The scope it was allocated in.
+    pub tag: Option<String>,
+    /// For a tensor's storage, the tensor that created it (`tensor f32 [2, 3]`).
+    pub tensor: Option<String>,
+    /// Where it was allocated, when `TENSORMEM_BACKTRACE=1`.
+    pub backtrace: Option<String>,
+}
+
+/// What a [`LeakCheck`](super::LeakCheck) found: every allocation attributed to it and still
+/// live, oldest first. `Display` prints a table.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LeakReport {
+    /// The leaks, oldest first.
+    pub leaks: Vec<Leak>,
+}
+
+impl LeakReport {
+    /// No leaks.
+    pub fn is_empty(&self) -> bool {
+        self.leaks.is_empty()
+    }
+
+    /// Requested bytes leaked in all.
+    pub fn leaked_bytes(&self) -> usize {
+        self.leaks.iter().map(|l| l.requested_size).sum()
+    }
+}
+
+/// The live records of check `id`, oldest first.
+pub(super) fn collect(id: u64) -> LeakReport {
+    let mut leaks: Vec<Leak> = hub()
+        .records
+        .iter()
+        .filter(|r| r.checks.contains(&id))
+        .map(|r| Leak {
+            allocation_id: r.id,
+            address: *r.key(),
+            requested_size: r.requested,
+            allocated_size: r.allocated,
+            allocator: r.allocator.to_string(),
+            tag: r.tag.map(|t| t.as_str().to_owned()),
+            tensor: r.description.as_deref().map(str::to_owned),
+            backtrace: r.backtrace.as_ref().map(|b| b.to_string()),
+        })
+        .collect();
+    leaks.sort_by_key(|l| l.allocation_id);
+    LeakReport { leaks }
+}
+
+impl fmt::Display for LeakReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.leaks.is_empty() {
+            return writeln!(f, "no leaks");
+        }
+        writeln!(f, "{} leaked allocation(s), {} requested:", self.leaks.len(), ByteSize(self.leaked_bytes() as u64))?;
+        let rows: Vec<[String; 6]> = self
+            .leaks
+            .iter()
+            .map(|l| {
+                [
+                    l.allocation_id.to_string(),
+                    l.requested_size.to_string(),
+                    l.allocated_size.to_string(),
+                    l.allocator.clone(),
+                    l.tag.clone().unwrap_or_else(|| "-".into()),
+                    l.tensor.clone().unwrap_or_else(|| "-".into()),
+                ]
+            })
+            .collect();
+        let header = ["id", "requested", "allocated", "allocator", "scope", "tensor"];
+        let mut widths = header.map(str::len);
+        for r in &rows {
+            for (w, c) in widths.iter_mut().zip(r) {
+                *w = (*w).max(c.len());
+            }
+        }
+        let line = |f: &mut fmt::Formatter<'_>, cells: [&str; 6]| {
+            writeln!(
+                f,
+                "  {:>w0$}  {:>w1$}  {:>w2$}  {:<w3$}  {:<w4$}  {}",
+                cells[0],
+                cells[1],
+                cells[2],
+                cells[3],
+                cells[4],
+                cells[5],
+                w0 = widths[0],
+                w1 = widths[1],
+                w2 = widths[2],
+                w3 = widths[3],
+                w4 = widths[4],
+            )
+        };
+        line(f, header)?;
+        for (r, l) in rows.iter().zip(&self.leaks) {
+            line(f, [&r[0], &r[1], &r[2], &r[3], &r[4], &r[5]])?;
+            if let Some(bt) = &l.backtrace {
+                for frame in bt.lines() {
+                    writeln!(f, "      {frame}")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
