@@ -454,3 +454,38 @@ fn history_files_round_trip_and_bad_files_are_errors() {
     let err = history::History::load(dir.join("missing.json")).unwrap_err();
     assert!(matches!(err, HistoryError::Io { .. }) && err.to_string().contains("missing.json"), "{err}");
 }
+
+#[test]
+fn memory_summary_has_every_allocator_and_scope() {
+    let registry = Arc::new(AllocatorRegistry::new());
+    let bfc = Arc::new(BfcAllocator::builder().name("t.sum.bfc").memory_limit(8 << 20).build().unwrap());
+    registry.register("t.sum.bfc", 5, bfc.clone()).unwrap();
+    let p = {
+        let _s = scope("t.sum.scope");
+        bfc.allocate::<u8>(5000).unwrap()
+    };
+    let table = tensormem::telemetry::memory_summary(&registry);
+    let row = table.lines().find(|l| l.trim_start().starts_with("t.sum.bfc")).unwrap_or_else(|| panic!("{table}"));
+    let cells: Vec<&str> = row.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+    // allocator, in use, peak, allocated, freed, reserved, peak reserved, cached, allocs, frees, ooms, retries
+    assert_eq!(
+        cells,
+        vec!["t.sum.bfc", "5.0 KiB", "5.0 KiB", "5.0 KiB", "0 B", "2.0 MiB", "2.0 MiB", "2.0 MiB", "1", "0", "0", "0"],
+        "{table}"
+    );
+    assert!(table.contains("per scope:") && table.contains("t.sum.scope"), "{table}");
+    #[cfg(feature = "prometheus")]
+    {
+        let text = tensormem::telemetry::AllocatorCollector::for_registry(registry.clone())
+            .with_scope_metrics(10_000)
+            .render();
+        assert!(text.contains("tensormem_scope_in_use_bytes{scope=\"t.sum.scope\"} 5120"), "{text}");
+        let none = tensormem::telemetry::AllocatorCollector::for_registry(registry.clone()).render();
+        assert!(!none.contains("tensormem_scope_"), "scope series are opt-in");
+        let one = tensormem::telemetry::AllocatorCollector::for_registry(registry).with_scope_metrics(1).render();
+        let series = one.lines().filter(|l| l.starts_with("tensormem_scope_in_use_bytes{")).count();
+        assert!(series <= 2, "top 1 and other: {one}");
+    }
+    // SAFETY: `p` came from `allocate::<u8>(5000)` on `bfc`.
+    unsafe { bfc.deallocate(p, 5000) };
+}

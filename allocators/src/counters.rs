@@ -361,6 +361,7 @@ impl StatsCounters {
             bytes_limit: self.shared().limit,
             num_alloc_retries: s.num_alloc_retries,
             num_ooms: s.num_ooms,
+            total_bytes_allocated: Some(s.total_bytes_allocated),
             ..AllocatorStats::default()
         }
     }

@@ -42,6 +42,10 @@ pub struct AllocatorStats {
     pub num_alloc_retries: u64,
     /// Allocations refused for lack of memory or for the limit.
     pub num_ooms: u64,
+    /// Bytes ever allocated (not restarted by `clear_stats`), if the allocator counts them;
+    /// bytes freed are this less `bytes_in_use`.
+    #[serde(default)]
+    pub total_bytes_allocated: Option<u64>,
 }
 
 impl fmt::Display for AllocatorStats {

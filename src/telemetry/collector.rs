@@ -137,7 +137,17 @@ pub struct AllocatorCollector {
     descs: Vec<Desc>,
     panics: Arc<AtomicU64>,
     process_heap: bool,
+    /// Export per-scope series for this many tags (largest peak first); 0: none.
+    scope_top: usize,
 }
+
+/// Per-scope families (label `scope`), exported when asked with
+/// [`AllocatorCollector::with_scope_metrics`].
+const SCOPE_FAMILIES: [(&str, &str, bool); 3] = [
+    ("tensormem_scope_in_use_bytes", "Bytes allocated under the scope and not yet freed.", false),
+    ("tensormem_scope_peak_in_use_bytes", "Highest bytes in use under the scope.", false),
+    ("tensormem_scope_allocations_total", "Allocations made under the scope.", true),
+];
 
 impl AllocatorCollector {
     /// A collector of the [global registry](AllocatorRegistry::global), with the process heap.
@@ -159,6 +169,20 @@ impl AllocatorCollector {
         self
     }
 
+    /// Exports per-scope series (label `scope`) for the `top` tags with the largest peak,
+    /// the rest summed under `scope="other"`; 0 (the default) exports none. Bounded so that
+    /// the label's values stay few, as Prometheus wants.
+    #[must_use]
+    pub fn with_scope_metrics(mut self, top: usize) -> Self {
+        self.scope_top = top;
+        if top > 0 && !self.descs.iter().any(|d| d.fq_name == SCOPE_FAMILIES[0].0) {
+            for (name, help, _) in SCOPE_FAMILIES {
+                self.descs.extend(Desc::new(name.into(), help.into(), vec!["scope".into()], HashMap::new()));
+            }
+        }
+        self
+    }
+
     fn new(source: Source, process_heap: bool) -> Self {
         let mut descs = Vec::new();
         for (name, help, _, _) in FAMILIES {
@@ -169,7 +193,7 @@ impl AllocatorCollector {
         for (name, help, _) in JEMALLOC {
             descs.extend(Desc::new(name.into(), help.into(), vec![], HashMap::new()));
         }
-        Self { source, descs, panics: Arc::new(AtomicU64::new(0)), process_heap }
+        Self { source, descs, panics: Arc::new(AtomicU64::new(0)), process_heap, scope_top: 0 }
     }
 
     fn registry(&self) -> &AllocatorRegistry {
@@ -222,10 +246,45 @@ impl AllocatorCollector {
 }
 
 fn label(allocator: &str) -> Vec<LabelPair> {
+    label_named("allocator", allocator)
+}
+
+fn label_named(name: &str, value: &str) -> Vec<LabelPair> {
     let mut l = LabelPair::default();
-    l.set_name("allocator".to_owned());
-    l.set_value(allocator.to_owned());
+    l.set_name(name.to_owned());
+    l.set_value(value.to_owned());
     vec![l]
+}
+
+/// The top `top` tags by peak, and the rest as `other`.
+fn scope_families(top: usize) -> Vec<MetricFamily> {
+    let tags = crate::tag_stats();
+    let mut rows: Vec<(String, [f64; 3])> = Vec::new();
+    let mut other = [0.0; 3];
+    for (i, t) in tags.iter().enumerate() {
+        let v = [t.bytes_in_use as f64, t.peak_bytes_in_use as f64, t.num_allocs as f64];
+        if i < top {
+            rows.push((t.tag.clone(), v));
+        } else {
+            other[0] += v[0];
+            other[1] += v[1];
+            other[2] += v[2];
+        }
+    }
+    if tags.len() > top {
+        rows.push(("other".to_owned(), other));
+    }
+    if rows.is_empty() {
+        return Vec::new();
+    }
+    SCOPE_FAMILIES
+        .iter()
+        .enumerate()
+        .map(|(k, (name, help, counter))| {
+            let metrics = rows.iter().map(|(tag, v)| sample(label_named("scope", tag), v[k], *counter)).collect();
+            family(name, help, *counter, metrics)
+        })
+        .collect()
 }
 
 fn family(name: &str, help: &str, counter: bool, metrics: Vec<Metric>) -> MetricFamily {
@@ -267,6 +326,9 @@ impl Collector for AllocatorCollector {
             if !metrics.is_empty() {
                 families.push(family(name, help, counter, metrics));
             }
+        }
+        if self.scope_top > 0 {
+            families.extend(scope_families(self.scope_top));
         }
         let panics = self.panics.load(Relaxed) as f64;
         families.push(family(PANICS.0, PANICS.1, true, vec![sample(vec![], panics, true)]));

@@ -8,6 +8,7 @@ mod mapped;
 #[cfg(feature = "http")]
 mod server;
 mod snapshot;
+mod summary;
 
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
@@ -20,3 +21,4 @@ pub(crate) use mapped::{MappingRecord, record_mapping};
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use server::{CONTENT_TYPE_TEXT, MetricsServer, ServerError, ServerOptions};
 pub use snapshot::{AllocatorSnapshot, MemorySnapshot, snapshot, snapshot_json, snapshot_of};
+pub use summary::{memory_summary, summary_of};

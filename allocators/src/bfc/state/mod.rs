@@ -154,6 +154,8 @@ pub(crate) struct State {
     /// Bytes of regions usable for chunks.
     usable: usize,
     next_id: u64,
+    /// Bytes (chunk sizes) ever handed out.
+    total_allocated: u64,
     pub(crate) num_allocs: u64,
     pub(crate) num_frees: u64,
     in_use: usize,
@@ -179,6 +181,7 @@ impl State {
             peak_reserved: 0,
             usable: 0,
             next_id: 1,
+            total_allocated: 0,
             num_allocs: 0,
             num_frees: 0,
             in_use: 0,
@@ -290,6 +293,7 @@ impl State {
         self.next_id += 1;
         let (ptr, size) = (c.ptr, c.size);
         self.num_allocs += 1;
+        self.total_allocated += size as u64;
         self.in_use += size;
         self.peak_in_use = self.peak_in_use.max(self.in_use);
         self.largest_alloc = self.largest_alloc.max(requested);
@@ -560,6 +564,7 @@ impl State {
             fragmentation: Some(if free == 0 { 0.0 } else { (free - largest_free) as f64 / free as f64 }),
             num_alloc_retries: 0,
             num_ooms: self.num_ooms,
+            total_bytes_allocated: Some(self.total_allocated),
         }
     }
 

@@ -1,0 +1,165 @@
+//! The timeline page in a real headless Chromium: it loads with no errors, draws the expected
+//! bands, stays quick with 100k events, and leaves a screenshot under `target/`.
+//!
+//! Skipped (with the reason printed) when no Chromium is installed, unless
+//! `TENSORMEM_REQUIRE_CHROMIUM=1` (as `.ci/run` sets after installing Debian's `chromium`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tensormem::allocators::observe::Action;
+use tensormem::history::{History, HistoryEvent};
+use tensormem::timeline::render_html;
+
+fn chromium() -> Option<PathBuf> {
+    let required = std::env::var("TENSORMEM_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1");
+    for name in ["chromium", "chromium-browser", "google-chrome", "google-chrome-stable"] {
+        if let Ok(out) = Command::new("which").arg(name).output()
+            && out.status.success()
+        {
+            return Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+        }
+    }
+    assert!(!required, "TENSORMEM_REQUIRE_CHROMIUM=1 but no chromium binary is on PATH");
+    eprintln!(
+        "skipped: no chromium on PATH (install Debian's `chromium`, or set TENSORMEM_REQUIRE_CHROMIUM=1 to fail)"
+    );
+    None
+}
+
+fn target_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target").join("timeline");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Loads `html` in Chromium and returns the DOM after its scripts ran, and stderr.
+fn load(browser: &Path, name: &str, html: &str, screenshot: bool) -> (String, String) {
+    let dir = target_dir();
+    let page = dir.join(format!("{name}.html"));
+    std::fs::write(&page, html).unwrap();
+    let url = format!("file://{}", page.display());
+    let profile = dir.join(format!("profile-{name}"));
+    let common = [
+        "--headless=new".to_owned(),
+        "--no-sandbox".to_owned(),
+        "--disable-gpu".to_owned(),
+        "--no-first-run".to_owned(),
+        "--hide-scrollbars".to_owned(),
+        "--window-size=1400,900".to_owned(),
+        "--enable-logging=stderr".to_owned(),
+        "--v=0".to_owned(),
+        format!("--user-data-dir={}", profile.display()),
+    ];
+    let out = Command::new(browser).args(&common).arg("--dump-dom").arg(&url).output().unwrap();
+    assert!(out.status.success(), "chromium failed: {}", String::from_utf8_lossy(&out.stderr));
+    if screenshot {
+        let png = dir.join(format!("{name}.png"));
+        let _ = std::fs::remove_file(&png);
+        let shot = Command::new(browser)
+            .args(&common)
+            .arg(format!("--screenshot={}", png.display()))
+            .arg(&url)
+            .output()
+            .unwrap();
+        assert!(shot.status.success(), "screenshot failed: {}", String::from_utf8_lossy(&shot.stderr));
+        let bytes = std::fs::read(&png).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000, "screenshot of {} bytes", bytes.len());
+        eprintln!("screenshot: {}", png.display());
+    }
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The value of `data-NAME` on the status element.
+fn status(dom: &str, name: &str) -> String {
+    let at = dom.find("id=\"status\"").expect("status element in the DOM");
+    let tag = &dom[at..at + dom[at..].find('>').unwrap()];
+    let key = format!("data-{name}=\"");
+    let v = &tag[tag.find(&key).unwrap_or_else(|| panic!("no {key} in {tag}")) + key.len()..];
+    v[..v.find('"').unwrap()].to_owned()
+}
+
+fn event(t: u64, action: Action, address: u64, size: u64, tag: Option<&str>) -> HistoryEvent {
+    HistoryEvent {
+        time_ns: t,
+        action,
+        address,
+        size,
+        allocator: "bfc".into(),
+        tag: tag.map(str::to_owned),
+        description: (action == Action::Alloc).then(|| format!("tensor f32 [{}]", size / 4)),
+        backtrace: (action == Action::Alloc && size > 60_000).then(|| "0: demo::layer\n1: main".to_owned()),
+    }
+}
+
+/// 37 allocations in three scopes, one freed out of order, one OOM, a segment.
+fn known_history() -> History {
+    let mut events = vec![event(0, Action::SegmentAlloc, 1 << 30, 64 << 20, None)];
+    let tags = ["embed", "layer0/attn", "layer0/mlp"];
+    for i in 0..37u64 {
+        events.push(event(
+            10 * i + 1,
+            Action::Alloc,
+            (1 << 30) + i * (1 << 20),
+            4096 * (i + 1),
+            Some(tags[i as usize % 3]),
+        ));
+        if i % 4 == 3 {
+            events.push(event(10 * i + 5, Action::Free, (1 << 30) + (i - 2) * (1 << 20), 4096 * (i - 1), None));
+        }
+    }
+    events.push(event(400, Action::Oom, 0, 1 << 40, Some("layer0/mlp")));
+    events.push(event(410, Action::SegmentFree, 1 << 30, 64 << 20, None));
+    History { version: 1, start_unix_ms: 0, capacity: 1000, dropped: 0, events }
+}
+
+#[test]
+fn the_page_loads_without_errors_and_draws_every_band() {
+    let Some(browser) = chromium() else { return };
+    let html = render_html(&known_history());
+    assert!(!html.contains("http://") && !html.contains("https://") && !html.contains("<script src"));
+    let (dom, stderr) = load(&browser, "known", &html, true);
+    assert_eq!(status(&dom, "ready"), "1", "the script did not finish: {stderr}");
+    assert_eq!(status(&dom, "errors"), "0", "errors: {dom}");
+    assert!(!stderr.contains("Uncaught"), "{stderr}");
+    assert_eq!(status(&dom, "bands"), "37");
+    assert_eq!(status(&dom, "drawn"), "37");
+    // The per-tag table: 13 allocations in embed (i = 0, 3, .., 36).
+    assert!(dom.contains("<td>embed</td><td>13</td>"), "{dom}");
+}
+
+#[test]
+fn a_hundred_thousand_events_lay_out_quickly() {
+    let Some(browser) = chromium() else { return };
+    let mut events = Vec::with_capacity(100_000);
+    let mut live: Vec<u64> = Vec::new();
+    let mut seed = 7u64;
+    for i in 0..100_000u64 {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if live.len() > 200 || (!live.is_empty() && seed >> 63 == 1) {
+            let a = live.swap_remove((seed >> 20) as usize % live.len());
+            events.push(event(i * 100, Action::Free, a, 0, None));
+        } else {
+            let size = 256 << ((seed >> 40) % 12);
+            live.push(i * 4096);
+            events.push(event(
+                i * 100,
+                Action::Alloc,
+                i * 4096,
+                size,
+                Some(["a", "b", "c", "d"][(seed >> 50) as usize % 4]),
+            ));
+        }
+    }
+    let h = History { version: 1, start_unix_ms: 0, capacity: 100_000, dropped: 0, events };
+    let html = render_html(&h);
+    let (dom, stderr) = load(&browser, "100k", &html, true);
+    assert_eq!(status(&dom, "ready"), "1", "{stderr}");
+    assert_eq!(status(&dom, "errors"), "0", "{dom}");
+    assert_eq!(status(&dom, "bands"), "2000");
+    eprintln!(
+        "100k events: page {} KiB, layout and first draw {} ms in headless Chromium",
+        html.len() / 1024,
+        status(&dom, "layout-ms")
+    );
+}
