@@ -45,6 +45,7 @@ fn registry() -> Arc<AllocatorRegistry> {
         fragmentation: Some(0.25),
         num_alloc_retries: 3,
         num_ooms: 1,
+        total_bytes_allocated: None,
     };
     let plain = AllocatorStats {
         num_allocs: 10,

@@ -63,6 +63,7 @@ fn stats_round_trip_through_json() {
         fragmentation: Some(0.25),
         num_alloc_retries: 10,
         num_ooms: 11,
+        total_bytes_allocated: Some(12),
     };
     let json = serde_json::to_string(&s).unwrap();
     assert!(json.contains("\"bytes_limit\":6") && json.contains("\"fragmentation\":0.25"), "{json}");
