@@ -144,3 +144,19 @@ if (root / "add_4M_1t").is_dir():
     if worst is not None:
         d = {k: v for k, v in faults.items() if k.endswith("/default") or k.endswith("/inplace") or k.endswith("/out")}
         print(f"| page faults per call, most of any default / inplace / out row | {max(d.values(), default=0):.1f} | | 0 |")
+
+# --- benches/observe.rs --------------------------------------------------------------------
+if (root / "observe_pair_64B").is_dir():
+    print()
+    subs = ["unobserved", "hooked", "scoped", "leak_check", "history"]
+    print("| observe: 64 B alloc+free pair on SystemAllocator | " + " | ".join(subs) + " |")
+    print("|---|" + "---:|" * len(subs))
+    cells = [mean("observe_pair_64B", s) for s in subs]
+    print("| ns per pair | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
+    h, u = mean("observe_pair_64B", "hooked"), mean("observe_pair_64B", "unobserved")
+    if h and u:
+        print(f"| hooked / unobserved (nothing watching; target <= 1.02) | {h / u:.3f} |")
+    for s in ("scoped", "leak_check", "history"):
+        w = mean("observe_pair_64B", s)
+        if w and h:
+            print(f"| {s}: cost per event (pair - hooked pair) / 2 | {(w - h) / 2:.0f} ns |")

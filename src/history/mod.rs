@@ -130,7 +130,7 @@ pub enum HistoryError {
     #[error("history capacity must be at least 1 event (got 0)")]
     ZeroCapacity,
     /// The text is not a history file.
-    #[error("not a tensormem history file: {message} (line {line}, column {column})")]
+    #[error("not a tensormem history file: {message}")]
     Malformed {
         /// What the JSON parser said.
         message: String,

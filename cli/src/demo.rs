@@ -1,0 +1,189 @@
+//! `tensormem demo`: a small transformer-style inference loop (embedding, attention with a
+//! growing KV cache, MLP, layer norms) on tensors through the registry-selected allocator.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tensormem::history::{self, HistoryOptions};
+use tensormem::telemetry::{MetricsServer, memory_summary, snapshot_json};
+use tensormem::tensor::{DType, Tensor, TensorOptions};
+use tensormem::{AllocatorRegistry, BfcAllocator, CONFIGURED_PRIORITY, scope};
+
+use crate::Outcome;
+
+/// Options of `tensormem demo`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct DemoArgs {
+    /// Allocator to run on, by registry name (default: the registry's choice, which honours
+    /// TENSORMEM_ALLOCATOR and TENSORMEM_ALLOC_CONF).
+    #[arg(long)]
+    allocator: Option<String>,
+    /// Serve Prometheus /metrics on this address while the demo runs (e.g. 127.0.0.1:9464).
+    #[arg(long)]
+    serve: Option<String>,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 32)]
+    steps: usize,
+    /// Directory for history.json, timeline.html and snapshot.json.
+    #[arg(long, default_value = "tensormem-demo")]
+    out: PathBuf,
+}
+
+const LAYERS: usize = 4;
+const D_MODEL: usize = 256;
+const D_FF: usize = 1024;
+const VOCAB: usize = 2048;
+const PROMPT: usize = 64;
+/// The memory limit of the BFC the demo makes when `--allocator bfc` is not configured.
+const DEMO_BFC_LIMIT: u64 = 4 << 30;
+
+struct Layer {
+    wq: Tensor,
+    wk: Tensor,
+    wv: Tensor,
+    wo: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    k_cache: Option<Tensor>,
+    v_cache: Option<Tensor>,
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+pub(crate) fn run(args: DemoArgs) -> Outcome {
+    if args.steps == 0 {
+        return Err("--steps must be at least 1".into());
+    }
+    let registry = AllocatorRegistry::global();
+    if let Some(name) = &args.allocator {
+        if name.eq_ignore_ascii_case("bfc") && registry.get_by_name("bfc").is_none() {
+            // BFC is registered when configured; the demo asks for it by name, so give it one.
+            let bfc = BfcAllocator::builder().memory_limit(DEMO_BFC_LIMIT).allow_growth(true).build().map_err(err)?;
+            registry.register("bfc", CONFIGURED_PRIORITY, Arc::new(bfc)).map_err(err)?;
+            println!("bfc: not configured by TENSORMEM_ALLOC_CONF; using a 4 GiB limit, grown on demand");
+        }
+        registry.select(Some(name)).map_err(err)?;
+    }
+    let allocator = registry.try_get().map_err(err)?;
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    let server = match &args.serve {
+        Some(addr) => {
+            let s = MetricsServer::start(addr.as_str()).map_err(err)?;
+            println!("serving /metrics on http://{}/metrics", s.local_addr());
+            Some(s)
+        }
+        None => None,
+    };
+    println!(
+        "demo: {LAYERS} layers, d_model {D_MODEL}, prompt {PROMPT} tokens, {} steps, allocator '{}'",
+        args.steps,
+        allocator.name()
+    );
+    history::start(HistoryOptions { capacity: 200_000, backtraces: false }).map_err(err)?;
+    let result = inference(&args);
+    history::stop();
+    result?;
+    let h = history::snapshot();
+    let history_path = args.out.join("history.json");
+    h.save(&history_path).map_err(err)?;
+    let page = args.out.join("timeline.html");
+    std::fs::write(&page, tensormem::timeline::render_html(&h)).map_err(|e| format!("{}: {e}", page.display()))?;
+    let snapshot = args.out.join("snapshot.json");
+    std::fs::write(&snapshot, snapshot_json()).map_err(|e| format!("{}: {e}", snapshot.display()))?;
+    println!("\n{}", memory_summary(registry));
+    println!("history: {h}");
+    println!("wrote {}, {} and {}", history_path.display(), page.display(), snapshot.display());
+    drop(server);
+    Ok(())
+}
+
+fn inference(args: &DemoArgs) -> Outcome {
+    let opts = |seed| TensorOptions::new().dtype(DType::F32).seed(seed);
+    let (embedding, mut layers) = {
+        let _w = scope("weights");
+        let embedding = Tensor::randn(&[VOCAB, D_MODEL], opts(1)).map_err(err)?;
+        let mut layers = Vec::new();
+        for l in 0..LAYERS {
+            let s = 10 + l as u64 * 10;
+            let w = |r, c, k| Tensor::randn(&[r, c], opts(s + k)).and_then(|t| t.mul_scalar(0.05));
+            layers.push(Layer {
+                wq: w(D_MODEL, D_MODEL, 1).map_err(err)?,
+                wk: w(D_MODEL, D_MODEL, 2).map_err(err)?,
+                wv: w(D_MODEL, D_MODEL, 3).map_err(err)?,
+                wo: w(D_MODEL, D_MODEL, 4).map_err(err)?,
+                w1: w(D_MODEL, D_FF, 5).map_err(err)?,
+                w2: w(D_FF, D_MODEL, 6).map_err(err)?,
+                k_cache: None,
+                v_cache: None,
+            });
+        }
+        (embedding, layers)
+    };
+    let bar = ProgressBar::new(args.steps as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg}").map_err(err)?.progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let mut tokens: Vec<i64> = (0..PROMPT as i64).map(|i| (i * 37) % VOCAB as i64).collect();
+    for step in 0..args.steps {
+        let _s = scope(if step == 0 { "prefill" } else { "decode" });
+        let new = if step == 0 { &tokens[..] } else { &tokens[tokens.len() - 1..] };
+        let ids = Tensor::from_slice(new, &[new.len()], DType::I64).map_err(err)?;
+        let mut x = embedding.embedding(&ids).map_err(err)?;
+        for (i, layer) in layers.iter_mut().enumerate() {
+            x = block(i, layer, &x).map_err(err)?;
+        }
+        let logits = {
+            let _h = scope("head");
+            let last = x.narrow(0, -1, 1).map_err(err)?;
+            last.matmul(&embedding.t().map_err(err)?).map_err(err)?
+        };
+        let next = argmax(&logits).map_err(err)?;
+        tokens.push(next);
+        let live = AllocatorRegistry::global().try_get().ok().and_then(|a| a.stats()).map_or(0, |s| s.bytes_in_use);
+        bar.set_message(format!("token {next:>4}, {} in use", tensormem::ByteSize(live)));
+        bar.inc(1);
+    }
+    bar.finish_with_message("done");
+    Ok(())
+}
+
+fn block(i: usize, l: &mut Layer, x: &Tensor) -> tensormem::tensor::Result<Tensor> {
+    let _layer = scope(&format!("layer{i}"));
+    let h = x.layer_norm(&[D_MODEL], None, None, 1e-5)?;
+    let attn = {
+        let _a = scope("attn");
+        let q = h.matmul(&l.wq)?;
+        let k = h.matmul(&l.wk)?;
+        let v = h.matmul(&l.wv)?;
+        let k_all = match &l.k_cache {
+            Some(c) => Tensor::cat(&[c, &k], 0)?,
+            None => k,
+        };
+        let v_all = match &l.v_cache {
+            Some(c) => Tensor::cat(&[c, &v], 0)?,
+            None => v,
+        };
+        let scores = q.matmul(&k_all.t()?)?.mul_scalar(1.0 / (D_MODEL as f64).sqrt())?;
+        let out = scores.softmax(-1)?.matmul(&v_all)?.matmul(&l.wo)?;
+        l.k_cache = Some(k_all);
+        l.v_cache = Some(v_all);
+        out
+    };
+    let x = x.add(&attn)?;
+    let mlp = {
+        let _m = scope("mlp");
+        let h = x.layer_norm(&[D_MODEL], None, None, 1e-5)?;
+        h.matmul(&l.w1)?.relu()?.matmul(&l.w2)?
+    };
+    x.add(&mlp)
+}
+
+fn argmax(logits: &Tensor) -> tensormem::tensor::Result<i64> {
+    let v: Vec<f32> = logits.to_vec::<f32>()?;
+    Ok(v.iter().enumerate().fold((0usize, f32::MIN), |best, (i, &x)| if x > best.1 { (i, x) } else { best }).0 as i64)
+}

@@ -1,0 +1,98 @@
+//! `tensormem replay`: a recorded allocation trace replayed on fresh allocators.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tensormem::allocators::SplitPolicy;
+use tensormem::{AllocConf, AllocationTrace, Allocator, BfcAllocator, ByteSize, SystemAllocator, replay};
+
+use crate::Outcome;
+
+/// Options of `tensormem replay`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ReplayArgs {
+    /// The trace file (JSON, `tensormem::AllocationTrace`).
+    trace: PathBuf,
+    /// Allocators to replay on (repeatable): system, jemalloc, pool, bfc, bfc-tensorflow.
+    /// Default: all. Pool and bfc honour TENSORMEM_ALLOC_CONF (bfc without it: a 64 GiB
+    /// limit, growing on demand).
+    #[arg(long = "allocator")]
+    allocators: Vec<String>,
+}
+
+const NAMES: [&str; 5] = ["system", "jemalloc", "pool", "bfc", "bfc-tensorflow"];
+
+/// A fresh allocator for `name`.
+fn make(name: &str, conf: &AllocConf) -> Result<Arc<dyn Allocator>, String> {
+    let err = |e: &dyn std::fmt::Display| format!("cannot build allocator '{name}': {e}");
+    Ok(match name {
+        "system" | "cpu" => Arc::new(SystemAllocator::new()),
+        #[cfg(not(target_env = "msvc"))]
+        "jemalloc" => Arc::new(tensormem::JemallocAllocator::new()),
+        "pool" => Arc::new(conf.build_pool(Arc::new(SystemAllocator::new())).map_err(|e| err(&e))?),
+        "bfc" if conf.configures_bfc() => Arc::new(conf.build_bfc().map_err(|e| err(&e))?),
+        // Not configured: the default BFC with room to grow, as `examples/replay` uses.
+        "bfc" => {
+            Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build().map_err(|e| err(&e))?)
+        }
+        "bfc-tensorflow" => Arc::new(
+            BfcAllocator::builder()
+                .memory_limit(64 << 30)
+                .allow_growth(true)
+                .expandable(false)
+                .split(SplitPolicy::TensorFlow)
+                .first_fit_above(u64::MAX)
+                .build()
+                .map_err(|e| err(&e))?,
+        ),
+        other => return Err(format!("unknown allocator '{other}' (known: {})", NAMES.join(", "))),
+    })
+}
+
+pub(crate) fn run(args: ReplayArgs) -> Outcome {
+    let text =
+        std::fs::read_to_string(&args.trace).map_err(|e| format!("cannot read {}: {e}", args.trace.display()))?;
+    let trace = AllocationTrace::from_json(&text).map_err(|e| format!("{}: {e}", args.trace.display()))?;
+    let conf = AllocConf::from_env().map_err(|e| e.to_string())?;
+    let names: Vec<String> =
+        if args.allocators.is_empty() { NAMES.iter().map(|s| (*s).to_owned()).collect() } else { args.allocators };
+    // Build every allocator first, so a bad name fails before any work.
+    let subjects: Vec<(String, Arc<dyn Allocator>)> =
+        names.iter().map(|n| make(n, &conf).map(|a| (n.clone(), a))).collect::<Result<_, _>>()?;
+    println!("{}: {} events\n  {}", args.trace.display(), trace.events.len(), trace.description);
+    let bar = ProgressBar::new(subjects.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} replaying on {msg} [{bar:20}] {pos}/{len}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let mut rows = Vec::new();
+    for (name, allocator) in &subjects {
+        bar.set_message(name.clone());
+        rows.push((name, replay(&trace, &**allocator)));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    println!(
+        "{:<16} {:>11} {:>11} {:>11} {:>7} {:>9} {:>9} {:>6} {:>8}",
+        "allocator", "requested", "peak in use", "peak resvd", "use/req", "resvd/req", "frag@peak", "failed", "ns/op"
+    );
+    let ratio = |r: Option<f64>| r.map_or_else(|| "-".to_owned(), |r| format!("{r:.3}"));
+    for (name, r) in rows {
+        println!(
+            "{name:<16} {:>11} {:>11} {:>11} {:>7} {:>9} {:>9} {:>6} {:>8.1}",
+            ByteSize(r.peak_requested).to_string(),
+            ByteSize(r.peak_in_use).to_string(),
+            ByteSize(r.peak_reserved).to_string(),
+            ratio(r.in_use_over_requested()),
+            ratio(r.reserved_over_requested()),
+            r.fragmentation_at_peak.map_or("-".into(), |f| format!("{f:.3}")),
+            r.failed_allocations,
+            r.ns_per_operation,
+        );
+    }
+    Ok(())
+}
