@@ -164,12 +164,15 @@ struct Inner {
 #[derive(Debug)]
 pub struct AllocatorRegistry {
     inner: RwLock<Inner>,
+    /// The process-wide registry: the one `with_default_allocator` overrides.
+    is_global: bool,
 }
 
 impl AllocatorRegistry {
     /// An empty, isolated registry.
     pub fn new() -> Self {
         Self {
+            is_global: false,
             inner: RwLock::new(Inner {
                 entries: Vec::new(),
                 attempts: 0,
@@ -245,6 +248,8 @@ impl AllocatorRegistry {
             },
             Err(error) => tracing::error!(%error, "tensormem: no default allocator"),
         }
+        let mut registry = registry;
+        registry.is_global = true;
         registry
     }
 
@@ -298,8 +303,8 @@ impl AllocatorRegistry {
     /// [`RegistryError::Empty`] when nothing is registered; the first startup registration
     /// error of the global registry, if any.
     pub fn try_get(&self) -> Result<Arc<dyn Allocator>, RegistryError> {
-        if let Some(a) = crate::scope::default_override()
-            && core::ptr::eq(self, Self::global())
+        if self.is_global
+            && let Some(a) = crate::scope::default_override()
         {
             return Ok(a);
         }

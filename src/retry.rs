@@ -141,6 +141,10 @@ unsafe impl Allocator for RetryAllocator {
         self.inner.name()
     }
 
+    fn memory_space(&self) -> crate::allocators::MemorySpace {
+        self.inner.memory_space()
+    }
+
     #[inline]
     fn allocate_raw(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
         match self.inner.allocate_raw(layout, attrs) {

@@ -54,7 +54,7 @@ thread_local! {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use tensormem::{AllocatorRegistry, SystemAllocator, TrackingAllocator};
+/// use tensormem::{Allocator, AllocatorRegistry, SystemAllocator, TrackingAllocator};
 ///
 /// let arena = Arc::new(TrackingAllocator::new(Arc::new(SystemAllocator::new())));
 /// let name = tensormem::with_default_allocator(arena.clone(), || AllocatorRegistry::global().get().name().to_owned());

@@ -204,6 +204,10 @@ unsafe impl Allocator for TraceRecorder {
         self.inner.name()
     }
 
+    fn memory_space(&self) -> crate::allocators::MemorySpace {
+        self.inner.memory_space()
+    }
+
     fn allocate_raw(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
         let p = self.inner.allocate_raw(layout, attrs)?;
         if layout.size() > 0 {
@@ -375,12 +379,15 @@ impl PreparedTrace {
         mut after_alloc: impl FnMut(Layout, bool),
         mut on_free: impl FnMut(usize),
     ) {
+        // Device memory must not be touched from the host: replay skips the first-byte write.
+        let host = allocator.memory_space().is_host_accessible();
         for &op in &self.ops {
             match op {
                 Op::Alloc { slot, layout } => match allocator.allocate_raw(layout, &AllocationAttributes::NO_RETRY) {
                     Ok(p) => {
-                        if layout.size() > 0 {
-                            // SAFETY: `p` is valid for `layout.size()` > 0 bytes.
+                        if host && layout.size() > 0 {
+                            // SAFETY: `p` is valid for host writes of `layout.size()` > 0 bytes
+                            // (a host memory space, checked above).
                             unsafe { p.as_ptr().write(1) };
                         }
                         live[slot] = Some((p, layout));

@@ -218,6 +218,10 @@ unsafe impl Allocator for TrackingAllocator {
         self.inner.name()
     }
 
+    fn memory_space(&self) -> crate::allocators::MemorySpace {
+        self.inner.memory_space()
+    }
+
     #[inline]
     fn allocate_raw(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
         if layout.size() == 0 {

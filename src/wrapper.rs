@@ -92,6 +92,10 @@ unsafe impl Allocator for AllocatorWrapper {
         self.name.as_deref().unwrap_or_else(|| self.inner.name())
     }
 
+    fn memory_space(&self) -> crate::allocators::MemorySpace {
+        self.inner.memory_space()
+    }
+
     #[inline]
     fn allocate_raw(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
         self.inner.allocate_raw(layout, attrs)

@@ -4,7 +4,7 @@ use core::alloc::Layout;
 use core::fmt;
 use core::ptr::{self, NonNull};
 
-use crate::{AllocError, AllocationAttributes, AllocatorStats, MemoryDump};
+use crate::{AllocError, AllocationAttributes, AllocatorStats, MemoryDump, MemorySpace};
 
 /// A live allocation and its address, as listed by allocators that track every pointer (see
 /// [`Allocator::snapshot_live_chunks`]).
@@ -33,10 +33,12 @@ pub struct LiveChunk {
 /// layout (see [`dangling`]), count nothing, and freeing one does nothing.
 ///
 /// # Safety
-/// Implementors promise that a pointer returned by `allocate_raw(layout, ..)` is valid for
-/// reads and writes of `layout.size()` bytes, aligned to `layout.align()`, and not handed out
-/// again until it has been passed to `deallocate_raw`; and that the statistics methods never
-/// report `peak_bytes_in_use < bytes_in_use`.
+/// Implementors promise that a pointer returned by `allocate_raw(layout, ..)` is aligned to
+/// `layout.align()`, valid for reads and writes of `layout.size()` bytes *in its
+/// [`memory_space`](Self::memory_space)* (by host code only for host spaces; device memory is
+/// valid for the device and must never be dereferenced on the host), and not handed out again
+/// until it has been passed to `deallocate_raw`; that `memory_space` never changes; and that
+/// the statistics methods never report `peak_bytes_in_use < bytes_in_use`.
 ///
 /// Callers of [`deallocate_raw`](Self::deallocate_raw) promise that `ptr` denotes a block
 /// *currently allocated* by this allocator (returned by `allocate_raw` of this same allocator
@@ -61,6 +63,12 @@ pub struct LiveChunk {
 pub unsafe trait Allocator: Send + Sync + fmt::Debug {
     /// A short name for messages and metrics (e.g. `cpu`, `jemalloc`, `bfc`).
     fn name(&self) -> &str;
+
+    /// Where the blocks live: [`MemorySpace::Host`] unless the allocator says otherwise.
+    /// Decorators forward their inner allocator's.
+    fn memory_space(&self) -> MemorySpace {
+        MemorySpace::Host
+    }
 
     /// Allocates a block of `layout.size()` bytes aligned to `layout.align()`.
     ///
@@ -208,6 +216,10 @@ pub fn dangling(layout: Layout) -> NonNull<u8> {
 unsafe impl<A: Allocator + ?Sized> Allocator for std::sync::Arc<A> {
     fn name(&self) -> &str {
         (**self).name()
+    }
+
+    fn memory_space(&self) -> MemorySpace {
+        (**self).memory_space()
     }
 
     #[inline]

@@ -67,6 +67,11 @@ pub unsafe trait ExpandableMemory: Send + Sync + fmt::Debug {
 
     /// A short name for messages (`os`, `cuda:0`).
     fn name(&self) -> &str;
+
+    /// Where the memory lives (a device's memory for a GPU backend); host by default.
+    fn memory_space(&self) -> crate::MemorySpace {
+        crate::MemorySpace::Host
+    }
 }
 
 /// The host page size assumed for alignment guarantees.

@@ -39,6 +39,7 @@ mod expandable;
 mod format;
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 mod jemalloc;
+mod memory_space;
 pub mod observe;
 mod per_thread;
 mod pool;
@@ -61,6 +62,7 @@ pub use format::ByteSize;
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "jemalloc")))]
 pub use jemalloc::{JemallocAllocator, JemallocStats, JemallocStatsError};
+pub use memory_space::MemorySpace;
 pub use per_thread::{PerThread, ThreadValue};
 pub use pool::{DEFAULT_LARGE_THRESHOLD, PoolAllocator, PoolBuilder, PoolStats, SizeRounding, THREAD_CACHE_MAX_CLASS};
 pub use stats::AllocatorStats;

@@ -35,6 +35,13 @@ pub unsafe trait SubAllocator: Send + Sync + fmt::Debug {
     /// The largest alignment `alloc_region` can honour.
     fn max_alignment(&self) -> usize;
 
+    /// Where the regions live (a device's memory for a GPU sub-allocator); host by default.
+    /// The BFC over it reports this as its own [`memory_space`](crate::Allocator::memory_space);
+    /// the BFC never reads or writes the memory it manages.
+    fn memory_space(&self) -> crate::MemorySpace {
+        self.expandable().map_or(crate::MemorySpace::Host, |m| m.memory_space())
+    }
+
     /// The same memory as an [`ExpandableMemory`] (address space reserved once, committed on
     /// demand), if this source can do that; a [`BfcAllocator`](crate::BfcAllocator) then grows
     /// one region at its end instead of taking separate regions. `None` by default.

@@ -291,6 +291,20 @@ pub enum TensorError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The allocator hands out device memory, which host code (every tensor kernel, zero
+    /// fill, element access) must not touch.
+    #[error(
+        "{op}: allocator '{allocator}' hands out {device} memory, which host tensor code cannot read or write; \
+         allocate on a host allocator and copy with the device's API"
+    )]
+    DeviceMemory {
+        /// The operation.
+        op: &'static str,
+        /// The allocator.
+        allocator: String,
+        /// Where its memory lives.
+        device: crate::allocators::MemorySpace,
+    },
     /// The operation needs a contiguous tensor (direct access to its elements as a slice).
     #[error("{op}: the tensor (shape {shape:?}, strides {strides:?}) is not contiguous; call contiguous() first")]
     NotContiguous {

@@ -67,6 +67,10 @@ fn layout(nbytes: usize) -> Option<Layout> {
 }
 
 fn checked_layout(op: &'static str, nbytes: usize, allocator: &dyn Allocator) -> Result<Layout> {
+    let space = allocator.memory_space();
+    if !space.is_host_accessible() {
+        return Err(TensorError::DeviceMemory { op, allocator: allocator.name().to_owned(), device: space });
+    }
     layout(nbytes).ok_or_else(|| TensorError::Alloc {
         op,
         source: AllocError::array_overflow(nbytes, Layout::new::<u8>(), allocator.name()),

@@ -196,6 +196,10 @@ unsafe impl Allocator for BfcAllocator {
         &self.name
     }
 
+    fn memory_space(&self) -> crate::MemorySpace {
+        self.sub.memory_space()
+    }
+
     fn allocate_raw(&self, layout: Layout, _attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
         if layout.size() == 0 {
             return Ok(dangling(layout));

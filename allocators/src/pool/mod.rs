@@ -259,6 +259,12 @@ unsafe impl Allocator for PoolAllocator {
         &self.name
     }
 
+    /// The inner allocator's: the pool keeps its free lists outside the buffers, so it pools
+    /// device memory as well as host memory.
+    fn memory_space(&self) -> crate::MemorySpace {
+        self.core().inner.memory_space()
+    }
+
     #[inline]
     fn allocate_raw(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
         if layout.size() == 0 {
@@ -475,9 +481,11 @@ impl PoolBuilder {
 }
 
 /// The default large allocator: an expandable BFC over the OS as large as physical memory, when
-/// the inner allocator has no limit and address space can be reserved.
+/// the inner allocator is host memory with no limit and address space can be reserved.
 fn default_large(name: &str, inner: &Arc<dyn Allocator>) -> Option<Arc<dyn Allocator>> {
-    if inner.stats().is_some_and(|s| s.bytes_limit.is_some()) {
+    // The default large allocator maps host memory: over anything else (a device allocator),
+    // large requests stay in the inner allocator's memory space.
+    if inner.memory_space() != crate::MemorySpace::Host || inner.stats().is_some_and(|s| s.bytes_limit.is_some()) {
         return None;
     }
     let built =
