@@ -13,7 +13,7 @@ pub const SIZE_SPELLINGS: &str = "a number of bytes with an optional unit: B; Ki
      KB, MB, GB, TB (powers of 1000); decimals allowed (1.5GiB); units are case-insensitive";
 
 /// Every key `TENSORMEM_ALLOC_CONF` accepts, with what its value must be.
-pub const KEYS: [(&str, &str); 13] = [
+pub const KEYS: [(&str, &str); 16] = [
     ("bfc.memory_limit", "a size such as 4GiB, at least 256 B (setting it chooses bfc)"),
     ("bfc.allow_growth", "true or false"),
     ("bfc.expandable", "true or false"),
@@ -27,7 +27,17 @@ pub const KEYS: [(&str, &str); 13] = [
     ("pool.rounding", "power_of_two, exact, or multiple:<size>"),
     ("pool.auto_resize", "true or false"),
     ("pool.large_threshold", "a positive size such as 1MiB, or none"),
+    ("cuda.memory_limit", "a size such as 16GiB, at least 256 B: the limit of each cuda:N allocator"),
+    (
+        "cuda.memory_fraction",
+        "a number in (0, 1]: the share of each device's total memory its cuda:N allocator may use",
+    ),
+    ("cuda_async.release_threshold", "a size such as 1GiB: the freed bytes each cuda_async:N pool keeps"),
 ];
+
+/// The share of a device's memory a `cuda:N` allocator may use when neither `cuda.memory_limit`
+/// nor `cuda.memory_fraction` is set (TensorFlow's default leaves room for the driver too).
+pub const DEFAULT_CUDA_MEMORY_FRACTION: f64 = 0.9;
 
 /// What is wrong with a configuration; every variant names the key.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -90,7 +100,7 @@ fn size_help(expected: &str, value: &str) -> String {
 }
 
 /// The parsed configuration. Unset options keep the allocators' defaults.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct AllocConf {
     /// `bfc.memory_limit`.
     pub bfc_memory_limit: Option<u64>,
@@ -118,6 +128,12 @@ pub struct AllocConf {
     pub pool_auto_resize: Option<bool>,
     /// `pool.large_threshold` (`Some(None)`: `none`, no large allocator).
     pub pool_large_threshold: Option<Option<u64>>,
+    /// `cuda.memory_limit`.
+    pub cuda_memory_limit: Option<u64>,
+    /// `cuda.memory_fraction`, in (0, 1].
+    pub cuda_memory_fraction: Option<f64>,
+    /// `cuda_async.release_threshold`.
+    pub cuda_async_release_threshold: Option<u64>,
 }
 
 impl AllocConf {
@@ -170,10 +186,47 @@ impl AllocConf {
                 }
                 "pool.size_limit" => conf.pool_size_limit = Some(parse_size(value).ok_or_else(bad)?),
                 "pool.rounding" => conf.pool_rounding = Some(parse_rounding(value).ok_or_else(bad)?),
+                "cuda.memory_limit" => {
+                    conf.cuda_memory_limit = Some(parse_size(value).filter(|&l| l >= 256).ok_or_else(bad)?);
+                }
+                "cuda.memory_fraction" => {
+                    let f = value.parse::<f64>().ok().filter(|f| *f > 0.0 && *f <= 1.0);
+                    conf.cuda_memory_fraction = Some(f.ok_or_else(bad)?);
+                }
+                "cuda_async.release_threshold" => {
+                    conf.cuda_async_release_threshold = Some(parse_size(value).ok_or_else(bad)?);
+                }
                 _ => conf.pool_auto_resize = Some(parse_bool(value).ok_or_else(bad)?),
             }
         }
+        if conf.cuda_memory_limit.is_some() && conf.cuda_memory_fraction.is_some() {
+            return Err(ConfigError::BadValue {
+                key: "cuda.memory_fraction",
+                value: conf.cuda_memory_fraction.map(|f| f.to_string()).unwrap_or_default(),
+                expected: "either cuda.memory_limit or cuda.memory_fraction, not both",
+            });
+        }
         Ok(conf)
+    }
+
+    /// The limit of a `cuda:N` allocator on a device of `total` bytes: `cuda.memory_limit`, else
+    /// `cuda.memory_fraction` (default [`DEFAULT_CUDA_MEMORY_FRACTION`]) of `total`, rounded down
+    /// to 256 bytes.
+    ///
+    /// ```
+    /// use tensormem::AllocConf;
+    /// let c = AllocConf::parse("cuda.memory_fraction=0.5")?;
+    /// assert_eq!(c.cuda_limit(80 << 30), 40 << 30);
+    /// assert_eq!(AllocConf::default().cuda_limit(1000), 768);
+    /// assert!(AllocConf::parse("cuda.memory_fraction=1.5").is_err());
+    /// # Ok::<(), tensormem::ConfigError>(())
+    /// ```
+    pub fn cuda_limit(&self, total: u64) -> u64 {
+        let bytes = match (self.cuda_memory_limit, self.cuda_memory_fraction) {
+            (Some(l), _) => l,
+            (None, f) => (total as f64 * f.unwrap_or(DEFAULT_CUDA_MEMORY_FRACTION)) as u64,
+        };
+        bytes & !255
     }
 
     /// Parses `TENSORMEM_ALLOC_CONF` (unset or empty: the defaults).

@@ -36,6 +36,9 @@ pub use tensormem_allocators as allocators;
 
 mod chunk_table;
 mod config;
+#[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub mod device;
 pub mod history;
 mod observer;
 mod registration;
@@ -54,18 +57,21 @@ mod wrapper;
 
 pub use allocators::{
     AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorAttributes, AllocatorExt, AllocatorStats,
-    BfcAllocator, BuildError, ByteSize, LiveChunk, MemoryDump, PoolAllocator, PoolStats, SizeRounding, SubAllocator,
-    SystemAllocator,
+    BfcAllocator, BuildError, ByteSize, LiveChunk, MemoryDump, MemorySpace, PoolAllocator, PoolStats, SizeRounding,
+    SubAllocator, SystemAllocator,
 };
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "jemalloc")))]
 pub use allocators::{JemallocAllocator, JemallocStats};
-pub use config::{ALLOC_CONF_ENV, AllocConf, ConfigError, KEYS as ALLOC_CONF_KEYS, SIZE_SPELLINGS, parse_size};
+pub use config::{
+    ALLOC_CONF_ENV, AllocConf, ConfigError, DEFAULT_CUDA_MEMORY_FRACTION, KEYS as ALLOC_CONF_KEYS, SIZE_SPELLINGS,
+    parse_size,
+};
 pub use observer::{TagStats, tag_stats};
 pub use registration::AllocatorFactory;
 pub use registry::{
-    ALLOCATOR_ENV, AllocatorRegistry, CONFIGURED_PRIORITY, DEFAULT_PRIORITY, RegistryEntry, RegistryError,
-    SelectionOrigin,
+    ALLOCATOR_ENV, AllocatorRegistry, CONFIGURED_PRIORITY, DEFAULT_PRIORITY, DEVICE_PRIORITY, RegistryEntry,
+    RegistryError, SelectionOrigin,
 };
 pub use retry::{DEFAULT_MAX_RETRY_WAIT, RetryAllocator};
 pub use scope::{ScopeGuard, current_scope, scope, with_default_allocator};

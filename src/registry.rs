@@ -13,6 +13,14 @@ use crate::registration::AllocatorFactory;
 /// The environment variable that picks the global registry's allocator by name.
 pub const ALLOCATOR_ENV: &str = "TENSORMEM_ALLOCATOR";
 
+/// The priority of the device allocators (`cuda:N`, `cuda_async:N`, `cuda_host`, feature
+/// `cuda`): below every host allocator, so that [`AllocatorRegistry::get`] keeps returning host
+/// memory. Device memory is chosen by name (`get_by_name("cuda:0")`, or
+/// `TENSORMEM_ALLOCATOR=cuda:0` to make it the default, for code that only hands memory to the
+/// device), by [`AllocatorRegistry::get_for_space`] or by attributes
+/// ([`AllocatorRegistry::get_for`]).
+pub const DEVICE_PRIORITY: i32 = -1000;
+
 /// The priority of an allocator configured by `TENSORMEM_ALLOC_CONF` in the global registry
 /// (`bfc` when a `bfc.*` key is set): above every built-in, so configuring it chooses it.
 pub const CONFIGURED_PRIORITY: i32 = 200;
@@ -225,6 +233,16 @@ impl AllocatorRegistry {
                 }
             }
         }
+        #[cfg(feature = "cuda")]
+        if let Ok(conf) = AllocConf::from_env() {
+            let (devices, device_errors) = crate::device::entries(&conf);
+            errors.extend(device_errors);
+            for (name, allocator) in devices {
+                if let Err(e) = registry.register(&name, DEVICE_PRIORITY, allocator) {
+                    errors.push(e);
+                }
+            }
+        }
         let mut factories: Vec<&AllocatorFactory> = inventory::iter::<AllocatorFactory>().collect();
         // Link order is arbitrary; registering in name order keeps tie-breaks reproducible.
         factories.sort_by_key(|f| (f.name, f.priority));
@@ -289,6 +307,44 @@ impl AllocatorRegistry {
         match self.try_get() {
             Ok(a) => a,
             Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// The allocator for memory with `attrs`, as TensorFlow's `GetAllocator(attr)`: pinned host
+    /// memory (`on_host` and `gpu_compatible`, or `gpu_compatible` alone) from `cuda_host` when
+    /// it is registered (feature `cuda` with a driver); everything else, and pinned memory on a
+    /// machine without CUDA, from [`try_get`](Self::try_get).
+    ///
+    /// ```
+    /// use tensormem::{AllocatorAttributes, AllocatorRegistry};
+    /// let pinned = AllocatorAttributes::new().with_on_host(true).with_gpu_compatible(true);
+    /// let a = AllocatorRegistry::global().get_for(&pinned)?;
+    /// // Without a CUDA driver, the host default serves it.
+    /// # if AllocatorRegistry::global().get_by_name("cuda_host").is_none() {
+    /// assert_eq!(a.name(), AllocatorRegistry::global().get().name());
+    /// # }
+    /// # Ok::<(), tensormem::RegistryError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`try_get`](Self::try_get).
+    pub fn get_for(&self, attrs: &crate::AllocatorAttributes) -> Result<Arc<dyn Allocator>, RegistryError> {
+        if attrs.gpu_compatible()
+            && let Some(a) = self.get_by_name("cuda_host")
+        {
+            return Ok(a);
+        }
+        self.try_get()
+    }
+
+    /// The registered allocator of a memory space: the default for host memory, `cuda_host` for
+    /// pinned host memory, `cuda:N` for device N; `None` when there is none.
+    pub fn get_for_space(&self, space: crate::allocators::MemorySpace) -> Option<Arc<dyn Allocator>> {
+        use crate::allocators::MemorySpace;
+        match space {
+            MemorySpace::Host => self.try_get().ok(),
+            MemorySpace::HostPinned => self.get_by_name("cuda_host"),
+            MemorySpace::Device { ordinal } => self.get_by_name(&format!("cuda:{ordinal}")),
         }
     }
 

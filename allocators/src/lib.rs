@@ -34,6 +34,9 @@ mod bfc;
 mod builder;
 mod conformance;
 mod counters;
+#[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub mod cuda;
 mod error;
 mod expandable;
 mod format;

@@ -15,7 +15,8 @@ use crate::Outcome;
 pub(crate) struct ReplayArgs {
     /// The trace file (JSON, `tensormem::AllocationTrace`).
     trace: PathBuf,
-    /// Allocators to replay on (repeatable): system, jemalloc, pool, bfc, bfc-tensorflow.
+    /// Allocators to replay on (repeatable): system, jemalloc, pool, bfc, bfc-tensorflow, and
+    /// cuda:N (a BFC over device N's expandable memory; feature `cuda`).
     /// Default: all. Pool and bfc honour TENSORMEM_ALLOC_CONF (bfc without it: a 64 GiB
     /// limit, growing on demand).
     #[arg(long = "allocator")]
@@ -47,8 +48,33 @@ fn make(name: &str, conf: &AllocConf) -> Result<Arc<dyn Allocator>, String> {
                 .build()
                 .map_err(|e| err(&e))?,
         ),
-        other => return Err(format!("unknown allocator '{other}' (known: {})", NAMES.join(", "))),
+        other if other.starts_with("cuda:") => return device(other, conf),
+        other => return Err(format!("unknown allocator '{other}' (known: {}, cuda:N)", NAMES.join(", "))),
     })
+}
+
+/// A BFC over expandable memory of device N, limited as `cuda:N` in the registry.
+#[cfg(feature = "cuda")]
+fn device(name: &str, conf: &AllocConf) -> Result<Arc<dyn Allocator>, String> {
+    use tensormem::allocators::cuda::{CudaDevice, CudaSubAllocator};
+    let ordinal: u32 = name["cuda:".len()..].parse().map_err(|_| format!("'{name}': expected cuda:<device number>"))?;
+    let device = CudaDevice::open(ordinal).map_err(|e| format!("{name}: {e}"))?;
+    let total = device.memory_info().map_err(|e| format!("{name}: {e}"))?.1;
+    let bfc = BfcAllocator::builder()
+        .name(name)
+        .memory_limit(conf.cuda_limit(total))
+        .allow_growth(true)
+        .sub_allocator(Arc::new(CudaSubAllocator::new(device)))
+        .build()
+        .map_err(|e| format!("{name}: {e}"))?;
+    Ok(Arc::new(bfc))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device(name: &str, _conf: &AllocConf) -> Result<Arc<dyn Allocator>, String> {
+    Err(format!(
+        "'{name}': this tensormem was built without the cuda feature (cargo run -p tensormem-cli --features cuda)"
+    ))
 }
 
 pub(crate) fn run(args: ReplayArgs) -> Outcome {

@@ -122,12 +122,21 @@ fn bad_inputs_are_one_line_errors() {
     assert_one_line_error(&tensormem(&["replay", malformed.to_str().unwrap()]), "not valid JSON");
     assert_one_line_error(
         &tensormem(&["replay", "benches/traces/kv_cache_stress.json", "--allocator", "nosuch"]),
-        "unknown allocator 'nosuch' (known: system, jemalloc, pool, bfc, bfc-tensorflow)",
+        "unknown allocator 'nosuch' (known: system, jemalloc, pool, bfc, bfc-tensorflow, cuda:N)",
     );
+    let out = tensormem(&["replay", "benches/traces/kv_cache_stress.json", "--allocator", "cuda:0"]);
+    if !cfg!(feature = "cuda") || !tensormem_has_driver() {
+        assert_one_line_error(&out, "cuda:0");
+    }
     assert_one_line_error(&tensormem(&["demo", "--allocator", "nosuch", "--out", dir.to_str().unwrap()]), "nosuch");
     assert_one_line_error(&tensormem(&["demo", "--steps", "0", "--out", dir.to_str().unwrap()]), "--steps");
     // Usage mistakes are clap's (status 2), not panics.
     let out = tensormem(&["demo", "--steps", "many"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(!text(&out.stderr).contains("panicked"));
+}
+
+/// Whether a CUDA driver is loadable here (never on CI).
+fn tensormem_has_driver() -> bool {
+    ["/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1"].iter().any(|p| Path::new(p).exists())
 }

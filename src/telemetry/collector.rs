@@ -189,6 +189,10 @@ impl AllocatorCollector {
             descs.extend(Desc::new(name.into(), help.into(), vec!["allocator".into()], HashMap::new()));
         }
         descs.extend(Desc::new(PANICS.0.into(), PANICS.1.into(), vec![], HashMap::new()));
+        #[cfg(feature = "cuda")]
+        for (name, help) in DEVICE_FAMILIES {
+            descs.extend(Desc::new(name.into(), help.into(), vec!["device".into()], HashMap::new()));
+        }
         #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
         for (name, help, _) in JEMALLOC {
             descs.extend(Desc::new(name.into(), help.into(), vec![], HashMap::new()));
@@ -254,6 +258,34 @@ fn label_named(name: &str, value: &str) -> Vec<LabelPair> {
     l.set_name(name.to_owned());
     l.set_value(value.to_owned());
     vec![l]
+}
+
+/// Per device, the driver's total and free memory (`cuMemGetInfo`), label `device="cuda:N"`.
+#[cfg(feature = "cuda")]
+const DEVICE_FAMILIES: [(&str, &str); 2] = [
+    ("tensormem_device_memory_total_bytes", "The device's memory, as the CUDA driver reports it."),
+    ("tensormem_device_memory_free_bytes", "The device's free memory, as the CUDA driver reports it."),
+];
+
+#[cfg(feature = "cuda")]
+fn device_families() -> Vec<MetricFamily> {
+    let mut rows = Vec::new();
+    for d in crate::device::devices() {
+        if let Ok((free, total)) = d.memory_info() {
+            rows.push((format!("cuda:{}", d.ordinal()), [total as f64, free as f64]));
+        }
+    }
+    if rows.is_empty() {
+        return Vec::new();
+    }
+    DEVICE_FAMILIES
+        .iter()
+        .enumerate()
+        .map(|(k, (name, help))| {
+            let metrics = rows.iter().map(|(dev, v)| sample(label_named("device", dev), v[k], false)).collect();
+            family(name, help, false, metrics)
+        })
+        .collect()
 }
 
 /// The top `top` tags by peak, and the rest as `other`.
@@ -330,6 +362,8 @@ impl Collector for AllocatorCollector {
         if self.scope_top > 0 {
             families.extend(scope_families(self.scope_top));
         }
+        #[cfg(feature = "cuda")]
+        families.extend(device_families());
         let panics = self.panics.load(Relaxed) as f64;
         families.push(family(PANICS.0, PANICS.1, true, vec![sample(vec![], panics, true)]));
         #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]

@@ -1,0 +1,23 @@
+//! CUDA device memory (feature `cuda`): the driver API through `cudarc`, loaded at run time, so
+//! this builds and runs on machines without CUDA (constructors then return
+//! [`CudaError::NoDriver`]).
+//!
+//! - [`CudaDevice`]: a device and its primary context; free/total memory; host-device copies.
+//! - [`CudaSubAllocator`] + [`CudaMemory`]: device memory for the
+//!   [`BfcAllocator`](crate::BfcAllocator), by `cuMemAlloc` regions or expandable
+//!   (`cuMemAddressReserve` + `cuMemCreate` + `cuMemMap` at the device's granularity).
+//! - [`CudaAsyncAllocator`]: stream-ordered allocation from a CUDA memory pool.
+//! - [`CudaHostAllocator`]: pinned host memory.
+//!
+//! Every allocator here reports its [`MemorySpace`](crate::MemorySpace); device memory is never
+//! read or written on the host by tensormem.
+
+mod async_alloc;
+mod driver;
+mod host;
+mod memory;
+
+pub use async_alloc::CudaAsyncAllocator;
+pub use driver::{CudaDevice, CudaError, device_count, driver_present};
+pub use host::CudaHostAllocator;
+pub use memory::{CudaMemory, CudaSubAllocator};
