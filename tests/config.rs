@@ -122,3 +122,22 @@ fn building_names_the_missing_or_refused_key() {
         .unwrap();
     assert_eq!(pool.pool_stats().size_limit, 1 << 20);
 }
+
+#[test]
+fn cuda_keys_parse_with_or_without_the_feature() {
+    use tensormem::AllocConf;
+    let c = AllocConf::parse("cuda.memory_limit=16GiB,cuda_async.release_threshold=1GiB").unwrap();
+    assert_eq!(c.cuda_memory_limit, Some(16 << 30));
+    assert_eq!(c.cuda_async_release_threshold, Some(1 << 30));
+    assert_eq!(c.cuda_limit(80 << 30), 16 << 30);
+    let f = AllocConf::parse("cuda.memory_fraction=0.25").unwrap();
+    assert_eq!(f.cuda_limit(80 << 30), 20 << 30);
+    assert_eq!(AllocConf::parse("cuda.memory_fraction=1").unwrap().cuda_limit(1 << 30), 1 << 30);
+    for bad in ["0", "-0.5", "1.0001", "nan", "inf", "half"] {
+        let err = AllocConf::parse(&format!("cuda.memory_fraction={bad}")).unwrap_err();
+        assert!(err.to_string().contains("cuda.memory_fraction: expected a number in (0, 1]"), "{bad}: {err}");
+    }
+    let both = AllocConf::parse("cuda.memory_limit=1GiB,cuda.memory_fraction=0.5").unwrap_err();
+    assert!(both.to_string().contains("either cuda.memory_limit or cuda.memory_fraction, not both"), "{both}");
+    assert!(AllocConf::parse("cuda.memory_limit=100B").is_err());
+}

@@ -57,10 +57,20 @@ fn main() -> ExitCode {
                 "TENSORMEM_ALLOC_CONF: unknown key 'bfc.memory_limt' (known keys: bfc.memory_limit, bfc.allow_growth, \
                  bfc.expandable, bfc.growth_granule, bfc.split, bfc.release_threshold, bfc.first_fit_above, \
                  bfc.garbage_collection, bfc.max_internal_fragmentation, pool.size_limit, pool.rounding, \
-                 pool.auto_resize, pool.large_threshold)",
+                 pool.auto_resize, pool.large_threshold, cuda.memory_limit, cuda.memory_fraction, \
+                 cuda_async.release_threshold)",
             ),
         ),
         ("a bad size is reported with its key", Some("pool"), Some("pool.size_limit=1.5G"), Err(&bad_size)),
+        (
+            "a device memory fraction outside (0, 1] is an error, with or without a GPU",
+            None,
+            Some("cuda.memory_fraction=1.5"),
+            Err(
+                "TENSORMEM_ALLOC_CONF: bad value '1.5' for cuda.memory_fraction: expected a number in (0, 1]: the share \
+                 of each device's total memory its cuda:N allocator may use",
+            ),
+        ),
     ];
     let exe = std::env::current_exe().expect("the test binary's path");
     let (mut passed, mut failed) = (0, 0);
