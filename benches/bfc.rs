@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tensormem::allocators::SplitPolicy;
 use tensormem::{
     AllocationAttributes, AllocationTrace, Allocator, BfcAllocator, PoolAllocator, PreparedTrace, SystemAllocator,
 };
@@ -37,14 +36,7 @@ fn trace(name: &str) -> PreparedTrace {
 
 /// TensorFlow's BFC as it was before expandable memory.
 fn tensorflow_bfc() -> BfcAllocator {
-    BfcAllocator::builder()
-        .memory_limit(64 << 30)
-        .allow_growth(true)
-        .expandable(false)
-        .split(SplitPolicy::TensorFlow)
-        .first_fit_above(u64::MAX)
-        .build()
-        .unwrap()
+    BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).tensorflow_policies().build().unwrap()
 }
 
 fn subjects() -> Vec<(&'static str, Arc<dyn Allocator>)> {

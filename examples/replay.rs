@@ -13,10 +13,7 @@
 
 use std::sync::Arc;
 
-use tensormem::allocators::SplitPolicy;
-use tensormem::{
-    AllocationTrace, Allocator, BfcAllocator, ByteSize, PoolAllocator, ReplayReport, SystemAllocator, replay,
-};
+use tensormem::{AllocationTrace, Allocator, BfcAllocator, PoolAllocator, ReplayReport, SystemAllocator, replay};
 
 fn traces() -> Vec<String> {
     let given: Vec<String> = std::env::args().skip(1).collect();
@@ -42,55 +39,19 @@ fn subjects() -> Result<Subjects, Box<dyn std::error::Error>> {
     v.push(("bfc", Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build()?)));
     v.push((
         "bfc (tensorflow)",
-        Arc::new(
-            BfcAllocator::builder()
-                .memory_limit(64 << 30)
-                .allow_growth(true)
-                .expandable(false)
-                .split(SplitPolicy::TensorFlow)
-                .first_fit_above(u64::MAX)
-                .build()?,
-        ),
+        Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).tensorflow_policies().build()?),
     ));
     v.push(("pool over system", Arc::new(PoolAllocator::builder(system).build()?)));
     Ok(v)
-}
-
-fn ratio(r: Option<f64>) -> String {
-    r.map_or_else(|| "-".to_owned(), |r| format!("{r:.3}"))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for path in traces() {
         let trace = AllocationTrace::from_json(&std::fs::read_to_string(&path)?)?;
         println!("\n{path}: {} events\n  {}", trace.events.len(), trace.description);
-        println!(
-            "{:<18} {:>11} {:>11} {:>11} {:>7} {:>9} {:>9} {:>6} {:>8} {:>8}",
-            "allocator",
-            "requested",
-            "peak in use",
-            "peak resvd",
-            "use/req",
-            "resvd/req",
-            "frag@peak",
-            "failed",
-            "ns/op",
-            "faults"
-        );
+        println!("{}", ReplayReport::table_header());
         for (name, a) in subjects()? {
-            let r: ReplayReport = replay(&trace, &*a);
-            println!(
-                "{name:<18} {:>11} {:>11} {:>11} {:>7} {:>9} {:>9} {:>6} {:>8.1} {:>8}",
-                ByteSize(r.peak_requested).to_string(),
-                ByteSize(r.peak_in_use).to_string(),
-                ByteSize(r.peak_reserved).to_string(),
-                ratio(r.in_use_over_requested()),
-                ratio(r.reserved_over_requested()),
-                r.fragmentation_at_peak.map_or("-".into(), |f| format!("{f:.3}")),
-                r.failed_allocations,
-                r.ns_per_operation,
-                r.minor_page_faults.map_or("-".into(), |f| f.to_string())
-            );
+            println!("{}", replay(&trace, &*a).table_row(name));
         }
     }
     Ok(())

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::allocators::{AllocError, AllocationAttributes, Allocator, AllocatorStats};
+use crate::allocators::{AllocError, AllocationAttributes, Allocator, AllocatorStats, ByteSize};
 
 /// The format version written and read.
 pub const TRACE_VERSION: u32 = 1;
@@ -288,6 +288,50 @@ impl ReplayReport {
     /// waste). `None` when nothing was requested.
     pub fn in_use_over_requested(&self) -> Option<f64> {
         (self.peak_requested > 0).then(|| self.peak_in_use as f64 / self.peak_requested as f64)
+    }
+
+    /// The header of the table [`table_row`](Self::table_row) fills (the replay example's and
+    /// the `tensormem replay` command's).
+    pub fn table_header() -> String {
+        format!(
+            "{:<18} {:>11} {:>11} {:>11} {:>7} {:>9} {:>9} {:>6} {:>8} {:>8}",
+            "allocator",
+            "requested",
+            "peak in use",
+            "peak resvd",
+            "use/req",
+            "resvd/req",
+            "frag@peak",
+            "failed",
+            "ns/op",
+            "faults"
+        )
+    }
+
+    /// One line of the report under [`table_header`](Self::table_header), for `allocator`.
+    ///
+    /// ```
+    /// use tensormem::{AllocationTrace, SystemAllocator, ReplayReport, replay};
+    /// let t = AllocationTrace::from_json(r#"{"version":1,"description":"d","events":[[0,1,4096,8],[1,1]]}"#)?;
+    /// let row = replay(&t, &SystemAllocator::new()).table_row("system");
+    /// assert!(row.starts_with("system") && row.contains("4.0 KiB"));
+    /// assert_eq!(ReplayReport::table_header().split_whitespace().count(), 12);
+    /// # Ok::<(), tensormem::TraceError>(())
+    /// ```
+    pub fn table_row(&self, allocator: &str) -> String {
+        let ratio = |r: Option<f64>| r.map_or_else(|| "-".to_owned(), |r| format!("{r:.3}"));
+        format!(
+            "{allocator:<18} {:>11} {:>11} {:>11} {:>7} {:>9} {:>9} {:>6} {:>8.1} {:>8}",
+            ByteSize(self.peak_requested).to_string(),
+            ByteSize(self.peak_in_use).to_string(),
+            ByteSize(self.peak_reserved).to_string(),
+            ratio(self.in_use_over_requested()),
+            ratio(self.reserved_over_requested()),
+            self.fragmentation_at_peak.map_or("-".into(), |f| format!("{f:.3}")),
+            self.failed_allocations,
+            self.ns_per_operation,
+            self.minor_page_faults.map_or("-".into(), |f| f.to_string())
+        )
     }
 }
 

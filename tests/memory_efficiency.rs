@@ -22,14 +22,7 @@ fn default_bfc() -> BfcAllocator {
 }
 
 fn tensorflow_bfc() -> BfcAllocator {
-    BfcAllocator::builder()
-        .memory_limit(64 << 30)
-        .allow_growth(true)
-        .expandable(false)
-        .split(SplitPolicy::TensorFlow)
-        .first_fit_above(u64::MAX)
-        .build()
-        .unwrap()
+    BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).tensorflow_policies().build().unwrap()
 }
 
 fn ratios(r: &ReplayReport) -> (f64, f64) {

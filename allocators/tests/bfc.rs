@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tensormem_allocators::{
     AllocErrorKind, AllocationAttributes, Allocator, AllocatorExt, BfcAllocator, BfcBuilder, BuildError, MemoryDump,
-    SplitPolicy, SubAllocator,
+    SubAllocator,
 };
 
 const KIB: usize = 1024;
@@ -25,7 +25,7 @@ fn free(bfc: &BfcAllocator, p: NonNull<u8>, size: usize) {
 
 /// TensorFlow's allocator exactly: regions, its split rule, best fit for every size.
 fn tf() -> BfcBuilder {
-    BfcAllocator::builder().expandable(false).split(SplitPolicy::TensorFlow).first_fit_above(u64::MAX)
+    BfcAllocator::builder().tensorflow_policies()
 }
 
 fn dump(bfc: &BfcAllocator) -> MemoryDump {

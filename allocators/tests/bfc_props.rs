@@ -86,13 +86,7 @@ unsafe impl SubAllocator for CountedSub {
 /// TensorFlow's single region, 3 whole-piece memory with a release threshold and PyTorch's
 /// split rule.
 fn build(config: u8) -> (BfcAllocator, Option<Arc<CountedSub>>) {
-    let tf = || {
-        BfcAllocator::builder()
-            .memory_limit(32 << 20)
-            .expandable(false)
-            .split(SplitPolicy::TensorFlow)
-            .first_fit_above(u64::MAX)
-    };
+    let tf = || BfcAllocator::builder().memory_limit(32 << 20).tensorflow_policies();
     match config {
         0 => (BfcAllocator::builder().memory_limit(32 << 20).build().unwrap(), None),
         1 => (tf().allow_growth(true).build().unwrap(), None),

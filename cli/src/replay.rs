@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use tensormem::allocators::SplitPolicy;
-use tensormem::{AllocConf, AllocationTrace, Allocator, BfcAllocator, ByteSize, SystemAllocator, replay};
+use tensormem::{AllocConf, AllocationTrace, Allocator, BfcAllocator, ReplayReport, SystemAllocator, replay};
 
 use crate::Outcome;
 
@@ -42,9 +41,7 @@ fn make(name: &str, conf: &AllocConf) -> Result<Arc<dyn Allocator>, String> {
             BfcAllocator::builder()
                 .memory_limit(64 << 30)
                 .allow_growth(true)
-                .expandable(false)
-                .split(SplitPolicy::TensorFlow)
-                .first_fit_above(u64::MAX)
+                .tensorflow_policies()
                 .build()
                 .map_err(|e| err(&e))?,
         ),
@@ -102,23 +99,9 @@ pub(crate) fn run(args: ReplayArgs) -> Outcome {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    println!(
-        "{:<16} {:>11} {:>11} {:>11} {:>7} {:>9} {:>9} {:>6} {:>8}",
-        "allocator", "requested", "peak in use", "peak resvd", "use/req", "resvd/req", "frag@peak", "failed", "ns/op"
-    );
-    let ratio = |r: Option<f64>| r.map_or_else(|| "-".to_owned(), |r| format!("{r:.3}"));
+    println!("{}", ReplayReport::table_header());
     for (name, r) in rows {
-        println!(
-            "{name:<16} {:>11} {:>11} {:>11} {:>7} {:>9} {:>9} {:>6} {:>8.1}",
-            ByteSize(r.peak_requested).to_string(),
-            ByteSize(r.peak_in_use).to_string(),
-            ByteSize(r.peak_reserved).to_string(),
-            ratio(r.in_use_over_requested()),
-            ratio(r.reserved_over_requested()),
-            r.fragmentation_at_peak.map_or("-".into(), |f| format!("{f:.3}")),
-            r.failed_allocations,
-            r.ns_per_operation,
-        );
+        println!("{}", r.table_row(name));
     }
     Ok(())
 }

@@ -397,6 +397,21 @@ impl BfcBuilder {
         self
     }
 
+    /// TensorFlow's `BFCAllocator` policies exactly: regions doubling from 2 MiB instead of
+    /// expandable memory, TensorFlow's split rule, best fit for every size. The baseline the
+    /// defaults are measured against (BENCHMARKS.md).
+    ///
+    /// ```
+    /// use tensormem_allocators::BfcAllocator;
+    /// let tf = BfcAllocator::builder().memory_limit(1 << 30).allow_growth(true).tensorflow_policies().build()?;
+    /// assert!(!tf.is_expandable());
+    /// # Ok::<(), tensormem_allocators::BuildError>(())
+    /// ```
+    #[must_use]
+    pub fn tensorflow_policies(self) -> Self {
+        self.expandable(false).split(SplitPolicy::TensorFlow).first_fit_above(u64::MAX)
+    }
+
     /// Requests of at least this many bytes take the lowest-address free chunk that fits
     /// (address-ordered first fit); smaller ones the smallest (best fit). Default 64 KiB;
     /// `u64::MAX` gives TensorFlow's best fit for every request. On the recorded PyTorch streams
