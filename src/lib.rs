@@ -50,6 +50,7 @@ pub mod telemetry;
 #[cfg_attr(docsrs, doc(cfg(feature = "tensor")))]
 pub mod tensor;
 pub mod testing;
+mod text_table;
 pub mod timeline;
 mod trace;
 mod tracking;

@@ -231,7 +231,8 @@ struct Raw {
     action: Action,
     address: usize,
     size: usize,
-    allocator: u16,
+    /// The allocator's name, interned.
+    allocator: Tag,
     tag: u32,
     description: Option<Box<str>>,
     backtrace: Option<Arc<Backtrace>>,
@@ -243,8 +244,6 @@ struct Recorder {
     options: HistoryOptions,
     events: VecDeque<Raw>,
     dropped: u64,
-    names: Vec<Arc<str>>,
-    name_ids: HashMap<Arc<str>, u16>,
 }
 
 /// The recorder; kept after [`stop`] so that [`snapshot`] still sees what was recorded.
@@ -268,8 +267,6 @@ pub fn start(options: HistoryOptions) -> Result<(), HistoryError> {
         options,
         events: VecDeque::new(),
         dropped: 0,
-        names: Vec::new(),
-        name_ids: HashMap::new(),
     };
     *RECORDER.lock() = Some(recorder);
     observe::set_recording(true);
@@ -293,18 +290,19 @@ pub fn snapshot() -> History {
         return History { version: HISTORY_VERSION, start_unix_ms: 0, capacity: 0, dropped: 0, events: Vec::new() };
     };
     let raw: Vec<Raw> = r.events.iter().cloned().collect();
-    let names = r.names.clone();
     let (start_unix_ms, capacity, dropped) = (r.start_unix_ms, r.options.capacity, r.dropped);
     drop(guard);
     // Backtraces are resolved outside the lock (symbolisation is slow).
     let events = observe::unobserved(|| {
+        // One shared name per allocator, not one string per event.
+        let mut names: HashMap<Tag, Arc<str>> = HashMap::new();
         raw.into_iter()
             .map(|e| HistoryEvent {
                 time_ns: e.time_ns,
                 action: e.action,
                 address: e.address as u64,
                 size: e.size as u64,
-                allocator: names.get(e.allocator as usize).cloned().unwrap_or_else(|| "?".into()),
+                allocator: names.entry(e.allocator).or_insert_with(|| e.allocator.as_str().into()).clone(),
                 tag: Tag::from_raw(e.tag).map(|t| t.as_str().to_owned()),
                 description: e.description.map(String::from),
                 backtrace: e.backtrace.map(|b| b.to_string()),
@@ -328,18 +326,6 @@ pub(crate) fn record(e: &Event<'_>) {
         None
     };
     let Some(r) = guard.as_mut() else { return };
-    let allocator = match r.name_ids.get(e.allocator) {
-        Some(&id) => id,
-        None => {
-            let id = u16::try_from(r.names.len()).unwrap_or(u16::MAX);
-            let name: Arc<str> = e.allocator.into();
-            if id < u16::MAX {
-                r.names.push(name.clone());
-                r.name_ids.insert(name, id);
-            }
-            id
-        }
-    };
     if r.events.len() >= r.options.capacity {
         r.events.pop_front();
         r.dropped += 1;
@@ -350,7 +336,7 @@ pub(crate) fn record(e: &Event<'_>) {
         action: e.action,
         address: e.address,
         size,
-        allocator,
+        allocator: Tag::intern(e.allocator),
         tag: e.tag.map_or(0, Tag::to_raw),
         description: None,
         backtrace,

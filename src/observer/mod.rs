@@ -20,7 +20,8 @@ pub(crate) struct Record {
     pub(crate) id: u64,
     pub(crate) requested: usize,
     pub(crate) allocated: usize,
-    pub(crate) allocator: Arc<str>,
+    /// The allocator's name, interned.
+    pub(crate) allocator: Tag,
     pub(crate) tag: Option<Tag>,
     /// The live leak checks it counts against, outermost first.
     pub(crate) checks: Vec<u64>,
@@ -36,8 +37,6 @@ pub(crate) struct Hub {
     next_id: AtomicU64,
     /// `TENSORMEM_BACKTRACE=1` when the newest leak check started.
     pub(crate) backtraces: AtomicBool,
-    /// Allocator names, shared by the records.
-    names: DashMap<Box<str>, Arc<str>>,
 }
 
 /// The hub, installed as the allocators' observer on first use.
@@ -50,7 +49,6 @@ pub(crate) fn hub() -> &'static Hub {
         tags: TagLedger::default(),
         next_id: AtomicU64::new(1),
         backtraces: AtomicBool::new(false),
-        names: DashMap::new(),
     });
     INSTALLED.get_or_init(|| {
         observe::set_observer(hub);
@@ -59,13 +57,6 @@ pub(crate) fn hub() -> &'static Hub {
 }
 
 impl Hub {
-    fn name(&self, allocator: &str) -> Arc<str> {
-        if let Some(n) = self.names.get(allocator) {
-            return n.clone();
-        }
-        self.names.entry(allocator.into()).or_insert_with(|| allocator.into()).clone()
-    }
-
     fn on_alloc(&self, e: &Event<'_>) {
         let checks: Vec<u64> = if e.checked {
             observe::thread_checks().into_iter().filter(|id| self.checks.contains(id)).collect()
@@ -84,7 +75,7 @@ impl Hub {
             id: self.next_id.fetch_add(1, Relaxed),
             requested: e.requested,
             allocated: e.allocated,
-            allocator: self.name(e.allocator),
+            allocator: Tag::intern(e.allocator),
             tag: e.tag,
             checks,
             description: None,

@@ -130,28 +130,14 @@ fn row(a: &AllocatorSnapshot) -> Vec<String> {
     ]
 }
 
+/// A table with a rule under its header: the first column left-aligned, the figures right.
 fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.len());
+    let lines = crate::text_table::lines(header, rows, &[true]);
+    let rule = format!("  {}", "-".repeat(crate::text_table::width(&lines).saturating_sub(2)));
+    for (i, l) in lines.iter().enumerate() {
+        let _ = writeln!(out, "{l}");
+        if i == 0 {
+            let _ = writeln!(out, "{rule}");
         }
-    }
-    let line = |out: &mut String, cells: &mut dyn Iterator<Item = &str>| {
-        let mut s = String::new();
-        for (i, c) in cells.enumerate() {
-            let w = widths.get(i).copied().unwrap_or(0);
-            if i == 0 {
-                let _ = write!(s, "  {c:<w$}");
-            } else {
-                let _ = write!(s, "  {c:>w$}");
-            }
-        }
-        let _ = writeln!(out, "{}", s.trim_end());
-    };
-    line(out, &mut header.iter().copied());
-    let _ = writeln!(out, "  {}", "-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1)));
-    for r in rows {
-        line(out, &mut r.iter().map(String::as_str));
     }
 }

@@ -57,7 +57,7 @@ pub(super) fn collect(id: u64) -> LeakReport {
             address: *r.key(),
             requested_size: r.requested,
             allocated_size: r.allocated,
-            allocator: r.allocator.to_string(),
+            allocator: r.allocator.as_str().to_owned(),
             tag: r.tag.map(|t| t.as_str().to_owned()),
             tensor: r.description.as_deref().map(str::to_owned),
             backtrace: r.backtrace.as_ref().map(|b| b.to_string()),
@@ -73,11 +73,11 @@ impl fmt::Display for LeakReport {
             return writeln!(f, "no leaks");
         }
         writeln!(f, "{} leaked allocation(s), {} requested:", self.leaks.len(), ByteSize(self.leaked_bytes() as u64))?;
-        let rows: Vec<[String; 6]> = self
+        let rows: Vec<Vec<String>> = self
             .leaks
             .iter()
             .map(|l| {
-                [
+                vec![
                     l.allocation_id.to_string(),
                     l.requested_size.to_string(),
                     l.allocated_size.to_string(),
@@ -88,33 +88,11 @@ impl fmt::Display for LeakReport {
             })
             .collect();
         let header = ["id", "requested", "allocated", "allocator", "scope", "tensor"];
-        let mut widths = header.map(str::len);
-        for r in &rows {
-            for (w, c) in widths.iter_mut().zip(r) {
-                *w = (*w).max(c.len());
-            }
-        }
-        let line = |f: &mut fmt::Formatter<'_>, cells: [&str; 6]| {
-            writeln!(
-                f,
-                "  {:>w0$}  {:>w1$}  {:>w2$}  {:<w3$}  {:<w4$}  {}",
-                cells[0],
-                cells[1],
-                cells[2],
-                cells[3],
-                cells[4],
-                cells[5],
-                w0 = widths[0],
-                w1 = widths[1],
-                w2 = widths[2],
-                w3 = widths[3],
-                w4 = widths[4],
-            )
-        };
-        line(f, header)?;
-        for (r, l) in rows.iter().zip(&self.leaks) {
-            line(f, [&r[0], &r[1], &r[2], &r[3], &r[4], &r[5]])?;
-            if let Some(bt) = &l.backtrace {
+        let lines = crate::text_table::lines(&header, &rows, &[false, false, false, true, true, true]);
+        writeln!(f, "{}", lines[0])?;
+        for (line, leak) in lines[1..].iter().zip(&self.leaks) {
+            writeln!(f, "{line}")?;
+            if let Some(bt) = &leak.backtrace {
                 for frame in bt.lines() {
                     writeln!(f, "      {frame}")?;
                 }

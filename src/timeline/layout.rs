@@ -34,6 +34,9 @@ pub(crate) struct PageData {
     pub(crate) reserved: Vec<(u64, u64)>,
     pub(crate) ooms: Vec<u64>,
     pub(crate) strings: Vec<String>,
+    /// The most bytes live at once (shown in the page's summary line).
+    #[serde(skip)]
+    pub(crate) peak: u64,
 }
 
 /// Per-tag figures for the summary table.
@@ -183,34 +186,45 @@ pub(crate) fn layout(history: &History) -> (PageData, Vec<TagRow>) {
         reserved: series(reserved, n),
         ooms,
         strings: strings.list,
+        peak: sweep(allocs.iter(), n).0,
     };
     (data, tag_rows(history, &allocs))
 }
 
-/// Allocations, bytes, peak and live bytes per tag (allocations without one under `(none)`).
-fn tag_rows(history: &History, allocs: &[Alloc]) -> Vec<TagRow> {
-    let mut per: HashMap<&str, Vec<(u64, i64)>> = HashMap::new();
+/// The highest sum of live sizes over `allocs`, and the sum still live at the end (frees
+/// before allocations at the same index).
+fn sweep<'a>(allocs: impl Iterator<Item = &'a Alloc>, n: u64) -> (u64, u64) {
+    let mut d: Vec<(u64, i64)> = Vec::new();
     for a in allocs {
-        let tag = a.event.and_then(|i| history.events[i].tag.as_deref()).unwrap_or("(none)");
-        let d = per.entry(tag).or_default();
         d.push((a.start, a.size as i64));
-        if a.end < history.events.len() as u64 {
+        if a.end < n {
             d.push((a.end, -(a.size as i64)));
         }
     }
+    d.sort_unstable();
+    let (mut level, mut top) = (0i64, 0i64);
+    for (_, delta) in d {
+        level += delta;
+        top = top.max(level);
+    }
+    (top as u64, level.max(0) as u64)
+}
+
+/// Allocations, bytes, peak and live bytes per tag (allocations without one under `(none)`).
+fn tag_rows(history: &History, allocs: &[Alloc]) -> Vec<TagRow> {
+    let n = history.events.len() as u64;
+    let mut per: HashMap<&str, Vec<&Alloc>> = HashMap::new();
+    for a in allocs {
+        let tag = a.event.and_then(|i| history.events[i].tag.as_deref()).unwrap_or("(none)");
+        per.entry(tag).or_default().push(a);
+    }
     let mut rows: Vec<TagRow> = per
         .into_iter()
-        .map(|(tag, mut d)| {
-            let allocations = d.iter().filter(|x| x.1 > 0).count() as u64;
-            let bytes = d.iter().filter(|x| x.1 > 0).map(|x| x.1 as u64).sum();
-            // Frees before allocations at the same index.
-            d.sort_by_key(|x| (x.0, x.1));
-            let (mut level, mut peak) = (0i64, 0i64);
-            for (_, delta) in &d {
-                level += delta;
-                peak = peak.max(level);
-            }
-            TagRow { tag: tag.to_owned(), allocations, bytes, peak: peak as u64, live_at_end: level.max(0) as u64 }
+        .map(|(tag, v)| {
+            let (peak, live_at_end) = sweep(v.iter().copied(), n);
+            let allocations = v.iter().filter(|a| a.event.is_some()).count() as u64;
+            let bytes = v.iter().filter(|a| a.event.is_some()).map(|a| a.size).sum();
+            TagRow { tag: tag.to_owned(), allocations, bytes, peak, live_at_end }
         })
         .collect();
     rows.sort_by(|a, b| b.peak.cmp(&a.peak).then_with(|| a.tag.cmp(&b.tag)));

@@ -41,7 +41,6 @@ pub fn render_html(history: &History) -> String {
     let (data, tags) = layout::layout(history);
     // Inside a <script> element only "</" can end it early: escape it (JSON allows "<\/").
     let json = serde_json::to_string(&data).unwrap_or_else(|_| "{}".to_owned()).replace("</", "<\\/");
-    let peak = peak_in_use(history);
     let summary = format!(
         "{} events ({} dropped before the buffer's start), {} allocations drawn as bands, {} summed as other; \
          peak in use {}",
@@ -49,7 +48,7 @@ pub fn render_html(history: &History) -> String {
         history.dropped,
         data.bands.len(),
         data.other_count,
-        ByteSize(peak)
+        ByteSize(data.peak)
     );
     let mut table = String::from(
         "<table id=\"tags\"><thead><tr><th>scope</th><th>allocations</th><th>bytes allocated</th>\
@@ -69,27 +68,6 @@ pub fn render_html(history: &History) -> String {
     PAGE.replacen("<!--SUMMARY-->", &escape(&summary), 1)
         .replacen("<!--TABLE-->", &table, 1)
         .replacen("/*DATA*/", &json, 1)
-}
-
-/// The largest sum of live allocations over the history.
-fn peak_in_use(history: &History) -> u64 {
-    use crate::allocators::observe::Action;
-    let mut live = std::collections::HashMap::new();
-    let (mut now, mut peak) = (0u64, 0u64);
-    for e in &history.events {
-        match e.action {
-            Action::Alloc => {
-                if let Some(old) = live.insert(e.address, e.size) {
-                    now = now.saturating_sub(old);
-                }
-                now += e.size;
-                peak = peak.max(now);
-            }
-            Action::Free => now = now.saturating_sub(live.remove(&e.address).unwrap_or(0)),
-            _ => {}
-        }
-    }
-    peak
 }
 
 fn escape(s: &str) -> String {
