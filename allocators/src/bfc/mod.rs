@@ -38,8 +38,10 @@ pub const DEFAULT_GROWTH_GRANULE: u64 = 2 << 20;
 pub const DEFAULT_FIRST_FIT_ABOVE: u64 = 64 << 10;
 
 /// Best-fit with coalescing, as TensorFlow's `BFCAllocator`, growing like PyTorch's expandable
-/// segments: chunks of 256-byte multiples, kept in 21 size-ordered bins, split on allocation and
-/// merged with free neighbours on free, carved from memory taken up to a limit.
+/// segments: chunks of 256-byte multiples, split on allocation and merged with free neighbours on
+/// free, carved from memory taken up to a limit. Free chunks are indexed by size below
+/// [`first_fit_above`](BfcBuilder::first_fit_above) and by address above it; memory dumps still
+/// report them in TensorFlow's 21 size bins.
 ///
 /// - **Where memory comes from.** By default the allocator reserves its whole limit as address
 ///   space once, at construction (nothing is committed: the limit costs address space, not
@@ -128,7 +130,7 @@ impl BfcAllocator {
         self.state.lock().is_expandable()
     }
 
-    /// Checks the allocator's internal invariants (chunk lists, handle maps, bins, totals, and
+    /// Checks the allocator's internal invariants (chunk lists, handle maps, free-chunk indexes, totals, and
     /// that committed bytes are what the stats call reserved).
     ///
     /// # Errors

@@ -1,13 +1,14 @@
 //! The best-fit-with-coalescing algorithm, as TensorFlow's `BFCAllocator` runs it: chunks of
-//! 256-byte multiples carved from regions, free chunks kept in 21 size-ordered bins, split on
-//! allocation, merged with free neighbours on free. All of it runs under the allocator's lock.
+//! 256-byte multiples carved from regions, split on allocation, merged with free neighbours on
+//! free. Free chunks wait in two indexes ([`free_index`]): those below `first_fit_above` bytes
+//! by size (TensorFlow's best fit), the others by address (first fit). All of it runs under the allocator's lock.
 //! How regions are taken and given back (TensorFlow's regions, or one expandable reservation)
 //! is in [`growth`].
 
+mod free_index;
 mod growth;
 
-use std::collections::BTreeSet;
-
+use free_index::{FreeIndex, Order};
 pub(crate) use growth::{Growth, GrowthOptions};
 
 use super::SplitPolicy;
@@ -25,24 +26,10 @@ pub(crate) const REGION_ALIGNMENT: usize = MIN_ALLOCATION_SIZE;
 
 type Handle = u32;
 const NONE: Handle = Handle::MAX;
-const NO_BIN: u8 = u8::MAX;
 
 /// `n` rounded up to a multiple of 256 (at least 256), or `None` if that overflows.
 pub(crate) fn rounded_bytes(n: usize) -> Option<usize> {
     n.max(1).checked_add(MIN_ALLOCATION_SIZE - 1).map(|v| v & !(MIN_ALLOCATION_SIZE - 1))
-}
-
-/// Classes of the address-ordered index: four per power of two from 256 bytes, the last holding
-/// everything from 2^39 bytes.
-const ADDRESS_CLASSES: usize = 128;
-
-/// The address-ordered index's class of a free chunk of `n` bytes: chunks of a higher class are
-/// all larger than any chunk of a lower one.
-fn address_class(n: usize) -> usize {
-    let units = (n.max(MIN_ALLOCATION_SIZE) >> MIN_ALLOCATION_BITS) as u64;
-    let lg = 63 - units.leading_zeros() as usize;
-    let quarter = if lg >= 2 { (units >> (lg - 2)) as usize & 3 } else { (units << (2 - lg)) as usize & 3 };
-    (lg * 4 + quarter).min(ADDRESS_CLASSES - 1)
 }
 
 /// TensorFlow's `BinNumForSize`: `min(20, floor(log2(max(n, 256) >> 8)))`.
@@ -60,7 +47,6 @@ struct Chunk {
     id: u64,
     prev: Handle,
     next: Handle,
-    bin: u8,
 }
 
 impl Chunk {
@@ -134,17 +120,12 @@ pub(crate) struct State {
     free_handles: Vec<Handle>,
     /// Sorted by base address.
     regions: Vec<Region>,
-    /// Free chunks below `first_fit_above` bytes by `(size, address, handle)`, in TensorFlow's
-    /// bins: the first one fitting is the smallest fit with the lowest address.
-    bins: Vec<BTreeSet<(usize, usize, Handle)>>,
-    /// Bit `b` set when `bins[b]` is not empty.
-    nonempty_bins: u32,
-    /// The free chunks of at least `first_fit_above` bytes, by [`address_class`] and then
-    /// `(address, size, handle)`, for address-ordered first fit. Every free chunk is in the
-    /// bins or here.
-    by_address: Vec<BTreeSet<(usize, usize, Handle)>>,
-    /// Bit `c` set when `by_address[c]` is not empty.
-    by_address_classes: u128,
+    /// The free chunks below `first_fit_above` bytes by `(size, address)`: the first one
+    /// fitting is the smallest fit with the lowest address.
+    by_size: FreeIndex,
+    /// The free chunks of at least `first_fit_above` bytes by address, for address-ordered
+    /// first fit. Every free chunk is in the bins or here.
+    by_address: FreeIndex,
     options: Options,
     growth: Growth,
     /// Bytes taken from the backing memory (as it reported them; committed bytes when
@@ -171,10 +152,8 @@ impl State {
             chunks: Vec::new(),
             free_handles: Vec::new(),
             regions: Vec::new(),
-            bins: (0..NUM_BINS).map(|_| BTreeSet::new()).collect(),
-            nonempty_bins: 0,
-            by_address: (0..ADDRESS_CLASSES).map(|_| BTreeSet::new()).collect(),
-            by_address_classes: 0,
+            by_size: FreeIndex::new(Order::BySize),
+            by_address: FreeIndex::new(Order::ByAddress),
             options,
             growth,
             reserved: 0,
@@ -256,36 +235,33 @@ impl State {
                     || size.checked_sub(ptr.next_multiple_of(align) - ptr).is_some_and(|s| s >= rounded))
         };
         let found = if rounded >= self.options.first_fit_above {
-            self.first_fit(address_class(rounded), fits)
+            self.by_address.first(rounded, fits)
         } else {
-            // The smallest small chunk that fits, else the lowest address of the smallest class
-            // of large ones that has one.
-            let lowest = bin_for_size(rounded);
-            let mut bins = self.nonempty_bins >> lowest << lowest;
-            let mut found = None;
-            while bins != 0 && found.is_none() {
-                let b = bins.trailing_zeros() as usize;
-                bins &= bins - 1;
-                found = self.bins[b].range((rounded, 0, 0)..).find(|e| fits(e.0, e.1)).map(|e| e.2);
-            }
-            found.or_else(|| self.smallest_class_fit(fits))
+            // The smallest small chunk that fits, else the lowest-address large one of the
+            // smallest size class that has one.
+            self.by_size.first(rounded, fits).or_else(|| self.by_address.smallest_class_first(rounded, fits))
         };
         let mut h = found?;
-        self.remove_free(h);
-        let ptr = self.chunks[h as usize].ptr;
-        let prefix = ptr.next_multiple_of(align) - ptr;
+        let found = self.chunks[h as usize];
+        let prefix = found.ptr.next_multiple_of(align) - found.ptr;
         if prefix > 0 {
             // Keep the misaligned prefix as a free chunk of its own (its previous neighbour is in
-            // use, or it would have been merged with this chunk already).
-            self.split(h, prefix);
-            let aligned = self.chunks[h as usize].next;
-            self.remove_free(aligned);
-            self.insert_free(h);
-            h = aligned;
-        }
-        let size = self.chunks[h as usize].size;
-        if self.options.split.splits(size, rounded, self.options.max_internal_fragmentation) {
-            self.split(h, rounded);
+            // use, or it would have been merged with this chunk already), in the found chunk's
+            // place in the index.
+            let kept = h;
+            h = self.split(kept, prefix);
+            self.reindex((found.ptr, found.size, kept), kept);
+            let size = self.chunks[h as usize].size;
+            if self.options.split.splits(size, rounded, self.options.max_internal_fragmentation) {
+                let rest = self.split(h, rounded);
+                self.insert_free(rest);
+            }
+        } else if self.options.split.splits(found.size, rounded, self.options.max_internal_fragmentation) {
+            // The rest takes the found chunk's place in the index.
+            let rest = self.split(h, rounded);
+            self.reindex((found.ptr, found.size, h), rest);
+        } else {
+            self.remove_free(h);
         }
         let c = &mut self.chunks[h as usize];
         c.requested = requested;
@@ -300,39 +276,9 @@ impl State {
         Some(ptr)
     }
 
-    /// The lowest-address large free chunk for which `fits(size, address)` holds, among the
-    /// address classes from `lowest` up: every chunk of a higher class is larger than any of a
-    /// lower one, so the answer is the least of each class's first fit.
-    fn first_fit(&self, lowest: usize, fits: impl Fn(usize, usize) -> bool) -> Option<Handle> {
-        let mut first: Option<(usize, Handle)> = None;
-        let mut classes = self.by_address_classes >> lowest << lowest;
-        while classes != 0 {
-            let c = classes.trailing_zeros() as usize;
-            classes &= classes - 1;
-            let below = first.map_or(usize::MAX, |f| f.0);
-            if let Some(e) = self.by_address[c].iter().take_while(|e| e.0 < below).find(|e| fits(e.1, e.0)) {
-                first = Some((e.0, e.2));
-            }
-        }
-        first.map(|f| f.1)
-    }
-
-    /// The lowest-address large free chunk for which `fits(size, address)` holds in the smallest
-    /// address class that has one (for a small request no small chunk can serve).
-    fn smallest_class_fit(&self, fits: impl Fn(usize, usize) -> bool) -> Option<Handle> {
-        let mut classes = self.by_address_classes;
-        while classes != 0 {
-            let c = classes.trailing_zeros() as usize;
-            classes &= classes - 1;
-            if let Some(e) = self.by_address[c].iter().find(|e| fits(e.1, e.0)) {
-                return Some(e.2);
-            }
-        }
-        None
-    }
-
-    /// Splits chunk `h` (not in a bin) so that it keeps `size` bytes; the rest becomes a free chunk.
-    fn split(&mut self, h: Handle, size: usize) {
+    /// Splits chunk `h` so that it keeps `size` bytes; the rest becomes a free chunk, in no
+    /// index yet. Returns the rest.
+    fn split(&mut self, h: Handle, size: usize) -> Handle {
         let c = self.chunks[h as usize];
         let rest = self.new_chunk(Chunk {
             ptr: c.ptr + size,
@@ -341,7 +287,6 @@ impl State {
             id: 0,
             prev: h,
             next: c.next,
-            bin: NO_BIN,
         });
         self.chunks[h as usize].size = size;
         self.chunks[h as usize].next = rest;
@@ -351,7 +296,7 @@ impl State {
             self.set_last(c.ptr, rest);
         }
         self.set_handle(c.ptr + size, rest);
-        self.insert_free(rest);
+        rest
     }
 
     /// Frees the chunk at `ptr` and merges it with free neighbours; with a release threshold,
@@ -366,19 +311,28 @@ impl State {
         self.chunks[h as usize].requested = 0;
         self.in_use -= size;
         self.num_frees += 1;
-        let mut h = h;
+        // The merged chunk takes a free neighbour's place in the index: by address, in place.
         let next = self.chunks[h as usize].next;
-        if next != NONE && !self.chunks[next as usize].in_use() {
-            self.remove_free(next);
-            self.merge(h, next);
-        }
         let prev = self.chunks[h as usize].prev;
-        if prev != NONE && !self.chunks[prev as usize].in_use() {
-            self.remove_free(prev);
-            self.merge(prev, h);
-            h = prev;
+        let next_free = next != NONE && !self.chunks[next as usize].in_use();
+        let prev_free = prev != NONE && !self.chunks[prev as usize].in_use();
+        match (prev_free, next_free) {
+            (false, false) => self.insert_free(h),
+            (false, true) => {
+                let old = self.entry(next);
+                self.merge(h, next);
+                self.reindex(old, h);
+            }
+            (true, next_free) => {
+                if next_free {
+                    self.remove_free(next);
+                    self.merge(h, next);
+                }
+                let old = self.entry(prev);
+                self.merge(prev, h);
+                self.reindex(old, prev);
+            }
         }
-        self.insert_free(h);
         if let Some(keep) = self.options.release_threshold
             && self.usable - self.in_use > keep
         {
@@ -429,7 +383,7 @@ impl State {
         let at = self.regions.partition_point(|r| r.base < base);
         if coalesce && at > 0 && self.regions[at - 1].end() == base {
             let last = self.regions[at - 1].last;
-            let h = self.new_chunk(Chunk { ptr: base, size, requested: 0, id: 0, prev: last, next: NONE, bin: NO_BIN });
+            let h = self.new_chunk(Chunk { ptr: base, size, requested: 0, id: 0, prev: last, next: NONE });
             self.chunks[last as usize].next = h;
             let r = &mut self.regions[at - 1];
             r.size += size;
@@ -438,15 +392,15 @@ impl State {
             r.last = h;
             self.set_handle(base, h);
             if !self.chunks[last as usize].in_use() {
-                self.remove_free(last);
+                let old = self.entry(last);
                 self.merge(last, h);
-                self.insert_free(last);
+                self.reindex(old, last);
             } else {
                 self.insert_free(h);
             }
             return;
         }
-        let h = self.new_chunk(Chunk { ptr: base, size, requested: 0, id: 0, prev: NONE, next: NONE, bin: NO_BIN });
+        let h = self.new_chunk(Chunk { ptr: base, size, requested: 0, id: 0, prev: NONE, next: NONE });
         let mut handles = vec![NONE; size >> MIN_ALLOCATION_BITS];
         handles[0] = h;
         self.regions.insert(at, Region { base, size, handles, pieces: piece.into_iter().collect(), last: h });
@@ -479,36 +433,43 @@ impl State {
         }
     }
 
-    fn insert_free(&mut self, h: Handle) {
-        let c = &mut self.chunks[h as usize];
-        let bin = bin_for_size(c.size);
-        c.bin = bin as u8;
-        if c.size < self.options.first_fit_above {
-            self.bins[bin].insert((c.size, c.ptr, h));
-            self.nonempty_bins |= 1 << bin;
+    /// The index a free chunk of `size` bytes waits in.
+    fn index_for(&mut self, size: usize) -> &mut FreeIndex {
+        if size < self.options.first_fit_above { &mut self.by_size } else { &mut self.by_address }
+    }
+
+    /// How free chunk `h` is indexed now: `(address, size, handle)`.
+    fn entry(&self, h: Handle) -> (usize, usize, Handle) {
+        let c = &self.chunks[h as usize];
+        (c.ptr, c.size, h)
+    }
+
+    /// Indexes free chunk `new` in place of the entry `old` (a free chunk's `(address, size,
+    /// handle)` as indexed): in place when it sorts at the same position, as when a chunk grows
+    /// or shrinks without changing its address order.
+    fn reindex(&mut self, old: (usize, usize, Handle), new: Handle) {
+        let (ptr, size, _) = self.entry(new);
+        let large = |n: usize| n >= self.options.first_fit_above;
+        if large(old.1) == large(size) {
+            let replaced = self.index_for(size).replace(old, (ptr, size, new));
+            debug_assert!(replaced, "free chunk at {:#x} was not indexed", old.0);
         } else {
-            let class = address_class(c.size);
-            self.by_address[class].insert((c.ptr, c.size, h));
-            self.by_address_classes |= 1 << class;
+            let removed = self.index_for(old.1).remove(old.0, old.1, old.2);
+            debug_assert!(removed, "free chunk at {:#x} was not indexed", old.0);
+            self.index_for(size).insert(ptr, size, new);
         }
     }
 
+    fn insert_free(&mut self, h: Handle) {
+        let c = self.chunks[h as usize];
+        self.index_for(c.size).insert(c.ptr, c.size, h);
+    }
+
+    /// Takes free chunk `h` out of its index (its size and address as when it went in).
     fn remove_free(&mut self, h: Handle) {
-        let c = &mut self.chunks[h as usize];
-        let bin = c.bin as usize;
-        c.bin = NO_BIN;
-        if c.size < self.options.first_fit_above {
-            self.bins[bin].remove(&(c.size, c.ptr, h));
-            if self.bins[bin].is_empty() {
-                self.nonempty_bins &= !(1 << bin);
-            }
-        } else {
-            let class = address_class(c.size);
-            self.by_address[class].remove(&(c.ptr, c.size, h));
-            if self.by_address[class].is_empty() {
-                self.by_address_classes &= !(1 << class);
-            }
-        }
+        let c = self.chunks[h as usize];
+        let removed = self.index_for(c.size).remove(c.ptr, c.size, h);
+        debug_assert!(removed, "free chunk at {:#x} was not indexed", c.ptr);
     }
 
     fn region_of(&self, ptr: usize) -> Option<usize> {
@@ -542,10 +503,7 @@ impl State {
 
     /// The largest free chunk.
     pub(crate) fn largest_free(&self) -> usize {
-        match self.by_address_classes.checked_ilog2() {
-            Some(top) => self.by_address[top as usize].iter().map(|e| e.1).max().unwrap_or(0),
-            None => self.bins.iter().rev().find_map(|b| b.last().map(|e| e.0)).unwrap_or(0),
-        }
+        self.by_address.largest().max(self.by_size.largest())
     }
 
     pub(crate) fn stats(&self) -> AllocatorStats {
@@ -598,7 +556,7 @@ impl State {
                     offset: c.ptr - r.base,
                     size: c.size,
                     requested_size: c.requested,
-                    bin: (!c.in_use()).then_some(c.bin as usize),
+                    bin: (!c.in_use()).then(|| bin_for_size(c.size)),
                     in_use: c.in_use(),
                     allocation_id: c.in_use().then_some(c.id),
                 });
@@ -642,13 +600,9 @@ impl State {
                     if prev != NONE && !self.chunks[prev as usize].in_use() {
                         return Err(format!("two free neighbours at {:#x}", c.ptr));
                     }
-                    let indexed = if c.size < self.options.first_fit_above {
-                        self.bins[c.bin as usize].contains(&(c.size, c.ptr, h))
-                    } else {
-                        self.by_address[address_class(c.size)].contains(&(c.ptr, c.size, h))
-                    };
-                    if !indexed || c.bin as usize != bin_for_size(c.size) {
-                        return Err(format!("free chunk at {:#x} is not in its bin", c.ptr));
+                    let index = if c.size < self.options.first_fit_above { &self.by_size } else { &self.by_address };
+                    if !index.contains(c.ptr, c.size, h) {
+                        return Err(format!("free chunk at {:#x} is not in its index", c.ptr));
                     }
                 }
                 expect = c.ptr + c.size;
@@ -672,24 +626,17 @@ impl State {
                 return Err(format!("region {:#x}: {starts} handles for {chunks_here} chunks", r.base));
             }
         }
-        if self.bins.iter().flatten().any(|e| e.0 >= self.options.first_fit_above) {
-            return Err("a large free chunk is in the best-fit bins".to_owned());
+        self.by_size.check()?;
+        self.by_address.check()?;
+        if self.by_size.iter().any(|e| e.1 >= self.options.first_fit_above) {
+            return Err("a large free chunk is in the best-fit index".to_owned());
         }
-        if (0..NUM_BINS).any(|b| (self.nonempty_bins & (1 << b) != 0) == self.bins[b].is_empty()) {
-            return Err("the mask of non-empty bins is out of date".to_owned());
+        if self.by_address.iter().any(|e| e.1 < self.options.first_fit_above) {
+            return Err("a small free chunk is in the first-fit index".to_owned());
         }
-        for (class, by_address) in self.by_address.iter().enumerate() {
-            let marked = self.by_address_classes & (1 << class) != 0;
-            let misplaced =
-                by_address.iter().any(|e| address_class(e.1) != class || e.1 < self.options.first_fit_above);
-            if marked == by_address.is_empty() || misplaced {
-                return Err(format!("address class {class} of the first-fit index is out of date"));
-            }
-        }
-        let binned: usize = self.bins.iter().map(BTreeSet::len).sum::<usize>()
-            + self.by_address.iter().map(BTreeSet::len).sum::<usize>();
-        if binned != free_chunks {
-            return Err(format!("{binned} chunks in bins, {free_chunks} free chunks in regions"));
+        let indexed = self.by_size.len() + self.by_address.len();
+        if indexed != free_chunks {
+            return Err(format!("{indexed} chunks indexed, {free_chunks} free chunks in regions"));
         }
         if in_use != self.in_use {
             return Err(format!("in use {} but chunks in use sum to {in_use}", self.in_use));
