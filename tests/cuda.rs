@@ -97,3 +97,50 @@ fn async_and_pinned_allocators_work_and_release() {
     }
     assert_eq!(h.stats().unwrap().bytes_in_use, 0);
 }
+
+#[test]
+fn tensors_move_between_host_and_device() {
+    use tensormem::tensor::{DType, Tensor, TensorError, TensorOptions};
+    let Some(dev) = device() else { return };
+    let (free_before, total) = dev.memory_info().unwrap();
+    {
+        let gpu: Arc<dyn Allocator> = Arc::new(
+            BfcAllocator::builder()
+                .name("cuda:0-tensors")
+                .memory_limit(total / 8)
+                .sub_allocator(Arc::new(CudaSubAllocator::new(dev.clone())))
+                .build()
+                .unwrap(),
+        );
+        let cpu: Arc<dyn Allocator> = Arc::new(tensormem::SystemAllocator::new());
+        // Host -> device -> host, from a strided (transposed) host view.
+        let x = Tensor::arange(0.0, 12.0, 1.0, DType::F32).unwrap().view(&[3, 4]).unwrap().t().unwrap();
+        let d = x.to_allocator(&gpu).unwrap();
+        assert_eq!(d.storage().memory_space(), MemorySpace::Device { ordinal: 0 });
+        assert_eq!(d.sizes(), [4, 3]);
+        let back = d.to_allocator(&cpu).unwrap();
+        assert_eq!(back.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+        // A strided view of a device tensor comes back gathered.
+        let col = d.select(1, 2).unwrap();
+        assert_eq!(col.to_allocator(&cpu).unwrap().to_vec::<f32>().unwrap(), [8.0, 9.0, 10.0, 11.0]);
+        // Device to device, and zeros created on the device.
+        let d2 = d.to_allocator(&gpu).unwrap();
+        assert_eq!(d2.to_allocator(&cpu).unwrap().to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+        let z = Tensor::zeros(&[1000], TensorOptions::new().dtype(DType::I32).allocator(gpu.clone())).unwrap();
+        assert_eq!(z.to_allocator(&cpu).unwrap().to_vec::<i32>().unwrap(), vec![0; 1000]);
+        let full = Tensor::full(&[2, 2], 3.5, TensorOptions::new().allocator(gpu.clone())).unwrap();
+        assert_eq!(full.to_allocator(&cpu).unwrap().to_vec::<f32>().unwrap(), [3.5; 4]);
+        // Host kernels refuse the device tensor, naming the op and the device; Display copies.
+        let err = d.add(&d).unwrap_err();
+        assert!(matches!(err, TensorError::DeviceMemory { op: "add", .. }), "{err}");
+        assert!(err.to_string().contains("cuda:0"), "{err}");
+        assert!(full.to_string().ends_with("device='cuda:0')"), "{full}");
+        // Out of device memory: an allocation error naming the allocator.
+        let err = Tensor::zeros(&[total as usize], TensorOptions::new().dtype(DType::U8).allocator(gpu.clone()))
+            .and_then(|t| t.materialize().map(|_| t))
+            .unwrap_err();
+        assert!(err.to_string().contains("cuda:0-tensors"), "{err}");
+    }
+    let (free_after, _) = dev.memory_info().unwrap();
+    assert!(free_after + (4 << 20) >= free_before, "free before {free_before}, after {free_after}");
+}

@@ -50,6 +50,10 @@ unsafe impl SubAllocator for FakeDevice {
     fn memory_space(&self) -> MemorySpace {
         MemorySpace::Device { ordinal: 0 }
     }
+
+    fn device_memory_info(&self) -> Option<(u64, u64)> {
+        Some((96 << 20, 80 << 30))
+    }
 }
 
 fn device_bfc() -> Arc<BfcAllocator> {
@@ -115,20 +119,48 @@ fn replay_skips_the_host_write_on_device_memory() {
 }
 
 #[test]
-fn tensors_refuse_device_allocators() {
-    let bfc: Arc<dyn Allocator> = device_bfc();
-    let err = Tensor::zeros(&[4, 4], TensorOptions::new().dtype(DType::F32).allocator(bfc.clone())).unwrap_err();
-    assert!(matches!(err, TensorError::DeviceMemory { device: MemorySpace::Device { ordinal: 0 }, .. }), "{err}");
-    let msg = err.to_string();
-    assert!(msg.contains("fake-cuda") && msg.contains("cuda:0"), "{msg}");
-    let err = Tensor::full(&[3], 1.0, TensorOptions::new().allocator(bfc.clone())).unwrap_err();
+fn device_tensors_are_created_but_host_code_refuses_them() {
+    let fake = device_bfc();
+    let bfc: Arc<dyn Allocator> = fake.clone();
+    // Creation on a device allocator is lazy and touches nothing.
+    let x = Tensor::zeros(&[4, 4], TensorOptions::new().dtype(DType::F32).allocator(bfc.clone())).unwrap();
+    assert_eq!(x.storage().memory_space(), MemorySpace::Device { ordinal: 0 });
+    // Host kernels and element access: an error naming the op, the allocator and the device.
+    let host = Tensor::ones(&[4, 4], DType::F32).unwrap();
+    for (op, result) in [
+        ("to_vec", x.to_vec::<f32>().map(|_| ())),
+        ("get", x.get::<f32>(&[0, 0]).map(|_| ())),
+        ("set", x.set(&[0, 0], 1.0f32)),
+        ("add_", x.add_(&host).map(|_| ())),
+        ("as_slice", x.as_slice::<f32>().map(|_| ())),
+    ] {
+        let err = result.unwrap_err();
+        assert!(matches!(err, TensorError::DeviceMemory { device: MemorySpace::Device { ordinal: 0 }, .. }), "{err}");
+        let msg = err.to_string();
+        assert!(msg.starts_with(op) && msg.contains("fake-cuda") && msg.contains("cuda:0"), "{msg}");
+    }
+    // A kernel with a fresh output is refused where the output would go: the device.
+    let err = x.add(&host).unwrap_err();
+    assert!(matches!(err, TensorError::DeviceMemory { op: "add", .. }), "{err}");
+    let err = host.add(&x).unwrap_err();
     assert!(matches!(err, TensorError::DeviceMemory { .. }), "{err}");
-    // Inside with_default_allocator, kernel outputs would go there too: refused the same way.
-    let host = Tensor::ones(&[4], DType::F32).unwrap();
-    let mapped_like =
+    // Zero-filling and copying need the device's driver, which this fake has not: a clear
+    // error, and nothing left allocated on the device.
+    let err = x.materialize().unwrap_err();
+    assert!(matches!(err, TensorError::Transfer { op: "materialize", .. }), "{err}");
+    assert!(!x.storage().is_materialized());
+    let err = host.to_allocator(&bfc).unwrap_err();
+    assert!(matches!(err, TensorError::Transfer { op: "to_allocator", .. }), "{err}");
+    assert!(err.to_string().to_lowercase().contains("cuda"), "{err}");
+    let err = Tensor::full(&[3], 1.0, TensorOptions::new().allocator(bfc.clone())).unwrap_err();
+    assert!(matches!(err, TensorError::Transfer { .. }), "{err}");
+    assert!(x.to_string().starts_with("tensor(<"), "{x}");
+    assert_eq!(bfc_in_use(&fake), 0);
+    // Inside with_default_allocator(device), values built on the host have nowhere to go.
+    let on_device =
         tensormem::with_default_allocator(bfc, || Tensor::scalar(2.0, DType::F32).and_then(|s| s.add(&host)));
-    assert!(matches!(mapped_like, Err(TensorError::DeviceMemory { .. })), "{mapped_like:?}");
-    assert_eq!(bfc_in_use(&device_bfc()), 0);
+    assert!(matches!(on_device, Err(TensorError::DeviceMemory { .. })), "{on_device:?}");
+    assert_eq!(bfc_in_use(&fake), 0);
 }
 
 fn bfc_in_use(b: &BfcAllocator) -> u64 {
@@ -151,4 +183,24 @@ fn a_device_pointer_freed_into_a_host_tracker_is_refused() {
     // SAFETY: `p` came from `bfc.allocate::<u8>(512)` and was not freed (the tracker refused it).
     unsafe { bfc.deallocate(p, 512) };
     assert_eq!(bfc.stats().unwrap().bytes_in_use, 0);
+}
+
+#[test]
+fn a_device_out_of_memory_error_names_the_device_and_the_drivers_numbers() {
+    let bfc = device_bfc();
+    let held = bfc.allocate::<u8>(40 << 20).unwrap();
+    let err = bfc.allocate::<u8>(30 << 20).unwrap_err();
+    assert_eq!(err.device_memory(), Some((0, 96 << 20, 80 << 30)));
+    assert_eq!(err.in_use(), Some(40 << 20));
+    assert_eq!(err.limit(), Some(64 << 20));
+    assert!(err.reserved().is_some_and(|r| r >= 40 << 20));
+    assert!(err.largest_free_block().is_some());
+    let msg = err.to_string();
+    for part in ["'fake-cuda'", "30.0 MiB", "40.0 MiB in use of a 64.0 MiB limit", "reserved", "largest free block"] {
+        assert!(msg.contains(part), "{part} missing: {msg}");
+    }
+    assert!(msg.ends_with("device cuda:0 has 96.0 MiB free of 80.0 GiB"), "{msg}");
+    // SAFETY: `held` came from `allocate::<u8>(40 MiB)` on `bfc`.
+    unsafe { bfc.deallocate(held, 40 << 20) };
+    assert_eq!(bfc_in_use(&bfc), 0);
 }

@@ -32,7 +32,7 @@ impl fmt::Display for AllocErrorKind {
 }
 
 /// Capacity of the inline allocator-name buffer in [`AllocError`].
-const NAME_CAP: usize = 31;
+const NAME_CAP: usize = 27;
 
 /// An allocator name stored inline so that [`AllocError`] stays `Copy` and allocation-free.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -98,26 +98,37 @@ pub struct AllocError {
     request: Request,
     allocator: InlineName,
     rounded: u64,
-    max_align: u64,
+    /// log2 of the largest supported alignment (`u8::MAX`: not said).
+    max_align_log2: u8,
     in_use: u64,
     limit: u64,
     largest_free: u64,
+    reserved: u64,
+    /// Device ordinal (`u8::MAX`: none) and the driver's free and total memory in KiB (kept
+    /// small: the error is returned by value on every allocation path).
+    device: u8,
+    device_free_kib: u32,
+    device_total_kib: u32,
 }
 
 impl AllocError {
     /// An error of `kind` for `layout`, refused by the allocator called `allocator`.
     ///
-    /// Names longer than 31 bytes are shortened (shown with a trailing `…`).
+    /// Names longer than 27 bytes are shortened (shown with a trailing `…`).
     pub fn new(kind: AllocErrorKind, layout: Layout, allocator: &str) -> Self {
         Self {
             kind,
             request: Request::Layout(layout),
             allocator: InlineName::new(allocator),
             rounded: NONE,
-            max_align: NONE,
+            max_align_log2: u8::MAX,
             in_use: NONE,
             limit: NONE,
             largest_free: NONE,
+            reserved: NONE,
+            device: u8::MAX,
+            device_free_kib: 0,
+            device_total_kib: 0,
         }
     }
 
@@ -149,13 +160,14 @@ impl AllocError {
     /// [`AllocErrorKind::UnsupportedLayout`]).
     #[must_use]
     pub fn with_max_alignment(mut self, align: u64) -> Self {
-        self.max_align = align.min(NONE - 1);
+        // Alignments are powers of two; anything else is rounded down to one.
+        self.max_align_log2 = align.max(1).ilog2() as u8;
         self
     }
 
     /// The largest alignment the allocator supports, if it said.
     pub fn max_alignment(&self) -> Option<u64> {
-        opt(self.max_align)
+        (self.max_align_log2 != u8::MAX).then(|| 1u64 << self.max_align_log2)
     }
 
     /// Adds the largest free block the allocator had when the request failed.
@@ -163,6 +175,45 @@ impl AllocError {
     pub fn with_largest_free_block(mut self, bytes: u64) -> Self {
         self.largest_free = bytes.min(NONE - 1);
         self
+    }
+
+    /// Adds the bytes the allocator had taken from its backing memory (in use, cached and
+    /// free) when the request failed.
+    #[must_use]
+    pub fn with_reserved(mut self, bytes: u64) -> Self {
+        self.reserved = bytes.min(NONE - 1);
+        self
+    }
+
+    /// Adds the device the memory belongs to and what its driver reported free and in total
+    /// when the request failed (`cuMemGetInfo`), kept to the KiB (up to 4 TiB) for ordinals
+    /// below 255.
+    #[must_use]
+    pub fn with_device_memory(mut self, ordinal: u32, free: u64, total: u64) -> Self {
+        let kib = |b: u64| u32::try_from(b >> 10).unwrap_or(u32::MAX);
+        if let Ok(ordinal) = u8::try_from(ordinal)
+            && ordinal != u8::MAX
+        {
+            self.device = ordinal;
+            self.device_free_kib = kib(free);
+            self.device_total_kib = kib(total);
+        }
+        self
+    }
+
+    /// Bytes the allocator had reserved when the request failed, if it said.
+    pub fn reserved(&self) -> Option<u64> {
+        opt(self.reserved)
+    }
+
+    /// `(ordinal, free, total)` of the device (bytes, to the KiB), from its driver, for a
+    /// device allocator's error.
+    pub fn device_memory(&self) -> Option<(u32, u64, u64)> {
+        (self.device != u8::MAX).then_some((
+            u32::from(self.device),
+            u64::from(self.device_free_kib) << 10,
+            u64::from(self.device_total_kib) << 10,
+        ))
     }
 
     /// Why the allocation failed.
@@ -183,7 +234,7 @@ impl AllocError {
         self.layout().map(|l| l.size())
     }
 
-    /// The name of the allocator that refused the request (at most 31 bytes of it).
+    /// The name of the allocator that refused the request (at most 27 bytes of it).
     pub fn allocator(&self) -> &str {
         self.allocator.as_str()
     }
@@ -223,14 +274,18 @@ impl fmt::Debug for AllocError {
         };
         for (name, v) in [
             ("rounded", self.rounded),
-            ("max_alignment", self.max_align),
+            ("max_alignment", self.max_alignment().unwrap_or(NONE)),
             ("in_use", self.in_use),
             ("limit", self.limit),
             ("largest_free_block", self.largest_free),
+            ("reserved", self.reserved),
         ] {
             if let Some(v) = opt(v) {
                 d.field(name, &v);
             }
+        }
+        if let Some(device) = self.device_memory() {
+            d.field("device_memory", &device);
         }
         d.finish()
     }
@@ -264,8 +319,14 @@ impl fmt::Display for AllocError {
             (None, Some(l)) => write!(f, ": limit {}", Bytes(l))?,
             (None, None) => {}
         }
+        if let Some(r) = self.reserved() {
+            write!(f, ", {} reserved", Bytes(r))?;
+        }
         if let Some(b) = self.largest_free_block() {
             write!(f, "; largest free block {}", Bytes(b))?;
+        }
+        if let Some((ordinal, free, total)) = self.device_memory() {
+            write!(f, "; device cuda:{ordinal} has {} free of {}", Bytes(free), Bytes(total))?;
         }
         Ok(())
     }

@@ -49,6 +49,7 @@ mod pool;
 mod stats;
 mod sub_allocator;
 mod system;
+pub mod transfer;
 
 pub use allocator::{Allocator, AllocatorExt, LiveChunk, dangling};
 pub use attributes::{AllocationAttributes, AllocatorAttributes};

@@ -42,6 +42,12 @@ pub unsafe trait SubAllocator: Send + Sync + fmt::Debug {
         self.expandable().map_or(crate::MemorySpace::Host, |m| m.memory_space())
     }
 
+    /// `(free, total)` bytes of the device behind a device sub-allocator, as its driver reports
+    /// them now (`cuMemGetInfo`), for out-of-memory errors; `None` (the default) for host memory.
+    fn device_memory_info(&self) -> Option<(u64, u64)> {
+        None
+    }
+
     /// The same memory as an [`ExpandableMemory`] (address space reserved once, committed on
     /// demand), if this source can do that; a [`BfcAllocator`](crate::BfcAllocator) then grows
     /// one region at its end instead of taking separate regions. `None` by default.

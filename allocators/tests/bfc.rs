@@ -203,7 +203,7 @@ fn a_request_larger_than_the_limit_is_refused_with_the_numbers() {
     assert_eq!(
         err.to_string(),
         "allocator 'arena' could not allocate 5.0 MiB (5242780 bytes, align 1), rounded to 5.0 MiB: limit exceeded: \
-         1.0 MiB in use of a 4.0 MiB limit; largest free block 3.0 MiB"
+         1.0 MiB in use of a 4.0 MiB limit, 4.0 MiB reserved; largest free block 3.0 MiB"
     );
     let err = bfc.allocate::<u8>(3 * MIB + 1).unwrap_err();
     assert_eq!(err.kind(), AllocErrorKind::OutOfMemory);

@@ -293,7 +293,7 @@ fn a_commit_the_system_refuses_is_an_oom_naming_the_request_and_the_state_stays_
     assert_eq!(err.kind(), AllocErrorKind::OutOfMemory);
     let text = err.to_string();
     assert!(text.contains("could not allocate 8.0 MiB (8388608 bytes") && text.contains("out of memory"), "{text}");
-    assert!(text.contains("1.0 MiB in use of a 1.0 GiB limit; largest free block 1.0 MiB"), "{text}");
+    assert!(text.contains("1.0 MiB in use of a 1.0 GiB limit, 2.0 MiB reserved; largest free block 1.0 MiB"), "{text}");
     // What fits in committed memory still works; the state is intact.
     let b = alloc(&bfc, 512 * KIB);
     bfc.check_invariants().unwrap();

@@ -163,11 +163,21 @@ impl Tensor {
         is_contiguous(&self.sizes, &self.strides)
     }
 
-    /// Allocates a lazy storage now (see [`Storage::materialize`]).
+    /// Allocates a lazy storage now (see [`Storage::materialize`]), on the device for a device
+    /// allocator.
     ///
     /// # Errors
-    /// [`TensorError::Alloc`] when the allocator refuses.
+    /// [`TensorError::Alloc`] when the allocator refuses, [`TensorError::Transfer`] when device
+    /// memory cannot be zeroed.
     pub fn materialize(&self) -> Result<()> {
+        self.storage.materialize()
+    }
+
+    /// Readies the storage for host code in `op`: [`TensorError::DeviceMemory`] naming `op`
+    /// and the device when the bytes are device memory, else materialised. Every kernel and
+    /// element access goes through this before touching bytes.
+    pub(crate) fn host_ready(&self, op: &'static str) -> Result<()> {
+        self.storage.check_host(op)?;
         self.storage.materialize()
     }
 
@@ -180,10 +190,10 @@ impl Tensor {
     /// plain (or the offset a whole number of quantised blocks).
     pub(crate) fn data_ptr(&self) -> *mut u8 {
         let byte_offset = self.offset / self.dtype.block_len() * self.dtype.block_bytes();
-        // SAFETY: every tensor's layout lies inside its storage (checked where layouts are
-        // made), so element `offset` is inside the storage's allocation or one past it when
-        // the tensor is empty.
-        unsafe { self.storage.data_ptr().add(byte_offset) }
+        // Every tensor's layout lies inside its storage (checked where layouts are made), so
+        // this is inside the allocation or one past it when the tensor is empty. Wrapping
+        // arithmetic: a device storage's address is not a host allocation.
+        self.storage.data_ptr().wrapping_add(byte_offset)
     }
 
     pub(crate) fn check_type<T: Element>(&self, op: &'static str) -> Result<()> {
@@ -212,7 +222,7 @@ impl Tensor {
     /// [`TensorError::Alloc`] when a lazy storage cannot be materialised.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_type::<T>("to_vec")?;
-        self.materialize()?;
+        self.host_ready("to_vec")?;
         let _g = lock_storages(None, &[&self.storage]);
         let base = self.data_ptr() as *const T;
         let mut out = Vec::with_capacity(self.numel());
@@ -248,7 +258,7 @@ impl Tensor {
     pub fn get<T: Element>(&self, index: &[isize]) -> Result<T> {
         self.check_type::<T>("get")?;
         let off = self.element_offset("get", index)?;
-        self.materialize()?;
+        self.host_ready("get")?;
         let _g = lock_storages(None, &[&self.storage]);
         // SAFETY: `off` indexes an element of the view (checked above), inside the storage.
         Ok(unsafe { (self.data_ptr() as *const T).add(off).read() })
@@ -262,7 +272,7 @@ impl Tensor {
         self.check_type::<T>("set")?;
         self.check_writable("set")?;
         let off = self.element_offset("set", index)?;
-        self.materialize()?;
+        self.host_ready("set")?;
         let _g = lock_storages(Some(&self.storage), &[]);
         // SAFETY: as in `get`; the write lock excludes every reader of the storage.
         unsafe { (self.data_ptr() as *mut T).add(off).write(value) };

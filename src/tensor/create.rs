@@ -218,8 +218,19 @@ impl Tensor {
         opts: &TensorOptions,
         mut f: impl FnMut(usize) -> T,
     ) -> Result<Tensor> {
+        let allocator = allocator_of(op, opts)?;
+        if !allocator.memory_space().is_host_accessible() {
+            // Device memory: built on the host (the registry's default), then copied over in
+            // one transfer.
+            let host = default_allocator(op)?;
+            let space = host.memory_space();
+            if !space.is_host_accessible() {
+                return Err(TensorError::DeviceMemory { op, allocator: host.name().to_owned(), device: space });
+            }
+            return Tensor::filled(op, sizes, &opts.clone().allocator(host), f)?.to_allocator(&allocator);
+        }
         // SAFETY: the loop below writes all `numel` elements before the tensor is returned.
-        let t = unsafe { Tensor::uninit(op, sizes, T::DTYPE, allocator_of(op, opts)?) }?;
+        let t = unsafe { Tensor::uninit(op, sizes, T::DTYPE, allocator) }?;
         let p = t.data_ptr() as *mut T;
         for i in 0..t.numel() {
             // SAFETY: `p` is the start of a fresh, 64-byte aligned allocation of `numel`

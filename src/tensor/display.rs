@@ -155,15 +155,25 @@ impl Printer<'_> {
 
 impl fmt::Display for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let t = if self.dtype().is_quantized() {
-            match self.to_dtype(DType::F32) {
+        // A device tensor is shown from a host copy, as PyTorch prints CUDA tensors.
+        let device = self.storage().memory_space();
+        let host = if device.is_host_accessible() {
+            self.clone()
+        } else {
+            match crate::tensor::core::default_allocator("display").and_then(|host| self.to_allocator(&host)) {
+                Ok(t) => t,
+                Err(e) => return write!(f, "tensor(<{e}>)"),
+            }
+        };
+        let t = if host.dtype().is_quantized() {
+            match host.to_dtype(DType::F32) {
                 Ok(t) => t,
                 Err(e) => return write!(f, "tensor(<{e}>)"),
             }
         } else {
-            self.clone()
+            host
         };
-        if let Err(e) = t.materialize() {
+        if let Err(e) = t.host_ready("display") {
             return write!(f, "tensor(<{e}>)");
         }
         let summarize = t.numel() > THRESHOLD;
@@ -205,6 +215,9 @@ impl fmt::Display for Tensor {
         };
         if !implied {
             out.push_str(&format!(", dtype={}", self.dtype()));
+        }
+        if !device.is_host_accessible() {
+            out.push_str(&format!(", device='{device}'"));
         }
         out.push(')');
         f.write_str(&out)

@@ -305,6 +305,15 @@ pub enum TensorError {
         /// Where its memory lives.
         device: crate::allocators::MemorySpace,
     },
+    /// Bytes could not be moved to or from device memory (no driver, no such device, the
+    /// `cuda` feature missing).
+    #[error("{op}: {source}")]
+    Transfer {
+        /// The operation.
+        op: &'static str,
+        /// Why.
+        source: crate::allocators::transfer::TransferError,
+    },
     /// The operation needs a contiguous tensor (direct access to its elements as a slice).
     #[error("{op}: the tensor (shape {shape:?}, strides {strides:?}) is not contiguous; call contiguous() first")]
     NotContiguous {

@@ -110,7 +110,7 @@ impl Tensor {
                 strides: self.strides().to_vec(),
             });
         }
-        self.materialize()
+        self.host_ready(op)
     }
 
     /// The elements of a contiguous tensor as a slice, in row-major order, for custom kernels

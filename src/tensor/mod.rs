@@ -49,6 +49,7 @@ mod quant;
 mod safetensors;
 mod shape;
 mod storage;
+mod transfer;
 mod view;
 
 pub use self::core::Tensor;

@@ -206,7 +206,7 @@ impl SafeTensors {
             "tensormem: safetensors data not aligned to its element size; copied, not mapped"
         );
         let out = Tensor::empty(&info.shape, dtype)?;
-        out.materialize()?;
+        out.host_ready("SafeTensors::tensor")?;
         let guard = out.storage().write();
         // SAFETY: the source range is inside the mapping (as above); `out` is a fresh,
         // materialised, contiguous tensor of `info.shape` elements of `dtype`, which is `len`
@@ -292,7 +292,7 @@ pub fn save_safetensors(
         let dtype = file_dtype(t.dtype())
             .ok_or_else(|| bad(path, format!("tensor {name:?} is {}, which safetensors cannot store", t.dtype())))?;
         let c = t.contiguous()?;
-        c.materialize()?;
+        c.host_ready("save_safetensors")?;
         let n = c.dtype().size_of(c.numel()).unwrap_or(0);
         let _guard = c.storage().read();
         let data = if n == 0 {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::allocators::{AllocError, AllocationAttributes, Allocator, observe};
+use crate::allocators::{AllocError, AllocationAttributes, Allocator, MemorySpace, observe, transfer};
 
 use super::{Result, TensorError};
 
@@ -24,7 +24,9 @@ pub const STORAGE_ALIGNMENT: usize = 64;
 /// A storage is one of:
 /// - **allocated**: bytes from an [`Allocator`], possibly *lazily*: [`Storage::new_lazy`]
 ///   (and `Tensor::empty`/`zeros`) asks the allocator for nothing until the first access or
-///   [`materialize`](Self::materialize). Fresh bytes read as zeros.
+///   [`materialize`](Self::materialize). Fresh bytes read as zeros. The allocator may hand out
+///   device memory ([`memory_space`](Self::memory_space)): such a storage is zeroed and copied
+///   through the device's driver, and host code never touches it (tensor kernels refuse it).
 /// - **mapped**: a read-only range of a file ([`Storage::map_file`]), for model weights;
 ///   unmapped when dropped, never given to an allocator. Writes through a tensor fail.
 ///
@@ -66,19 +68,26 @@ fn layout(nbytes: usize) -> Option<Layout> {
     Layout::from_size_align(nbytes, STORAGE_ALIGNMENT).ok()
 }
 
+/// The layout of `nbytes`, in any memory space.
 fn checked_layout(op: &'static str, nbytes: usize, allocator: &dyn Allocator) -> Result<Layout> {
-    let space = allocator.memory_space();
-    if !space.is_host_accessible() {
-        return Err(TensorError::DeviceMemory { op, allocator: allocator.name().to_owned(), device: space });
-    }
     layout(nbytes).ok_or_else(|| TensorError::Alloc {
         op,
         source: AllocError::array_overflow(nbytes, Layout::new::<u8>(), allocator.name()),
     })
 }
 
+/// [`TensorError::DeviceMemory`] unless `allocator`'s memory is host memory.
+fn check_host(op: &'static str, allocator: &dyn Allocator) -> Result<()> {
+    let space = allocator.memory_space();
+    if !space.is_host_accessible() {
+        return Err(TensorError::DeviceMemory { op, allocator: allocator.name().to_owned(), device: space });
+    }
+    Ok(())
+}
+
 impl Storage {
-    /// A storage of `nbytes` that asks `allocator` for its bytes only when first used.
+    /// A storage of `nbytes` that asks `allocator` (host or device) for its bytes only when
+    /// first used.
     ///
     /// # Errors
     /// [`TensorError::Alloc`] (size overflow) when `nbytes` cannot be a layout.
@@ -103,6 +112,21 @@ impl Storage {
     /// The caller writes every byte before anything reads the storage (kernels create their
     /// outputs this way and fill them before returning the tensor).
     pub(crate) unsafe fn new_uninit(op: &'static str, nbytes: usize, allocator: Arc<dyn Allocator>) -> Result<Storage> {
+        check_host(op, &*allocator)?;
+        // SAFETY: forwarded; the memory is host memory, for the caller to write.
+        unsafe { Storage::new_uninit_in_any_space(op, nbytes, allocator) }
+    }
+
+    /// As [`new_uninit`](Self::new_uninit), in any memory space.
+    ///
+    /// # Safety
+    /// The caller writes every byte (with [`transfer`] for device memory) before anything reads
+    /// the storage.
+    pub(crate) unsafe fn new_uninit_in_any_space(
+        op: &'static str,
+        nbytes: usize,
+        allocator: Arc<dyn Allocator>,
+    ) -> Result<Storage> {
         let layout = checked_layout(op, nbytes, &*allocator)?;
         let ptr = allocator
             .allocate_raw(layout, &AllocationAttributes::default())
@@ -218,15 +242,31 @@ impl Storage {
         }
     }
 
+    /// Where the bytes live: the allocator's [`MemorySpace`] (host for a mapped file).
+    pub fn memory_space(&self) -> MemorySpace {
+        self.allocator().map_or(MemorySpace::Host, |a| a.memory_space())
+    }
+
+    /// [`TensorError::DeviceMemory`], naming `op`, unless host code may read and write the
+    /// bytes.
+    pub(crate) fn check_host(&self, op: &'static str) -> Result<()> {
+        match self.allocator() {
+            Some(a) => check_host(op, &**a),
+            None => Ok(()),
+        }
+    }
+
     /// Whether writes are refused (a mapped file).
     pub fn is_read_only(&self) -> bool {
         matches!(self.inner.backing, Backing::Mapped { .. })
     }
 
-    /// Allocates the bytes of a lazy storage (zero-filled) if that has not happened yet.
+    /// Allocates the bytes of a lazy storage (zero-filled, on the device for device memory) if
+    /// that has not happened yet.
     ///
     /// # Errors
-    /// [`TensorError::Alloc`] when the allocator refuses; the storage stays lazy.
+    /// [`TensorError::Alloc`] when the allocator refuses, [`TensorError::Transfer`] when device
+    /// memory cannot be zeroed (no driver); the storage stays lazy.
     pub fn materialize(&self) -> Result<()> {
         let Backing::Heap { allocator, ptr, init } = &self.inner.backing else {
             return Ok(());
@@ -242,9 +282,13 @@ impl Storage {
         let p = allocator
             .allocate_raw(layout, &AllocationAttributes::default())
             .map_err(|source| TensorError::Alloc { op: "materialize", source })?;
-        // SAFETY: `p` is valid for writes of `nbytes` bytes (the allocator's contract) and
-        // nobody else sees it before the store below publishes it.
-        unsafe { p.as_ptr().write_bytes(0, self.inner.nbytes) };
+        // SAFETY: `p` is valid for writes of `nbytes` bytes in the allocator's memory space (its
+        // contract) and nobody else sees it before the store below publishes it.
+        if let Err(source) = unsafe { transfer::fill_zero(p.as_ptr(), allocator.memory_space(), self.inner.nbytes) } {
+            // SAFETY: `p` was just allocated with `layout` and nothing else has it.
+            unsafe { allocator.deallocate_raw(p, layout) };
+            return Err(TensorError::Transfer { op: "materialize", source });
+        }
         if let Some(d) = &self.inner.description {
             observe::describe(p.as_ptr() as usize, || d.to_string());
         }

@@ -153,10 +153,16 @@ impl BfcAllocator {
             AllocFailure::OverLimit => AllocErrorKind::LimitExceeded,
             AllocFailure::OutOfMemory => AllocErrorKind::OutOfMemory,
         };
-        let err = AllocError::new(kind, layout, &self.name)
+        let mut err = AllocError::new(kind, layout, &self.name)
             .with_rounded_size(rounded as u64)
             .with_usage(state.in_use() as u64, Some(state.memory_limit() as u64))
+            .with_reserved(state.reserved() as u64)
             .with_largest_free_block(state.largest_free() as u64);
+        if let (crate::MemorySpace::Device { ordinal }, Some((free, total))) =
+            (self.sub.memory_space(), self.sub.device_memory_info())
+        {
+            err = err.with_device_memory(ordinal, free, total);
+        }
         tracing::warn!(
             allocator = %self.name,
             requested = layout.size(),

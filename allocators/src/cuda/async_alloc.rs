@@ -99,7 +99,12 @@ unsafe impl Allocator for CudaAsyncAllocator {
             if let Some(e) = why {
                 tracing::warn!(allocator = %self.name, size = layout.size(), %e, "cuda: allocation failed");
             }
-            AllocError::new(AllocErrorKind::OutOfMemory, layout, &self.name)
+            let in_use = self.counters.snapshot().bytes_in_use;
+            let err = AllocError::new(AllocErrorKind::OutOfMemory, layout, &self.name).with_usage(in_use, None);
+            match self.device.memory_info() {
+                Ok((free, total)) => err.with_device_memory(self.device.ordinal(), free, total),
+                Err(_) => err,
+            }
         };
         self.device.bind().map_err(|e| fail(Some(e)))?;
         let mut p: sys::CUdeviceptr = 0;

@@ -172,6 +172,19 @@ impl CudaDevice {
         check("cuMemcpyDtoH", self.ordinal, unsafe { sys::cuMemcpyDtoH_v2(dst.cast(), src as u64, bytes) })
     }
 
+    /// Writes `bytes` zero bytes at device memory `dst` (`cuMemsetD8`).
+    ///
+    /// # Errors
+    /// The driver's error.
+    ///
+    /// # Safety
+    /// `dst` must be device memory of this device valid for writes of `bytes`.
+    pub unsafe fn zero(&self, dst: *mut u8, bytes: usize) -> Result<(), CudaError> {
+        self.bind()?;
+        // SAFETY: the caller's promise.
+        check("cuMemsetD8", self.ordinal, unsafe { sys::cuMemsetD8_v2(dst as u64, 0, bytes) })
+    }
+
     pub(crate) fn raw(&self) -> sys::CUdevice {
         self.device
     }

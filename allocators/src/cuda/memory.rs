@@ -250,6 +250,10 @@ unsafe impl SubAllocator for CudaSubAllocator {
     fn memory_space(&self) -> MemorySpace {
         MemorySpace::Device { ordinal: self.device.ordinal() }
     }
+
+    fn device_memory_info(&self) -> Option<(u64, u64)> {
+        self.device.memory_info().ok()
+    }
 }
 
 impl fmt::Debug for CudaSubAllocator {

@@ -66,7 +66,7 @@ impl Tensor {
     fn copy_quantized(&self, op: &'static str) -> Result<Tensor> {
         // SAFETY: the row copies below write every block of `out`.
         let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
-        self.materialize()?;
+        self.host_ready(op)?;
         let _g = lock_storages(None, &[self.storage()]);
         let n = self.dim();
         let row_bytes = self.dtype().size_of(self.sizes()[n - 1]).unwrap_or(0);
@@ -126,7 +126,7 @@ impl Tensor {
         let src = self.to_dtype(DType::F32)?.contiguous()?;
         // SAFETY: `quantize_into` writes every block of `out`.
         let out = unsafe { Tensor::output(op, self.sizes(), dtype, self) }?;
-        src.materialize()?;
+        src.host_ready(op)?;
         let _g = lock_storages(None, &[src.storage()]);
         let n = src.numel();
         // SAFETY: `src` is contiguous f32 with `n` elements; `out` is a fresh allocation of
@@ -146,7 +146,7 @@ impl Tensor {
         let src = self.contiguous()?;
         // SAFETY: `dequantize_into` writes every element of `out`.
         let out = unsafe { Tensor::output(op, self.sizes(), DType::F32, self) }?;
-        src.materialize()?;
+        src.host_ready(op)?;
         let _g = lock_storages(None, &[src.storage()]);
         let n = src.numel();
         let nbytes = src.dtype().size_of(n).ok_or(TensorError::SizeOverflow {

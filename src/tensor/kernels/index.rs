@@ -83,7 +83,7 @@ impl Tensor {
         if out.numel() == 0 {
             return Ok(out);
         }
-        self.materialize()?;
+        self.host_ready(op)?;
         let _g = lock_storages(None, &[self.storage()]);
         let dtype = self.dtype();
         let (outer, inner) = (&self.sizes()[..d], &self.sizes()[d + 1..]);
@@ -200,7 +200,7 @@ impl Tensor {
         if out.numel() == 0 {
             return Ok(out);
         }
-        self.materialize()?;
+        self.host_ready(op)?;
         let _g = lock_storages(None, &[self.storage()]);
         let unit = self.elem_size();
         let (src, dst) = (self.data_ptr() as *const u8, out.data_ptr());

@@ -225,9 +225,9 @@ pub(crate) fn run_binary<T: Element, O: Element>(
         // Nothing to do, whatever the sizes of the other dimensions: O(1).
         return Ok(());
     }
-    a.materialize()?;
-    b.materialize()?;
-    out.materialize()?;
+    a.host_ready(op)?;
+    b.host_ready(op)?;
+    out.host_ready(op)?;
     let (la, lb) = (
         loader::<T>(a.dtype()).ok_or_else(|| unsupported(op, a))?,
         loader::<T>(b.dtype()).ok_or_else(|| unsupported(op, b))?,
@@ -287,8 +287,8 @@ pub(crate) fn run_unary<T: Element, O: Element>(
     if out.numel() == 0 {
         return Ok(());
     }
-    a.materialize()?;
-    out.materialize()?;
+    a.host_ready(op)?;
+    out.host_ready(op)?;
     let la = loader::<T>(a.dtype()).ok_or_else(|| unsupported(op, a))?;
     let so = storer::<O>(out.dtype()).ok_or_else(|| unsupported(op, out))?;
     let _g = lock_storages((dest == Dest::Into).then(|| out.storage()), &[a.storage()]);

@@ -38,7 +38,7 @@ fn run_where<T: Element>(
         return Ok(());
     }
     for t in [cond, x, y, out] {
-        t.materialize()?;
+        t.host_ready(op)?;
     }
     let _g = lock_storages(write.then(|| out.storage()), &[cond.storage(), x.storage(), y.storage()]);
     let op_of = |t: &Tensor, s| Operand { ptr: t.data_ptr(), strides: s, elem: t.elem_size() };

@@ -91,8 +91,8 @@ impl Tensor {
         out_shape.extend([n, m]);
         // SAFETY: `batched` writes every element of `out` (gemm with k == 0 writes zeros).
         let out = unsafe { Tensor::output(op, &out_shape, compute, self) }?;
-        a.materialize()?;
-        b.materialize()?;
+        a.host_ready(op)?;
+        b.host_ready(op)?;
         if out.numel() > 0 {
             let _g = lock_storages(None, &[a.storage(), b.storage()]);
             let flops = out.numel().saturating_mul(k);

@@ -151,7 +151,7 @@ impl Tensor {
         let acc = if self.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
         let params = |t: Option<&Tensor>| t.map(|t| t.to_dtype(acc)).transpose();
         let (w, b) = (params(weight)?, params(bias)?);
-        x.materialize()?;
+        x.host_ready(op)?;
         let _g = lock_storages(None, &[x.storage()]);
         let numel = x.numel();
         match_float!(self.dtype(), T => {

@@ -143,7 +143,7 @@ where
     A: Send,
     O: Element,
 {
-    x.materialize()?;
+    x.host_ready("reduction")?;
     let _g = lock_storages(None, &[x.storage()]);
     let rows = out.numel();
     // SAFETY: `x` is contiguous with `rows * len` elements of `T` (its dtype) inside its
@@ -376,7 +376,7 @@ impl Tensor {
         let len = self.sizes()[d];
         // SAFETY: every row of `y` is written below.
         let y = unsafe { Tensor::output(op, x.sizes(), self.dtype(), self) }?;
-        x.materialize()?;
+        x.host_ready(op)?;
         let _g = lock_storages(None, &[x.storage()]);
         let n = x.numel();
         match_float!(self.dtype(), T => {
