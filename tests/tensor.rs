@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 use tensormem::tensor::{DType, Tensor, TensorError, TensorOptions, dequantize, quantize};
-use tensormem::{AllocatorRegistry, SystemAllocator, TrackingAllocator};
+use tensormem::{Allocator, AllocatorRegistry, SystemAllocator, TrackingAllocator};
 
 fn tracker() -> Arc<TrackingAllocator> {
     Arc::new(TrackingAllocator::new(Arc::new(SystemAllocator::new())))
@@ -532,4 +532,34 @@ fn kernels_in_rayon_jobs_on_one_storage_never_deadlock() {
             panic!("only {finished} of 180 kernels finished: deadlock ({e})");
         }
     }
+}
+
+#[test]
+fn to_allocator_copies_into_the_given_allocator() {
+    let tracked = Arc::new(TrackingAllocator::new(Arc::new(SystemAllocator::new())));
+    let dst: Arc<dyn Allocator> = tracked.clone();
+    // A strided view: gathered, contiguous, values equal, its own storage in `dst`.
+    let x = Tensor::arange(0.0, 24.0, 1.0, DType::F32).unwrap().view(&[2, 3, 4]).unwrap().permute(&[2, 0, 1]).unwrap();
+    let y = x.to_allocator(&dst).unwrap();
+    assert!(y.is_contiguous() && !y.shares_storage(&x));
+    assert_eq!((y.sizes(), y.dtype()), (x.sizes(), DType::F32));
+    assert_eq!(y.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+    assert_eq!(tracked.stats().unwrap().bytes_in_use, 24 * 4);
+    // Writes to the copy do not reach the original.
+    y.set(&[0, 0, 0], -1.0f32).unwrap();
+    assert_eq!(x.get::<f32>(&[0, 0, 0]).unwrap(), 0.0);
+    // Quantised blocks, a lazy zero tensor and an empty one.
+    let q = Tensor::arange(0.0, 64.0, 1.0, DType::F32).unwrap().view(&[2, 32]).unwrap().to_dtype(DType::Q8_0).unwrap();
+    let q2 = q.select(0, 1).unwrap().to_allocator(&dst).unwrap();
+    assert_eq!(q2.dtype(), DType::Q8_0);
+    assert_eq!(
+        q2.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(),
+        q.select(0, 1).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap()
+    );
+    let z = Tensor::zeros(&[5], DType::I64).unwrap().to_allocator(&dst).unwrap();
+    assert_eq!(z.to_vec::<i64>().unwrap(), [0; 5]);
+    let e = Tensor::zeros(&[0, 3], DType::F32).unwrap().to_allocator(&dst).unwrap();
+    assert_eq!((e.sizes(), e.numel()), (&[0, 3][..], 0));
+    drop((y, q2, z, e));
+    assert_eq!(tracked.stats().unwrap().bytes_in_use, 0);
 }

@@ -223,10 +223,7 @@ impl Tensor {
             // Device memory: built on the host (the registry's default), then copied over in
             // one transfer.
             let host = default_allocator(op)?;
-            let space = host.memory_space();
-            if !space.is_host_accessible() {
-                return Err(TensorError::DeviceMemory { op, allocator: host.name().to_owned(), device: space });
-            }
+            super::storage::check_host(op, &*host)?;
             return Tensor::filled(op, sizes, &opts.clone().allocator(host), f)?.to_allocator(&allocator);
         }
         // SAFETY: the loop below writes all `numel` elements before the tensor is returned.

@@ -77,7 +77,7 @@ fn checked_layout(op: &'static str, nbytes: usize, allocator: &dyn Allocator) ->
 }
 
 /// [`TensorError::DeviceMemory`] unless `allocator`'s memory is host memory.
-fn check_host(op: &'static str, allocator: &dyn Allocator) -> Result<()> {
+pub(crate) fn check_host(op: &'static str, allocator: &dyn Allocator) -> Result<()> {
     let space = allocator.memory_space();
     if !space.is_host_accessible() {
         return Err(TensorError::DeviceMemory { op, allocator: allocator.name().to_owned(), device: space });

@@ -71,13 +71,7 @@ impl Tensor {
     /// The same view over a host copy of this (device) tensor's whole storage.
     fn storage_to_host(&self, op: &'static str) -> Result<Tensor> {
         let host = super::core::default_allocator(op)?;
-        if !host.memory_space().is_host_accessible() {
-            return Err(TensorError::DeviceMemory {
-                op,
-                allocator: host.name().to_owned(),
-                device: host.memory_space(),
-            });
-        }
+        super::storage::check_host(op, &*host)?;
         self.materialize()?;
         let nbytes = self.storage().nbytes();
         // SAFETY: every byte is written by the copy below, or the storage is dropped unread.
