@@ -556,8 +556,10 @@ fn to_allocator_copies_into_the_given_allocator() {
         q2.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(),
         q.select(0, 1).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap()
     );
-    let z = Tensor::zeros(&[5], DType::I64).unwrap().to_allocator(&dst).unwrap();
+    let lazy = Tensor::zeros(&[5], DType::I64).unwrap();
+    let z = lazy.to_allocator(&dst).unwrap();
     assert_eq!(z.to_vec::<i64>().unwrap(), [0; 5]);
+    assert!(!lazy.storage().is_materialized(), "copying lazy zeros allocates nothing for the source");
     let e = Tensor::zeros(&[0, 3], DType::F32).unwrap().to_allocator(&dst).unwrap();
     assert_eq!((e.sizes(), e.numel()), (&[0, 3][..], 0));
     drop((y, q2, z, e));

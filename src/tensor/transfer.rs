@@ -43,12 +43,12 @@ impl Tensor {
         }
         // On the host, gather a strided view first; a device view is contiguous here.
         let src = if self.storage().memory_space().is_host_accessible() { self.contiguous()? } else { self.clone() };
-        src.materialize()?;
         let nbytes = nbytes_of(op, self.sizes(), self.dtype())?;
-        // SAFETY: every byte is written by the copy below, or the storage is dropped unread.
+        // SAFETY: every byte is written below (copied or zeroed), or the storage is dropped
+        // unread.
         let storage = unsafe { Storage::new_uninit_in_any_space(op, nbytes, Arc::clone(allocator)) }?
             .described(self.dtype(), self.sizes());
-        {
+        let written = if src.storage().is_materialized() {
             let _g = lock_storages(None, &[src.storage()]);
             // SAFETY: `src` is contiguous, so its `nbytes` bytes start at its first element,
             // inside its materialised storage (in its memory space); the new storage holds
@@ -63,8 +63,12 @@ impl Tensor {
                     nbytes,
                 )
             }
-            .map_err(|source| TensorError::Transfer { op, source })?;
-        }
+        } else {
+            // A lazy source reads as zeros: zero the copy instead of allocating the source.
+            // SAFETY: the new storage holds `nbytes` bytes in `allocator`'s space.
+            unsafe { transfer::fill_zero(storage.data_ptr(), allocator.memory_space(), nbytes) }
+        };
+        written.map_err(|source| TensorError::Transfer { op, source })?;
         Ok(Tensor::from_parts(storage, self.sizes().to_vec(), contiguous_strides(self.sizes()), 0, self.dtype()))
     }
 
@@ -72,15 +76,14 @@ impl Tensor {
     fn storage_to_host(&self, op: &'static str) -> Result<Tensor> {
         let host = super::core::default_allocator(op)?;
         super::storage::check_host(op, &*host)?;
-        self.materialize()?;
         let nbytes = self.storage().nbytes();
-        // SAFETY: every byte is written by the copy below, or the storage is dropped unread.
-        let storage = unsafe { Storage::new_uninit_in_any_space(op, nbytes, host) }?;
-        {
+        let storage = if self.storage().is_materialized() {
+            // SAFETY: every byte is written by the copy below, or the storage is dropped unread.
+            let storage = unsafe { Storage::new_uninit_in_any_space(op, nbytes, host) }?;
             let _g = lock_storages(None, &[self.storage()]);
             // SAFETY: both storages hold `nbytes` bytes, the new one on the host, this one in
-            // its (device) space, materialised; distinct allocations; the read lock keeps
-            // writers out.
+            // its (device) space, materialised (checked above; storages never go back to lazy);
+            // distinct allocations; the read lock keeps writers out.
             unsafe {
                 transfer::copy_bytes(
                     storage.data_ptr(),
@@ -91,7 +94,11 @@ impl Tensor {
                 )
             }
             .map_err(|source| TensorError::Transfer { op, source })?;
-        }
+            storage
+        } else {
+            // Lazy device zeros: lazy host zeros.
+            Storage::new_lazy(nbytes, host)?
+        };
         Ok(Tensor::from_parts(
             storage,
             self.sizes().to_vec(),
