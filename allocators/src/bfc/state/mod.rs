@@ -1,9 +1,9 @@
 //! The best-fit-with-coalescing algorithm, as TensorFlow's `BFCAllocator` runs it: chunks of
 //! 256-byte multiples carved from regions, split on allocation, merged with free neighbours on
 //! free. Free chunks wait in two indexes ([`free_index`]): those below `first_fit_above` bytes
-//! by size (TensorFlow's best fit), the others by address (first fit). All of it runs under the allocator's lock.
-//! How regions are taken and given back (TensorFlow's regions, or one expandable reservation)
-//! is in [`growth`].
+//! by size (TensorFlow's best fit), the others by address (first fit). All of it runs under the
+//! allocator's lock. How regions are taken and given back (TensorFlow's regions, or one
+//! expandable reservation) is in [`growth`].
 
 mod free_index;
 mod growth;
@@ -124,7 +124,7 @@ pub(crate) struct State {
     /// fitting is the smallest fit with the lowest address.
     by_size: FreeIndex,
     /// The free chunks of at least `first_fit_above` bytes by address, for address-ordered
-    /// first fit. Every free chunk is in the bins or here.
+    /// first fit. Every free chunk is in `by_size` or here.
     by_address: FreeIndex,
     options: Options,
     growth: Growth,
