@@ -118,7 +118,7 @@ impl BfcAllocator {
         let mut state = self.state.lock();
         if state.is_expandable() {
             let before = state.reserved();
-            state.release(&*self.sub, 0);
+            state.release(&*self.sub, 0, false);
             return usize::from(before > 0 && state.reserved() == 0);
         }
         state.free_unused_regions(&*self.sub, 0)
@@ -278,11 +278,12 @@ unsafe impl Allocator for BfcAllocator {
         Some(BfcAllocator::memory_dump(self))
     }
 
-    /// Gives every byte of free memory back that can go: the free tail of an expandable region
-    /// (decommitted; the address space stays reserved), or every region that holds no
-    /// allocation. Live blocks are untouched.
+    /// Gives every byte of free memory back that can go: for an expandable region its free tail
+    /// and, on host memory, every whole free page between live blocks (decommitted; the
+    /// addresses stay reserved and are committed again when a block is placed there); for
+    /// TensorFlow's regions, every region that holds no allocation. Live blocks are untouched.
     fn release_cached(&self) -> usize {
-        self.state.lock().release(&*self.sub, 0)
+        self.state.lock().release(&*self.sub, 0, true)
     }
 }
 

@@ -7,8 +7,14 @@
 //!   with nothing behind it; each growth step commits just what the request needs (rounded to
 //!   the growth granule) at the end of the committed part, so the new piece joins the region
 //!   and its free tail; giving memory back decommits free pieces at the end.
+//! - **Holes** (expandable memory that decommits any granule, i.e. host pages): `release_cached`
+//!   also decommits whole free granules inside free chunks before live blocks (PyTorch's
+//!   `empty_cache` on expandable segments); a hole is committed again when a block is placed
+//!   over it. Only on request: done on every growth or free it cost 75x in time on the training
+//!   stream (page faults and `mprotect` each time a hole is reused), see BENCHMARKS.md.
 
 use core::ptr::NonNull;
+use std::collections::BTreeMap;
 
 use super::{Chunk, MIN_ALLOCATION_BITS, MIN_ALLOCATION_SIZE, NONE, REGION_ALIGNMENT, Region, State, rounded_bytes};
 use crate::observe::{self, Action};
@@ -44,6 +50,50 @@ pub(crate) struct Expanse {
     pieces: Vec<usize>,
     granule: usize,
     growth_granule: usize,
+    /// Decommitted granule ranges inside the committed part, `start -> end`, each inside a free
+    /// chunk, disjoint and not adjacent.
+    holes: BTreeMap<usize, usize>,
+    /// Bytes in `holes`.
+    hole_bytes: usize,
+}
+
+impl Expanse {
+    /// The holes that overlap `lo..hi`, as `(start, end)`.
+    fn holes_in(&self, lo: usize, hi: usize) -> Vec<(usize, usize)> {
+        let mut v: Vec<(usize, usize)> =
+            self.holes.range(..hi).rev().take_while(|h| *h.1 > lo).map(|(&a, &b)| (a, b)).collect();
+        v.reverse();
+        v
+    }
+
+    /// Records `a..b` (decommitted) as a hole, merged with holes it touches.
+    fn add_hole(&mut self, mut a: usize, mut b: usize) {
+        self.hole_bytes += b - a;
+        if let Some((&pa, &pb)) = self.holes.range(..a).next_back()
+            && pb == a
+        {
+            self.holes.remove(&pa);
+            a = pa;
+        }
+        if let Some(nb) = self.holes.remove(&b) {
+            b = nb;
+        }
+        self.holes.insert(a, b);
+    }
+
+    /// Takes `a..b` (inside one hole) out of the holes.
+    fn remove_hole_part(&mut self, a: usize, b: usize) {
+        let Some((&ha, &hb)) = self.holes.range(..=a).next_back() else { return };
+        debug_assert!(ha <= a && b <= hb, "{a:#x}..{b:#x} is not inside one hole");
+        self.holes.remove(&ha);
+        if ha < a {
+            self.holes.insert(ha, a);
+        }
+        if b < hb {
+            self.holes.insert(b, hb);
+        }
+        self.hole_bytes -= b - a;
+    }
 }
 
 /// The options that decide how the allocator grows.
@@ -78,6 +128,8 @@ impl Growth {
             pieces: Vec::new(),
             granule,
             growth_granule: o.growth_granule.max(granule).next_multiple_of(granule),
+            holes: BTreeMap::new(),
+            hole_bytes: 0,
         })
     }
 
@@ -89,11 +141,28 @@ impl Growth {
         }
     }
 
-    /// `(reserved address space, committed, pieces, granule)` of an expandable allocator.
+    /// `(reserved address space, committed, pieces, granule)` of an expandable allocator
+    /// (committed: without the holes).
     pub(crate) fn info(&self) -> Option<(usize, usize, usize, usize)> {
         match self {
             Growth::Regions { .. } => None,
-            Growth::Expandable(e) => Some((e.reserved, e.committed, e.pieces.len(), e.granule)),
+            Growth::Expandable(e) => Some((e.reserved, e.committed - e.hole_bytes, e.pieces.len(), e.granule)),
+        }
+    }
+
+    /// Bytes of the usable regions that are decommitted holes.
+    pub(crate) fn hole_bytes(&self) -> usize {
+        match self {
+            Growth::Regions { .. } => 0,
+            Growth::Expandable(e) => e.hole_bytes,
+        }
+    }
+
+    /// Whether any hole overlaps `start..end`.
+    pub(super) fn has_hole_in(&self, start: usize, end: usize) -> bool {
+        match self {
+            Growth::Regions { .. } => false,
+            Growth::Expandable(e) => e.holes.range(..end).next_back().is_some_and(|h| *h.1 > start),
         }
     }
 
@@ -113,11 +182,25 @@ impl Growth {
                     [r] if r.base == e.base => r.size,
                     _ => return Err(format!("an expandable allocator has {} regions", regions.len())),
                 };
-                if pieces != e.committed || e.committed != reserved || committed_region != e.committed {
+                if pieces != e.committed || e.committed - e.hole_bytes != reserved || committed_region != e.committed {
                     return Err(format!(
-                        "committed {} but pieces sum to {pieces}, reserved is {reserved}, the region holds {committed_region}",
-                        e.committed
+                        "committed {} less holes {} but pieces sum to {pieces}, reserved is {reserved}, the region holds {committed_region}",
+                        e.committed, e.hole_bytes
                     ));
+                }
+                let mut last_end = None;
+                let mut hole_bytes = 0;
+                for (&a, &b) in &e.holes {
+                    let aligned = a.is_multiple_of(e.granule) && b.is_multiple_of(e.granule);
+                    if b <= a || !aligned || a < e.base || b > e.base + e.committed || last_end.is_some_and(|l| l >= a)
+                    {
+                        return Err(format!("hole {a:#x}..{b:#x} is misplaced"));
+                    }
+                    last_end = Some(b);
+                    hole_bytes += b - a;
+                }
+                if hole_bytes != e.hole_bytes {
+                    return Err(format!("holes sum to {hole_bytes}, not {}", e.hole_bytes));
                 }
                 if e.committed > e.usable_limit || e.usable_limit > e.reserved {
                     return Err(format!("committed {} over the limit {}", e.committed, e.usable_limit));
@@ -232,11 +315,96 @@ impl State {
         true
     }
 
+    /// Free bytes that are committed (holes are not).
+    pub(super) fn free_committed(&self) -> usize {
+        self.usable - self.in_use - self.growth.hole_bytes()
+    }
+
+    /// Decommits whole free granules inside free chunks, large chunks first (lowest address
+    /// first), until `want` bytes (rounded up to the granule) went or none are left. Returns
+    /// the bytes decommitted.
+    fn punch(&mut self, memory: &dyn ExpandableMemory, want: usize) -> usize {
+        let Growth::Expandable(e) = &mut self.growth else { return 0 };
+        let g = e.granule;
+        let want = want.next_multiple_of(g);
+        let mut punched = 0;
+        for (ptr, size, _) in self.by_address.iter().chain(self.by_size.iter()) {
+            if punched >= want {
+                break;
+            }
+            let (lo, hi) = (ptr.next_multiple_of(g), (ptr + size) / g * g);
+            if hi <= lo {
+                continue;
+            }
+            // The committed gaps between the holes already in `lo..hi`.
+            let mut at = lo;
+            let mut gaps = Vec::new();
+            for (a, b) in e.holes_in(lo, hi) {
+                if a > at {
+                    gaps.push((at, a));
+                }
+                at = at.max(b);
+            }
+            if at < hi {
+                gaps.push((at, hi));
+            }
+            for (a, b) in gaps {
+                let n = (b - a).min(want - punched);
+                if n == 0 {
+                    break;
+                }
+                if let Some(p) = NonNull::new(a as *mut u8) {
+                    // SAFETY: `a..a + n` is granule-aligned (so are `lo`, `hi` and the holes; `n`
+                    // is a multiple of the granule), committed (inside the committed part, in no
+                    // hole) and inside a free chunk, so nothing uses it; this memory decommits
+                    // any granule-aligned part.
+                    unsafe { memory.decommit(p, n) };
+                }
+                e.add_hole(a, a + n);
+                observe::segment(Action::SegmentFree, &self.name, a, n);
+                punched += n;
+            }
+        }
+        self.reserved -= punched;
+        if punched > 0 {
+            tracing::debug!(punched, committed = self.reserved, "bfc: decommitted free granules");
+        }
+        punched
+    }
+
+    /// Commits the holes under `start..end` (a block about to be handed out), granule by
+    /// granule. Returns false, with what could be committed kept, when the memory refuses.
+    pub(super) fn commit_holes(&mut self, start: usize, end: usize, sub: &dyn SubAllocator) -> bool {
+        let Growth::Expandable(e) = &mut self.growth else { return true };
+        if e.holes.is_empty() {
+            return true;
+        }
+        let Some(memory) = sub.expandable() else { return false };
+        let (lo, hi) = (start / e.granule * e.granule, end.next_multiple_of(e.granule));
+        for (ha, hb) in e.holes_in(lo, hi) {
+            let (a, b) = (ha.max(lo), hb.min(hi));
+            let Some(p) = NonNull::new(a as *mut u8) else { return false };
+            // SAFETY: `a..b` is part of a hole: inside the reservation, granule-aligned, and
+            // decommitted.
+            if let Err(error) = unsafe { memory.commit(p, b - a) } {
+                tracing::warn!(memory = memory.name(), bytes = b - a, %error, "bfc: recommitting a hole refused");
+                return false;
+            }
+            e.remove_hole_part(a, b);
+            self.reserved += b - a;
+            observe::segment(Action::SegmentAlloc, &self.name, a, b - a);
+        }
+        self.peak_reserved = self.peak_reserved.max(self.reserved);
+        true
+    }
+
     /// Gives free memory back until at most `keep` free bytes stay committed (or nothing more
-    /// can go): whole free regions, or the free tail of an expandable region. Returns the bytes
-    /// given back.
-    pub(crate) fn release(&mut self, sub: &dyn SubAllocator, keep: usize) -> usize {
-        let free = self.usable - self.in_use;
+    /// can go): whole free regions; for an expandable region its free tail and, with `interior`
+    /// (an explicit `release_cached`, not the release threshold's frees: a block placed over a
+    /// hole commits it again, which a threshold would repeat on every free), whole free
+    /// granules inside other free chunks. Returns the bytes given back.
+    pub(crate) fn release(&mut self, sub: &dyn SubAllocator, keep: usize, interior: bool) -> usize {
+        let free = self.free_committed();
         if free <= keep {
             return 0;
         }
@@ -247,7 +415,10 @@ impl State {
             }
             Growth::Expandable(_) => {
                 if let Some(memory) = sub.expandable() {
-                    self.decommit_tail(memory, free - keep);
+                    let cut = self.decommit_tail(memory, free - keep);
+                    if interior && memory.decommits_partially() && free - keep > cut {
+                        self.punch(memory, free - keep - cut);
+                    }
                 }
             }
         }
@@ -259,7 +430,8 @@ impl State {
     }
 
     /// Decommits up to `want` bytes (rounded up to the granule) of the free chunk at the end
-    /// of the expandable region. Returns the bytes decommitted.
+    /// of the expandable region. Returns the committed bytes given back (holes under the cut
+    /// were given back already).
     fn decommit_tail(&mut self, memory: &dyn ExpandableMemory, want: usize) -> usize {
         let Some(h) = self.free_tail() else { return 0 };
         let c: Chunk = self.chunks[h as usize];
@@ -269,8 +441,17 @@ impl State {
             return 0;
         }
         let cut = if memory.decommits_partially() {
-            let lowest = c.ptr.next_multiple_of(e.granule);
-            want.next_multiple_of(e.granule).min(end.saturating_sub(lowest))
+            // Enough granules that, less the holes among them, `want` committed bytes go.
+            let span = end.saturating_sub(c.ptr.next_multiple_of(e.granule));
+            let mut cut = want.next_multiple_of(e.granule).min(span);
+            loop {
+                let holes: usize = e.holes_in(end - cut, end).iter().map(|&(a, b)| b.min(end) - a.max(end - cut)).sum();
+                let wider = (want + holes).next_multiple_of(e.granule).min(span);
+                if wider == cut {
+                    break cut;
+                }
+                cut = wider;
+            }
         } else {
             // Whole pieces only, from the end, as long as they lie in the free chunk.
             let mut cut = 0;
@@ -285,14 +466,37 @@ impl State {
         if cut == 0 {
             return 0;
         }
-        if memory.decommits_partially()
-            && let Some(from) = NonNull::new((end - cut) as *mut u8)
-        {
-            // SAFETY: `end - cut..end` is committed (below the committed end), granule-aligned
-            // (a multiple of the granule below a granule-aligned end, at or above the chunk's
-            // start rounded up to the granule), and inside the free tail chunk, so nothing
-            // uses it.
-            unsafe { memory.decommit(from, cut) };
+        // Holes under the cut are decommitted already: only the gaps between them go now.
+        let mut gone = 0;
+        if memory.decommits_partially() {
+            let mut at = end - cut;
+            let mut gaps = Vec::new();
+            for (a, b) in e.holes_in(end - cut, end) {
+                let (a, b) = (a.max(end - cut), b.min(end));
+                if a > at {
+                    gaps.push((at, a));
+                }
+                at = b;
+                e.remove_hole_part(a, b);
+            }
+            if at < end {
+                gaps.push((at, end));
+            }
+            for (a, b) in gaps {
+                if let Some(from) = NonNull::new(a as *mut u8) {
+                    // SAFETY: `a..b` is committed (below the committed end, in no hole),
+                    // granule-aligned (the cut starts at a multiple of the granule below a
+                    // granule-aligned end, at or above the chunk's start rounded up to the
+                    // granule; holes are granule-aligned), and inside the free tail chunk, so
+                    // nothing uses it.
+                    unsafe { memory.decommit(from, b - a) };
+                }
+                observe::segment(Action::SegmentFree, &self.name, a, b - a);
+                gone += b - a;
+            }
+        } else {
+            gone = cut;
+            observe::segment(Action::SegmentFree, &self.name, end - cut, cut);
         }
         let mut left = cut;
         let mut piece_end = end;
@@ -316,8 +520,7 @@ impl State {
             }
         }
         e.committed -= cut;
-        observe::segment(Action::SegmentFree, &self.name, end - cut, cut);
-        self.reserved -= cut;
+        self.reserved -= gone;
         self.usable -= cut;
         self.remove_free(h);
         let ri = self.regions.len() - 1;
@@ -327,7 +530,7 @@ impl State {
             self.free_handles.push(h);
             if c.prev == NONE {
                 self.regions.pop();
-                return cut;
+                return gone;
             }
             self.chunks[c.prev as usize].next = NONE;
             self.regions[ri].last = c.prev;
@@ -338,7 +541,7 @@ impl State {
         let r = &mut self.regions[ri];
         r.size -= cut;
         r.handles.truncate(r.size >> MIN_ALLOCATION_BITS);
-        cut
+        gone
     }
 
     /// Returns regions that hold no allocation to the sub-allocator while more than `keep` free

@@ -202,18 +202,18 @@ impl State {
         if rounded > self.growth.usable_limit() {
             return Err(AllocFailure::OverLimit);
         }
-        if let Some(p) = self.find_chunk(rounded, align, requested) {
+        if let Some(p) = self.find_chunk(rounded, align, requested, sub) {
             return Ok(p);
         }
         if self.extend(rounded, align, sub)
-            && let Some(p) = self.find_chunk(rounded, align, requested)
+            && let Some(p) = self.find_chunk(rounded, align, requested, sub)
         {
             return Ok(p);
         }
         if garbage_collection
             && self.free_unused_regions(sub, 0) > 0
             && self.extend(rounded, align, sub)
-            && let Some(p) = self.find_chunk(rounded, align, requested)
+            && let Some(p) = self.find_chunk(rounded, align, requested, sub)
         {
             return Ok(p);
         }
@@ -226,7 +226,7 @@ impl State {
     /// one (the lowest address on a tie). For alignments up to 256 every chunk of at least
     /// `rounded` bytes fits; for larger ones each candidate is checked with its real padding,
     /// so a chunk that happens to be aligned is not passed over.
-    fn find_chunk(&mut self, rounded: usize, align: usize, requested: usize) -> Option<usize> {
+    fn find_chunk(&mut self, rounded: usize, align: usize, requested: usize, sub: &dyn SubAllocator) -> Option<usize> {
         // The padding before the first aligned address is below `align`; a chunk fits when what
         // is left after it still holds `rounded` bytes.
         let fits = |size: usize, ptr: usize| {
@@ -244,6 +244,13 @@ impl State {
         let mut h = found?;
         let found = self.chunks[h as usize];
         let prefix = found.ptr.next_multiple_of(align) - found.ptr;
+        let splits = self.options.split.splits(found.size - prefix, rounded, self.options.max_internal_fragmentation);
+        // The block's memory must be committed before anything changes (an expandable region
+        // may have decommitted holes under it).
+        let end = if splits { found.ptr + prefix + rounded } else { found.ptr + found.size };
+        if !self.commit_holes(found.ptr + prefix, end, sub) {
+            return None;
+        }
         if prefix > 0 {
             // Keep the misaligned prefix as a free chunk of its own (its previous neighbour is in
             // use, or it would have been merged with this chunk already), in the found chunk's
@@ -251,12 +258,11 @@ impl State {
             let kept = h;
             h = self.split(kept, prefix);
             self.reindex((found.ptr, found.size, kept), kept);
-            let size = self.chunks[h as usize].size;
-            if self.options.split.splits(size, rounded, self.options.max_internal_fragmentation) {
+            if splits {
                 let rest = self.split(h, rounded);
                 self.insert_free(rest);
             }
-        } else if self.options.split.splits(found.size, rounded, self.options.max_internal_fragmentation) {
+        } else if splits {
             // The rest takes the found chunk's place in the index.
             let rest = self.split(h, rounded);
             self.reindex((found.ptr, found.size, h), rest);
@@ -334,9 +340,9 @@ impl State {
             }
         }
         if let Some(keep) = self.options.release_threshold
-            && self.usable - self.in_use > keep
+            && self.free_committed() > keep
         {
-            self.release(sub, keep);
+            self.release(sub, keep, false);
         }
         Ok(size)
     }
@@ -595,6 +601,9 @@ impl State {
                 }
                 if c.in_use() {
                     in_use += c.size;
+                    if self.growth.has_hole_in(c.ptr, c.ptr + c.size) {
+                        return Err(format!("the block at {:#x} lies over decommitted memory", c.ptr));
+                    }
                 } else {
                     free_chunks += 1;
                     if prev != NONE && !self.chunks[prev as usize].in_use() {
