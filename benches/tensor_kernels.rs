@@ -17,6 +17,11 @@
 //! 5. `matmul` 512x512x512 against the gemm crate called directly.
 //! 6. `contiguous()` of a transposed 2048x2048 against a copy of 16 MB.
 //!
+//! 7. `a + b` on 1M elements at 2 threads, each call 200 µs after the last (sleeping, untimed):
+//!    a kernel issued shortly after another, as in a model's forward pass, with the kernel
+//!    threads spinning between kernels (`spin_1ms`, the default) and sleeping at once
+//!    (`spin_0`), against the same calls back to back (`back_to_back`).
+//!
 //! Page faults: every benchmark is timed with `iter_custom`, which also reads `getrusage`'s
 //! minor-fault count around the timed loop; the count per call of the last sample (steady
 //! state) is written to `target/criterion/tensor_faults.json`.
@@ -33,7 +38,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, measurement::WallTime};
 use rayon::prelude::*;
-use tensormem::tensor::{DType, Tensor, TensorOptions, set_num_threads};
+use tensormem::tensor::{
+    DEFAULT_KERNEL_SPIN, DType, Tensor, TensorOptions, kernel_spin, set_kernel_spin, set_num_threads,
+};
 use tensormem::{Allocator, AllocatorRegistry, PoolAllocator};
 
 const N4M: usize = 4 << 20;
@@ -251,7 +258,39 @@ fn matmul(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, add_contiguous, add_cached, add_broadcast_and_transposed, sum, matmul);
+/// Kernels 200 µs apart: whether the second thread is awake when the next kernel comes.
+fn after_a_gap(c: &mut Criterion) {
+    const N: usize = 1 << 20;
+    let (a, b) = (Tensor::rand(&[N], default_opts(11)).unwrap(), Tensor::rand(&[N], default_opts(12)).unwrap());
+    let name = "add_1M_after_200us_2t";
+    let mut g = group(c, name, 2, N * 12);
+    let before = kernel_spin();
+    for (label, spin, gap) in [
+        ("back_to_back", DEFAULT_KERNEL_SPIN, Duration::ZERO),
+        ("spin_1ms", DEFAULT_KERNEL_SPIN, Duration::from_micros(200)),
+        ("spin_0", Duration::ZERO, Duration::from_micros(200)),
+    ] {
+        set_kernel_spin(spin);
+        g.bench_function(label, |bencher| {
+            bencher.iter_custom(|iters| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    if !gap.is_zero() {
+                        std::thread::sleep(gap);
+                    }
+                    let start = Instant::now();
+                    black_box(a.add(&b).unwrap());
+                    timed += start.elapsed();
+                }
+                timed
+            })
+        });
+    }
+    set_kernel_spin(before);
+    g.finish();
+}
+
+criterion_group!(benches, add_contiguous, add_cached, add_broadcast_and_transposed, sum, matmul, after_a_gap);
 
 fn main() {
     eprintln!("default allocator: {}", AllocatorRegistry::global().get().name());

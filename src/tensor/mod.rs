@@ -58,7 +58,9 @@ pub use error::{Result, TensorError};
 pub use kernels::Scalar;
 pub use like::{TensorSlice, TensorSliceMut};
 pub use options::{DEFAULT_SEED, Generator, TensorOptions, manual_seed};
-pub use parallel::{NUM_THREADS_ENV, num_threads, set_num_threads};
+pub use parallel::{
+    DEFAULT_KERNEL_SPIN, KERNEL_SPIN_ENV, NUM_THREADS_ENV, kernel_spin, num_threads, set_kernel_spin, set_num_threads,
+};
 pub use quant::{dequantize, quantize};
 pub use safetensors::{SafeTensors, save_safetensors};
 pub use storage::{STORAGE_ALIGNMENT, Storage};

@@ -20,10 +20,18 @@
 //! the wake-up (tens of microseconds on a VM).
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 /// The environment variable giving the number of kernel threads at startup.
 pub const NUM_THREADS_ENV: &str = "TENSORMEM_NUM_THREADS";
+
+/// The environment variable giving, in microseconds, how long kernel threads keep spinning for
+/// the next kernel after one ends (see [`set_kernel_spin`]); 0 lets them sleep at once.
+pub const KERNEL_SPIN_ENV: &str = "TENSORMEM_KERNEL_SPIN_US";
+
+/// The spin when neither [`set_kernel_spin`] nor [`KERNEL_SPIN_ENV`] says otherwise.
+pub const DEFAULT_KERNEL_SPIN: Duration = Duration::from_millis(1);
 
 /// 0: not set yet (read the environment on first use).
 static THREADS: AtomicUsize = AtomicUsize::new(0);
@@ -63,6 +71,91 @@ pub fn set_num_threads(n: usize) {
     THREADS.store(n.max(1), Relaxed);
 }
 
+/// `u64::MAX`: not set yet (read the environment on first use); else nanoseconds.
+static SPIN_NS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// How long kernel threads keep spinning for the next kernel after one ends: the last
+/// [`set_kernel_spin`], else `TENSORMEM_KERNEL_SPIN_US`, else [`DEFAULT_KERNEL_SPIN`].
+pub fn kernel_spin() -> Duration {
+    match SPIN_NS.load(Relaxed) {
+        u64::MAX => {
+            let d = std::env::var(KERNEL_SPIN_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map_or(DEFAULT_KERNEL_SPIN, Duration::from_micros);
+            SPIN_NS.store(nanos(d), Relaxed);
+            d
+        }
+        n => Duration::from_nanos(n),
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX - 1).min(u64::MAX - 1)
+}
+
+/// Sets how long the kernel threads that took part in a parallel kernel keep spinning, waiting
+/// for the next one, before they sleep (OpenMP's `KMP_BLOCKTIME` / `GOMP_SPINCOUNT`, which
+/// PyTorch's CPU kernels get). Waking a sleeping thread takes tens to hundreds of microseconds
+/// (more on a virtual machine), which a kernel issued shortly after the last one would pay
+/// before its second half can start; spinning burns that thread's core meanwhile.
+/// `Duration::ZERO` turns it off. A spinning thread stops as soon as any kernel hands out work.
+///
+/// ```
+/// use std::time::Duration;
+/// use tensormem::tensor::{kernel_spin, set_kernel_spin};
+/// set_kernel_spin(Duration::from_micros(200));
+/// assert_eq!(kernel_spin(), Duration::from_micros(200));
+/// set_kernel_spin(tensormem::tensor::DEFAULT_KERNEL_SPIN);
+/// ```
+pub fn set_kernel_spin(spin: Duration) {
+    SPIN_NS.store(nanos(spin), Relaxed);
+}
+
+/// Bumped before a kernel hands work to the pool: spinning threads stop when it changes.
+static DISPATCHES: AtomicUsize = AtomicUsize::new(0);
+/// Spin jobs queued or running on the kernel pool.
+static SPINNERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Tells spinning kernel threads that work is coming (call before handing it to the pool).
+fn dispatching() {
+    DISPATCHES.fetch_add(1, Relaxed);
+}
+
+/// After a kernel that used `helpers` pool threads: queues a spin job for each of them (up to
+/// the pool's size, counting those still spinning), so that they are awake for the next kernel.
+fn keep_warm(helpers: usize) {
+    let spin = kernel_spin();
+    if spin.is_zero() {
+        return;
+    }
+    let pool = kernel_pool();
+    let want = helpers.min(pool.current_num_threads());
+    loop {
+        let n = SPINNERS.load(Relaxed);
+        if n >= want {
+            return;
+        }
+        if SPINNERS.compare_exchange(n, n + 1, Relaxed, Relaxed).is_err() {
+            continue;
+        }
+        // Dispatches after this point stop the job, even those before it starts running.
+        let seen = DISPATCHES.load(Relaxed);
+        pool.spawn(move || {
+            let start = Instant::now();
+            let mut i = 0u32;
+            while DISPATCHES.load(Relaxed) == seen {
+                std::hint::spin_loop();
+                i = i.wrapping_add(1);
+                if i.is_multiple_of(64) && start.elapsed() >= spin {
+                    break;
+                }
+            }
+            SPINNERS.fetch_sub(1, Relaxed);
+        });
+    }
+}
+
 /// The threads a kernel of `work` items may use now: 1 below `2 * grain` items, with one
 /// thread configured, or inside a rayon worker (nested parallelism runs inline).
 pub(crate) fn threads_for(work: usize, grain: usize) -> usize {
@@ -98,12 +191,14 @@ pub(crate) fn for_each_piece(pieces: usize, f: impl Fn(usize) + Sync) {
     }
     debug_assert!(rayon::current_thread_index().is_none(), "a rayon worker would steal foreign jobs");
     let f = &f;
+    dispatching();
     kernel_pool().in_place_scope(|s| {
         for p in 1..pieces {
             s.spawn(move |_| f(p));
         }
         f(0);
     });
+    keep_warm(pieces - 1);
 }
 
 /// [`for_each_piece`] over `data` cut into `pieces` consecutive parts whose boundaries are
@@ -145,5 +240,50 @@ pub(crate) fn map_pieces<R: Send>(pieces: usize, f: impl Fn(usize) -> R + Sync) 
 /// locks.
 pub(crate) fn install<R: Send>(op: impl FnOnce() -> R + Send) -> R {
     debug_assert!(rayon::current_thread_index().is_none(), "install from a rayon worker would steal foreign jobs");
-    kernel_pool().install(op)
+    dispatching();
+    let r = kernel_pool().install(op);
+    keep_warm(num_threads().saturating_sub(1));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn spinning_threads_give_way_to_the_next_kernel_and_the_setting_round_trips() {
+        let before = kernel_spin();
+        // A spin far longer than the test: a piece queued behind a spinner that did not stop
+        // would take that long.
+        set_kernel_spin(Duration::from_secs(20));
+        assert_eq!(kernel_spin(), Duration::from_secs(20));
+        let pieces = kernel_pool().current_num_threads().max(2);
+        let start = Instant::now();
+        for round in 0..200u64 {
+            let sum = AtomicU64::new(0);
+            for_each_piece(pieces, |p| {
+                sum.fetch_add(round * 1000 + p as u64, Relaxed);
+            });
+            let n = pieces as u64;
+            assert_eq!(sum.load(Relaxed), round * 1000 * n + n * (n - 1) / 2);
+            let r = install(|| round + 1);
+            assert_eq!(r, round + 1);
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "a kernel waited behind a spinning thread");
+        // At most one spinner per pool thread, however many kernels ran.
+        assert!(SPINNERS.load(Relaxed) <= kernel_pool().current_num_threads());
+        // Off: spinners stop at the next dispatch and no new ones are queued.
+        set_kernel_spin(Duration::ZERO);
+        for_each_piece(pieces, |_| {});
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while SPINNERS.load(Relaxed) > 0 && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(SPINNERS.load(Relaxed), 0);
+        // The longest spin is kept finite (`u64::MAX` means "not set").
+        set_kernel_spin(Duration::MAX);
+        assert!(kernel_spin() > Duration::from_secs(1 << 30));
+        set_kernel_spin(before);
+    }
 }
