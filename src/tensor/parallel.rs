@@ -196,6 +196,9 @@ pub(crate) fn for_each_piece(pieces: usize, f: impl Fn(usize) + Sync) {
         for p in 1..pieces {
             s.spawn(move |_| f(p));
         }
+        // Again once the pieces are queued: a spin job queued by another thread between the
+        // first bump and these pieces would otherwise spin in front of them.
+        dispatching();
         f(0);
     });
     keep_warm(pieces - 1);
@@ -240,10 +243,17 @@ pub(crate) fn map_pieces<R: Send>(pieces: usize, f: impl Fn(usize) -> R + Sync) 
 /// locks.
 pub(crate) fn install<R: Send>(op: impl FnOnce() -> R + Send) -> R {
     debug_assert!(rayon::current_thread_index().is_none(), "install from a rayon worker would steal foreign jobs");
+    // `install` with the job queued first and the spinners told after (see `for_each_piece`).
+    let mut result = None;
+    let slot = &mut result;
     dispatching();
-    let r = kernel_pool().install(op);
+    kernel_pool().in_place_scope(move |s| {
+        s.spawn(move |_| *slot = Some(op()));
+        dispatching();
+    });
     keep_warm(num_threads().saturating_sub(1));
-    r
+    // `in_place_scope` returns only after every job it spawned ran (a panic in `op` resumes here).
+    result.expect("the scope ran the job")
 }
 
 #[cfg(test)]
