@@ -429,9 +429,10 @@ impl State {
         released
     }
 
-    /// Decommits up to `want` bytes (rounded up to the granule) of the free chunk at the end
-    /// of the expandable region. Returns the committed bytes given back (holes under the cut
-    /// were given back already).
+    /// Cuts the end off the free chunk at the end of the expandable region so that about `want`
+    /// committed bytes go (rounded up to the granule; the cut is widened over holes, which were
+    /// given back already), at most down to the chunk's first whole granule. Returns the
+    /// committed bytes given back.
     fn decommit_tail(&mut self, memory: &dyn ExpandableMemory, want: usize) -> usize {
         let Some(h) = self.free_tail() else { return 0 };
         let c: Chunk = self.chunks[h as usize];
