@@ -36,10 +36,14 @@ pub const DEFAULT_KERNEL_SPIN: Duration = Duration::from_millis(1);
 /// 0: not set yet (read the environment on first use).
 static THREADS: AtomicUsize = AtomicUsize::new(0);
 
+/// The whole number in environment variable `name`, if it holds one.
+fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
 fn default_threads() -> usize {
-    std::env::var(NUM_THREADS_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
+    env_number(NUM_THREADS_ENV)
+        .and_then(|n| usize::try_from(n).ok())
         .filter(|&n| n > 0)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
@@ -79,10 +83,7 @@ static SPIN_NS: AtomicU64 = AtomicU64::new(u64::MAX);
 pub fn kernel_spin() -> Duration {
     match SPIN_NS.load(Relaxed) {
         u64::MAX => {
-            let d = std::env::var(KERNEL_SPIN_ENV)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map_or(DEFAULT_KERNEL_SPIN, Duration::from_micros);
+            let d = env_number(KERNEL_SPIN_ENV).map_or(DEFAULT_KERNEL_SPIN, Duration::from_micros);
             SPIN_NS.store(nanos(d), Relaxed);
             d
         }

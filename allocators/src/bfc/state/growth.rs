@@ -66,6 +66,22 @@ impl Expanse {
         v
     }
 
+    /// The committed parts of `lo..hi` (`lo..hi` less the holes), in address order.
+    fn committed_in(&self, lo: usize, hi: usize) -> Vec<(usize, usize)> {
+        let mut at = lo;
+        let mut parts = Vec::new();
+        for (a, b) in self.holes_in(lo, hi) {
+            if a > at {
+                parts.push((at, a));
+            }
+            at = at.max(b);
+        }
+        if at < hi {
+            parts.push((at, hi));
+        }
+        parts
+    }
+
     /// Records `a..b` (decommitted) as a hole, merged with holes it touches.
     fn add_hole(&mut self, mut a: usize, mut b: usize) {
         self.hole_bytes += b - a;
@@ -336,19 +352,7 @@ impl State {
             if hi <= lo {
                 continue;
             }
-            // The committed gaps between the holes already in `lo..hi`.
-            let mut at = lo;
-            let mut gaps = Vec::new();
-            for (a, b) in e.holes_in(lo, hi) {
-                if a > at {
-                    gaps.push((at, a));
-                }
-                at = at.max(b);
-            }
-            if at < hi {
-                gaps.push((at, hi));
-            }
-            for (a, b) in gaps {
+            for (a, b) in e.committed_in(lo, hi) {
                 let n = (b - a).min(want - punched);
                 if n == 0 {
                     break;
@@ -415,9 +419,9 @@ impl State {
             }
             Growth::Expandable(_) => {
                 if let Some(memory) = sub.expandable() {
-                    let cut = self.decommit_tail(memory, free - keep);
-                    if interior && memory.decommits_partially() && free - keep > cut {
-                        self.punch(memory, free - keep - cut);
+                    let gone = self.decommit_tail(memory, free - keep);
+                    if interior && memory.decommits_partially() && free - keep > gone {
+                        self.punch(memory, free - keep - gone);
                     }
                 }
             }
@@ -446,8 +450,8 @@ impl State {
             let span = end.saturating_sub(c.ptr.next_multiple_of(e.granule));
             let mut cut = want.next_multiple_of(e.granule).min(span);
             loop {
-                let holes: usize = e.holes_in(end - cut, end).iter().map(|&(a, b)| b.min(end) - a.max(end - cut)).sum();
-                let wider = (want + holes).next_multiple_of(e.granule).min(span);
+                let committed: usize = e.committed_in(end - cut, end).iter().map(|&(a, b)| b - a).sum();
+                let wider = (want + cut - committed).next_multiple_of(e.granule).min(span);
                 if wider == cut {
                     break cut;
                 }
@@ -470,18 +474,9 @@ impl State {
         // Holes under the cut are decommitted already: only the gaps between them go now.
         let mut gone = 0;
         if memory.decommits_partially() {
-            let mut at = end - cut;
-            let mut gaps = Vec::new();
+            let gaps = e.committed_in(end - cut, end);
             for (a, b) in e.holes_in(end - cut, end) {
-                let (a, b) = (a.max(end - cut), b.min(end));
-                if a > at {
-                    gaps.push((at, a));
-                }
-                at = b;
-                e.remove_hole_part(a, b);
-            }
-            if at < end {
-                gaps.push((at, end));
+                e.remove_hole_part(a.max(end - cut), b.min(end));
             }
             for (a, b) in gaps {
                 if let Some(from) = NonNull::new(a as *mut u8) {
