@@ -4,7 +4,7 @@
 //!   `benches/traces/` (the two PyTorch streams, the transformer trace, the KV-cache stress), on
 //!   the default BFC (`memory_limit` + `allow_growth`, nothing else set), TensorFlow's BFC
 //!   (regions doubling from 2 MiB, its split rule, best fit: the BFC before expandable memory),
-//!   the pool over the system allocator (large requests to its BFC), and jemalloc.
+//!   the default BFC with `peak_headroom(Some(0.04))` (opt-in), the pool over the system allocator (large requests to its BFC), and jemalloc.
 //! - `pool_hit_pair/*`: a warm pool hit (alloc+free of a cached size) against a
 //!   `JemallocAllocator` pair of the same size.
 //! - `fresh_pages_16MiB/*`: allocate 16 MiB, write every 4 KiB page, free; the system allocator
@@ -45,6 +45,17 @@ fn subjects() -> Vec<(&'static str, Arc<dyn Allocator>)> {
     let mut v: Vec<(&'static str, Arc<dyn Allocator>)> = vec![
         ("bfc", Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build().unwrap())),
         ("bfc_tensorflow", Arc::new(tensorflow_bfc())),
+        (
+            "bfc_headroom_4pct",
+            Arc::new(
+                BfcAllocator::builder()
+                    .memory_limit(64 << 30)
+                    .allow_growth(true)
+                    .peak_headroom(Some(0.04))
+                    .build()
+                    .unwrap(),
+            ),
+        ),
         ("pool", Arc::new(PoolAllocator::builder(system).build().unwrap())),
     ];
     #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]

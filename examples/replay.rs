@@ -8,7 +8,9 @@
 //! `use/req` is peak in use / peak requested (rounding and unsplit chunks), `resvd/req` peak
 //! reserved / peak requested (all memory taken from the system). The BFC rows: `bfc` is the
 //! default (`memory_limit` + `allow_growth`, nothing else set: expandable, need-sized growth,
-//! 256-byte splits, first fit above 64 KiB); `bfc (tensorflow)` is TensorFlow's allocator
+//! 256-byte splits, first fit above 64 KiB); `bfc (headroom 4%)` the same with
+//! `peak_headroom(Some(0.04))` (large free chunks trapped between live blocks are decommitted
+//! instead of growing); `bfc (tensorflow)` is TensorFlow's allocator
 //! (regions doubling from 2 MiB, its split rule, best fit).
 
 use std::sync::Arc;
@@ -37,6 +39,10 @@ fn subjects() -> Result<Subjects, Box<dyn std::error::Error>> {
     #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
     v.push(("jemalloc", Arc::new(tensormem::JemallocAllocator::new())));
     v.push(("bfc", Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build()?)));
+    v.push((
+        "bfc (headroom 4%)",
+        Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).peak_headroom(Some(0.04)).build()?),
+    ));
     v.push((
         "bfc (tensorflow)",
         Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).tensorflow_policies().build()?),

@@ -13,7 +13,7 @@ pub const SIZE_SPELLINGS: &str = "a number of bytes with an optional unit: B; Ki
      KB, MB, GB, TB (powers of 1000); decimals allowed (1.5GiB); units are case-insensitive";
 
 /// Every key `TENSORMEM_ALLOC_CONF` accepts, with what its value must be.
-pub const KEYS: [(&str, &str); 16] = [
+pub const KEYS: [(&str, &str); 17] = [
     ("bfc.memory_limit", "a size such as 4GiB, at least 256 B (setting it chooses bfc)"),
     ("bfc.allow_growth", "true or false"),
     ("bfc.expandable", "true or false"),
@@ -21,6 +21,7 @@ pub const KEYS: [(&str, &str); 16] = [
     ("bfc.split", "tensorflow, pytorch, or remainder:<size>"),
     ("bfc.release_threshold", "a size such as 1GiB, or none"),
     ("bfc.first_fit_above", "a size such as 64KiB, or none"),
+    ("bfc.peak_headroom", "a fraction of at least 0 such as 0.04, or none"),
     ("bfc.garbage_collection", "true or false"),
     ("bfc.max_internal_fragmentation", "a size such as 128MiB"),
     ("pool.size_limit", "a size such as 256MiB"),
@@ -116,6 +117,8 @@ pub struct AllocConf {
     pub bfc_release_threshold: Option<Option<u64>>,
     /// `bfc.first_fit_above` (`Some(None)`: `none`, best fit for every size).
     pub bfc_first_fit_above: Option<Option<u64>>,
+    /// `bfc.peak_headroom` (`Some(None)`: `none`, reserved follows the placement).
+    pub bfc_peak_headroom: Option<Option<f64>>,
     /// `bfc.garbage_collection`.
     pub bfc_garbage_collection: Option<bool>,
     /// `bfc.max_internal_fragmentation`.
@@ -176,6 +179,7 @@ impl AllocConf {
                     conf.bfc_release_threshold = Some(parse_size_or_none(value).ok_or_else(bad)?)
                 }
                 "bfc.first_fit_above" => conf.bfc_first_fit_above = Some(parse_size_or_none(value).ok_or_else(bad)?),
+                "bfc.peak_headroom" => conf.bfc_peak_headroom = Some(parse_fraction_or_none(value).ok_or_else(bad)?),
                 "pool.large_threshold" => {
                     conf.pool_large_threshold =
                         Some(parse_size_or_none(value).filter(|t| *t != Some(0)).ok_or_else(bad)?);
@@ -252,6 +256,7 @@ impl AllocConf {
             || self.bfc_split.is_some()
             || self.bfc_release_threshold.is_some()
             || self.bfc_first_fit_above.is_some()
+            || self.bfc_peak_headroom.is_some()
             || self.bfc_garbage_collection.is_some()
             || self.bfc_max_internal_fragmentation.is_some()
     }
@@ -283,6 +288,9 @@ impl AllocConf {
         }
         if let Some(v) = self.bfc_first_fit_above {
             b = b.first_fit_above(v.unwrap_or(u64::MAX));
+        }
+        if let Some(v) = self.bfc_peak_headroom {
+            b = b.peak_headroom(v);
         }
         if let Some(v) = self.bfc_garbage_collection {
             b = b.garbage_collection(v);
@@ -400,6 +408,14 @@ pub fn parse_size(s: &str) -> Option<u64> {
 /// A size, or `none`.
 fn parse_size_or_none(s: &str) -> Option<Option<u64>> {
     if s.trim().eq_ignore_ascii_case("none") { Some(None) } else { parse_size(s).map(Some) }
+}
+
+/// A finite fraction of at least 0, or `none`.
+fn parse_fraction_or_none(s: &str) -> Option<Option<f64>> {
+    if s.trim().eq_ignore_ascii_case("none") {
+        return Some(None);
+    }
+    s.trim().parse::<f64>().ok().filter(|f| f.is_finite() && *f >= 0.0).map(Some)
 }
 
 /// `tensorflow`, `pytorch`, or `remainder:<size>`.

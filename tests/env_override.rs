@@ -56,8 +56,8 @@ fn main() -> ExitCode {
             Err(
                 "TENSORMEM_ALLOC_CONF: unknown key 'bfc.memory_limt' (known keys: bfc.memory_limit, bfc.allow_growth, \
                  bfc.expandable, bfc.growth_granule, bfc.split, bfc.release_threshold, bfc.first_fit_above, \
-                 bfc.garbage_collection, bfc.max_internal_fragmentation, pool.size_limit, pool.rounding, \
-                 pool.auto_resize, pool.large_threshold, cuda.memory_limit, cuda.memory_fraction, \
+                 bfc.peak_headroom, bfc.garbage_collection, bfc.max_internal_fragmentation, pool.size_limit, \
+                 pool.rounding, pool.auto_resize, pool.large_threshold, cuda.memory_limit, cuda.memory_fraction, \
                  cuda_async.release_threshold)",
             ),
         ),

@@ -51,10 +51,32 @@ fn gpt2_training_with_variable_lengths_stays_close_to_what_was_requested() {
     assert_eq!(r.failed_allocations, 0);
     assert!(in_use <= 1.02, "peak in use / peak requested {in_use:.3}");
     // 1.068 measured; PyTorch's expandable segments reach 1.069, its default 1.124. The 1.05
-    // target is not met on this stream (see BENCHMARKS.md); this bounds it against regressions.
+    // target is not met on this stream by default (see BENCHMARKS.md; a peak headroom meets it
+    // at the price of page faults); this bounds it against regressions.
     assert!(reserved <= 1.07, "peak reserved / peak requested {reserved:.3}");
     let tf = replay(&t, &tensorflow_bfc());
     assert!(ratios(&tf).0 > 1.25, "{tf:?}");
+}
+
+#[test]
+fn a_peak_headroom_brings_gpt2_training_under_the_target_and_leaves_inference_alone() {
+    let with_headroom =
+        || BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).peak_headroom(Some(0.04)).build().unwrap();
+    let t = trace("torch_gpt2_train_varlen");
+    let bfc = with_headroom();
+    let r = replay(&t, &bfc);
+    bfc.check_invariants().unwrap();
+    let (reserved, in_use) = ratios(&r);
+    assert_eq!(r.failed_allocations, 0);
+    assert!(in_use <= 1.02, "peak in use / peak requested {in_use:.3}");
+    // 1.040 measured: the trapped chunks are decommitted instead of the region growing.
+    assert!(reserved <= 1.045, "peak reserved / peak requested {reserved:.3}");
+    // Nothing trapped that is worth it on the inference streams: the same as the default.
+    for name in ["torch_gpt2_inference", "kv_cache_stress"] {
+        let t = trace(name);
+        let (plain, headroom) = (ratios(&replay(&t, &default_bfc())).0, ratios(&replay(&t, &with_headroom())).0);
+        assert!((plain - headroom).abs() < 1e-9, "{name}: {plain} vs {headroom}");
+    }
 }
 
 #[test]
@@ -120,7 +142,7 @@ fn release_cached_goes_through_every_decorator_and_the_registry() {
 fn the_configuration_keys_of_the_caching_allocators() {
     let c = AllocConf::parse(
         "bfc.memory_limit=1GiB, bfc.expandable=false, bfc.growth_granule=4MiB, bfc.split=pytorch, \
-         bfc.release_threshold=64MiB, bfc.first_fit_above=none, pool.large_threshold=none",
+         bfc.release_threshold=64MiB, bfc.first_fit_above=none, bfc.peak_headroom=0.04, pool.large_threshold=none",
     )
     .unwrap();
     assert_eq!(c.bfc_expandable, Some(false));
@@ -128,13 +150,23 @@ fn the_configuration_keys_of_the_caching_allocators() {
     assert_eq!(c.bfc_split, Some(SplitPolicy::PyTorch));
     assert_eq!(c.bfc_release_threshold, Some(Some(64 << 20)));
     assert_eq!(c.bfc_first_fit_above, Some(None));
+    assert_eq!(c.bfc_peak_headroom, Some(Some(0.04)));
+    assert_eq!(AllocConf::parse("bfc.peak_headroom=none").unwrap().bfc_peak_headroom, Some(None));
     assert_eq!(c.pool_large_threshold, Some(None));
     assert!(!c.build_bfc().unwrap().is_expandable());
     assert!(c.build_pool(Arc::new(SystemAllocator::new())).unwrap().large_allocator().is_none());
     let split = AllocConf::parse("bfc.split=remainder:1MiB").unwrap().bfc_split;
     assert_eq!(split, Some(SplitPolicy::Remainder(1 << 20)));
     assert_eq!(AllocConf::parse("bfc.split=TensorFlow").unwrap().bfc_split, Some(SplitPolicy::TensorFlow));
-    for bad in ["bfc.split=best", "bfc.growth_granule=0", "bfc.release_threshold=lots", "pool.large_threshold=0"] {
+    for bad in [
+        "bfc.split=best",
+        "bfc.growth_granule=0",
+        "bfc.release_threshold=lots",
+        "pool.large_threshold=0",
+        "bfc.peak_headroom=-0.1",
+        "bfc.peak_headroom=inf",
+        "bfc.peak_headroom=4%",
+    ] {
         let err = AllocConf::parse(bad).unwrap_err().to_string();
         let key = bad.split('=').next().unwrap();
         assert!(err.contains(&format!("for {key}: expected")), "{bad}: {err}");

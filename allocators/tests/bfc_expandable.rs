@@ -251,6 +251,82 @@ fn growth_keeps_free_memory_between_blocks_and_release_cached_gives_it_back() {
 }
 
 #[test]
+fn a_peak_headroom_gives_back_a_trapped_chunk_before_the_region_grows() {
+    let memory = Counting::new(true);
+    let bfc = BfcAllocator::builder()
+        .memory_limit(1 << 30)
+        .sub_allocator(Arc::new(CountingSub(memory.clone())))
+        .peak_headroom(Some(0.0))
+        .build()
+        .unwrap();
+    let a = alloc(&bfc, 100 * MIB);
+    let b = alloc(&bfc, MIB); // 2 MiB committed for it, 1 MiB of it a free tail
+    free(&bfc, a, 100 * MIB);
+    assert_eq!(reserved(&bfc), 102 * MIB);
+    // 200 MiB fits nowhere: 199 MiB more after the free tail, 200 MiB committed. Without a
+    // headroom reserved would reach 302 MiB with 201 MiB in use; with 0 the 100 MiB chunk
+    // trapped below `b` is decommitted first, so reserved never passes 202 MiB.
+    let c = alloc(&bfc, 200 * MIB);
+    assert_eq!(reserved(&bfc), 202 * MIB);
+    assert_eq!(bfc.stats().unwrap().peak_bytes_reserved, 202 << 20, "not even for a moment");
+    assert_eq!(memory.committed.load(SeqCst), 202 * MIB, "committed bytes = what the stats call reserved");
+    // A block on the hole commits what it needs again, and the 1 MiB free tail goes to make
+    // room: reserved is what is in use.
+    let d = alloc(&bfc, 50 * MIB);
+    assert_eq!(d, a, "first fit reuses the hole's addresses");
+    // SAFETY: `d` is 50 MiB, just allocated.
+    unsafe { d.as_ptr().write_bytes(0xCD, 50 * MIB) };
+    assert_eq!(reserved(&bfc), 251 * MIB);
+    assert_eq!(memory.committed.load(SeqCst), 251 * MIB);
+    // Freed, the 50 MiB stay committed (the headroom acts on commits, not on frees), and a
+    // block that fits in them commits nothing.
+    free(&bfc, d, 50 * MIB);
+    let e = alloc(&bfc, 30 * MIB);
+    assert_eq!((e, reserved(&bfc)), (a, 251 * MIB));
+    for (p, n) in [(b, MIB), (c, 200 * MIB), (e, 30 * MIB)] {
+        free(&bfc, p, n);
+    }
+    assert_eq!(bfc.release_cached(), 251 * MIB);
+    assert_eq!((reserved(&bfc), memory.committed.load(SeqCst)), (0, 0));
+}
+
+#[test]
+fn a_peak_headroom_leaves_small_chunks_and_whole_piece_memory_alone() {
+    for (partial, small) in [(true, true), (false, false)] {
+        let memory = Counting::new(partial);
+        let bfc = BfcAllocator::builder()
+            .memory_limit(1 << 30)
+            .sub_allocator(Arc::new(CountingSub(memory.clone())))
+            .peak_headroom(Some(0.0))
+            .build()
+            .unwrap();
+        // A trapped chunk below 64 MiB is not worth the page faults; memory that unmaps whole
+        // commits only (a GPU mapping) cannot give back part of one.
+        let trapped = if small { 32 * MIB } else { 100 * MIB };
+        let a = alloc(&bfc, trapped);
+        let b = alloc(&bfc, MIB);
+        free(&bfc, a, trapped);
+        let c = alloc(&bfc, 2 * trapped);
+        assert_eq!(reserved(&bfc), trapped + 2 * MIB + 2 * trapped, "partial {partial}");
+        assert_eq!(memory.bad_decommits.load(SeqCst), 0);
+        free(&bfc, b, MIB);
+        free(&bfc, c, 2 * trapped);
+    }
+}
+
+#[test]
+fn a_peak_headroom_must_be_a_fraction_of_at_least_zero() {
+    for bad in [-0.01, f64::NAN, f64::INFINITY] {
+        let e = BfcAllocator::builder().memory_limit(1 << 30).peak_headroom(Some(bad)).build().unwrap_err();
+        assert!(matches!(e, BuildError::InvalidOption { option: "peak_headroom", .. }), "{bad}: {e:?}");
+        assert!(e.to_string().contains(&format!("a headroom of {bad}")), "{e}");
+    }
+    for ok in [None, Some(0.0), Some(0.04), Some(2.0)] {
+        assert!(BfcAllocator::builder().memory_limit(1 << 30).peak_headroom(ok).build().is_ok());
+    }
+}
+
+#[test]
 fn a_hole_that_cannot_be_committed_again_is_an_oom_and_nothing_changes() {
     let (memory, bfc) = counting_bfc(1 << 30, true);
     let a = alloc(&bfc, 8 * MIB);

@@ -244,7 +244,7 @@ impl FreeIndex {
     }
 
     /// Every entry in key order, as `(address, size, handle)`.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (usize, usize, Handle)> + '_ {
+    pub(super) fn iter(&self) -> impl DoubleEndedIterator<Item = (usize, usize, Handle)> + '_ {
         self.blocks.iter().flat_map(|b| b.entries.iter().map(|e| (e.ptr, e.size, e.handle)))
     }
 

@@ -12,13 +12,27 @@
 //!   `empty_cache` on expandable segments); a hole is committed again when a block is placed
 //!   over it. Only on request: done on every growth or free it cost 75x in time on the training
 //!   stream (page faults and `mprotect` each time a hole is reused), see BENCHMARKS.md.
+//! - **Peak headroom** (opt-in, [`peak_headroom`](crate::BfcBuilder::peak_headroom)): a commit
+//!   that would lift reserved past the peak in use plus the headroom (and past its high-water
+//!   mark) first gives back the free tail, then large free spans from the highest address
+//!   down: a chunk trapped between live blocks is decommitted instead of the region growing
+//!   beside it.
 
+use core::ops::Range;
 use core::ptr::NonNull;
 use std::collections::BTreeMap;
 
-use super::{Chunk, MIN_ALLOCATION_BITS, MIN_ALLOCATION_SIZE, NONE, REGION_ALIGNMENT, Region, State, rounded_bytes};
+use super::{
+    Chunk, Handle, MIN_ALLOCATION_BITS, MIN_ALLOCATION_SIZE, NONE, REGION_ALIGNMENT, Region, State, rounded_bytes,
+};
 use crate::observe::{self, Action};
 use crate::{ExpandableMemory, SubAllocator};
+
+/// The least span of whole free granules a chunk needs for
+/// [`peak_headroom`](crate::BfcBuilder::peak_headroom) to decommit inside it (or a sixteenth of
+/// the limit, if less): a chunk this large left between live blocks is worth the `madvise` and
+/// the page faults when it is used again.
+const TRAPPED_SPAN: usize = 64 << 20;
 
 /// How the allocator grows.
 #[derive(Debug)]
@@ -291,7 +305,7 @@ impl State {
     /// the granule).
     fn grow(&mut self, rounded: usize, align: usize, memory: &dyn ExpandableMemory) -> bool {
         let tail = self.free_tail().map(|h| self.chunks[h as usize]);
-        let Growth::Expandable(e) = &mut self.growth else { return false };
+        let Growth::Expandable(e) = &self.growth else { return false };
         let end = e.base + e.committed;
         let start = match tail {
             Some(c) if c.ptr + c.size == end => c.ptr,
@@ -304,6 +318,9 @@ impl State {
             return false;
         }
         let mut bytes = extra.next_multiple_of(e.growth_granule).min(available).max(least);
+        // The block takes the free tail (`start`), which must stay.
+        self.make_room(memory, bytes, self.in_use + rounded, start..usize::MAX);
+        let Growth::Expandable(e) = &mut self.growth else { return false };
         let Some(at) = NonNull::new(end as *mut u8) else { return false };
         loop {
             // SAFETY: `end..end + bytes` lies inside the reservation (committed + bytes <=
@@ -325,6 +342,7 @@ impl State {
         e.pieces.push(bytes);
         self.reserved += bytes;
         self.peak_reserved = self.peak_reserved.max(self.reserved);
+        self.high_water = self.high_water.max(self.reserved);
         tracing::debug!(at = end, bytes, committed = self.reserved, "bfc: committed");
         observe::segment(Action::SegmentAlloc, &self.name, end, bytes);
         self.add_region(end, bytes, None, true);
@@ -336,29 +354,51 @@ impl State {
         self.usable - self.in_use - self.growth.hole_bytes()
     }
 
-    /// Decommits whole free granules inside free chunks, large chunks first (lowest address
-    /// first), until `want` bytes (rounded up to the granule) went or none are left. Returns
-    /// the bytes decommitted.
-    fn punch(&mut self, memory: &dyn ExpandableMemory, want: usize) -> usize {
-        let Growth::Expandable(e) = &mut self.growth else { return 0 };
+    /// The whole free granules of free chunks, as `(start, end)` spans of at least `min_span`
+    /// bytes, in address order (large chunks, then small ones) or, `from_top`, large chunks
+    /// from the highest address down. The addresses `spare` stay: in a chunk that holds them,
+    /// only the granules after them count.
+    fn free_spans(&self, min_span: usize, spare: Range<usize>, from_top: bool) -> Vec<(usize, usize)> {
+        let Growth::Expandable(e) = &self.growth else { return Vec::new() };
         let g = e.granule;
-        let want = want.next_multiple_of(g);
+        let span = |(ptr, size, _): (usize, usize, Handle)| {
+            let (mut lo, hi) = (ptr.next_multiple_of(g), (ptr + size) / g * g);
+            if spare.start < ptr + size && ptr < spare.end {
+                lo = lo.max(spare.end.checked_next_multiple_of(g).unwrap_or(usize::MAX));
+            }
+            (hi > lo && hi - lo >= min_span.max(1)).then_some((lo, hi))
+        };
+        if from_top {
+            self.by_address.iter().rev().filter_map(span).collect()
+        } else {
+            self.by_address.iter().chain(self.by_size.iter()).filter_map(span).collect()
+        }
+    }
+
+    /// Decommits the committed parts of `spans` (whole free granules, see
+    /// [`free_spans`](Self::free_spans)) in their order, each from its end when `from_top`,
+    /// until `want` bytes (rounded up to the granule) went or none are left. Returns the bytes
+    /// decommitted.
+    fn punch(&mut self, memory: &dyn ExpandableMemory, want: usize, spans: &[(usize, usize)], from_top: bool) -> usize {
+        let Growth::Expandable(e) = &mut self.growth else { return 0 };
+        let want = want.next_multiple_of(e.granule);
         let mut punched = 0;
-        for (ptr, size, _) in self.by_address.iter().chain(self.by_size.iter()) {
+        for &(lo, hi) in spans {
             if punched >= want {
                 break;
             }
-            let (lo, hi) = (ptr.next_multiple_of(g), (ptr + size) / g * g);
-            if hi <= lo {
-                continue;
+            let mut parts = e.committed_in(lo, hi);
+            if from_top {
+                parts.reverse();
             }
-            for (a, b) in e.committed_in(lo, hi) {
+            for (a, b) in parts {
                 let n = (b - a).min(want - punched);
                 if n == 0 {
                     break;
                 }
+                let a = if from_top { b - n } else { a };
                 if let Some(p) = NonNull::new(a as *mut u8) {
-                    // SAFETY: `a..a + n` is granule-aligned (so are `lo`, `hi` and the holes; `n`
+                    // SAFETY: `a..a + n` is granule-aligned (so are the spans and the holes; `n`
                     // is a multiple of the granule), committed (inside the committed part, in no
                     // hole) and inside a free chunk, so nothing uses it; this memory decommits
                     // any granule-aligned part.
@@ -376,6 +416,31 @@ impl State {
         punched
     }
 
+    /// Before `bytes` more are committed for a block that needs `in_use` bytes in use: if that
+    /// would lift reserved above both its high-water mark and the peak in use plus the
+    /// headroom, gives back the difference first where free memory allows: the free tail
+    /// (unless the block takes addresses `spare` in it), then the highest spans of at least
+    /// [`TRAPPED_SPAN`] (or a sixteenth of the limit) whole free granules (a chunk left between live blocks, or the free end
+    /// of the block's own chunk). Highest first: first fit takes the lowest addresses, so those
+    /// are the last to be committed again.
+    fn make_room(&mut self, memory: &dyn ExpandableMemory, bytes: usize, in_use: usize, spare: Range<usize>) {
+        let Some(headroom) = self.options.peak_headroom else { return };
+        let peak = self.peak_in_use.max(in_use);
+        let allowed = self.high_water.max(peak.saturating_add((peak as f64 * headroom) as usize));
+        let over = self.reserved.saturating_add(bytes).saturating_sub(allowed);
+        if over == 0 {
+            return;
+        }
+        let tail = self.free_tail().map(|h| self.chunks[h as usize]);
+        let tail_is_spare = tail.is_some_and(|c| spare.start < c.ptr + c.size && c.ptr < spare.end);
+        let gone = if tail_is_spare { 0 } else { self.decommit_tail(memory, over) };
+        if gone < over && memory.decommits_partially() {
+            let min_span = TRAPPED_SPAN.min(self.growth.usable_limit() / 16);
+            let spans = self.free_spans(min_span, spare, true);
+            self.punch(memory, over - gone, &spans, true);
+        }
+    }
+
     /// Commits the holes under `start..end` (a block about to be handed out), granule by
     /// granule. Returns false, with what could be committed kept, when the memory refuses.
     pub(super) fn commit_holes(&mut self, start: usize, end: usize, sub: &dyn SubAllocator) -> bool {
@@ -385,7 +450,13 @@ impl State {
         }
         let Some(memory) = sub.expandable() else { return false };
         let (lo, hi) = (start / e.granule * e.granule, end.next_multiple_of(e.granule));
-        for (ha, hb) in e.holes_in(lo, hi) {
+        let holes = e.holes_in(lo, hi);
+        let bytes = holes.iter().map(|&(a, b)| b.min(hi) - a.max(lo)).sum();
+        if bytes > 0 {
+            self.make_room(memory, bytes, self.in_use + (end - start), lo..hi);
+        }
+        let Growth::Expandable(e) = &mut self.growth else { return true };
+        for (ha, hb) in holes {
             let (a, b) = (ha.max(lo), hb.min(hi));
             let Some(p) = NonNull::new(a as *mut u8) else { return false };
             // SAFETY: `a..b` is part of a hole: inside the reservation, granule-aligned, and
@@ -399,6 +470,7 @@ impl State {
             observe::segment(Action::SegmentAlloc, &self.name, a, b - a);
         }
         self.peak_reserved = self.peak_reserved.max(self.reserved);
+        self.high_water = self.high_water.max(self.reserved);
         true
     }
 
@@ -421,7 +493,8 @@ impl State {
                 if let Some(memory) = sub.expandable() {
                     let gone = self.decommit_tail(memory, free - keep);
                     if interior && memory.decommits_partially() && free - keep > gone {
-                        self.punch(memory, free - keep - gone);
+                        let spans = self.free_spans(0, 0..0, false);
+                        self.punch(memory, free - keep - gone, &spans, false);
                     }
                 }
             }

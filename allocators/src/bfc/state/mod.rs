@@ -109,6 +109,9 @@ pub(crate) struct Options {
     pub(crate) release_threshold: Option<usize>,
     /// Requests of at least this many bytes take the lowest-address free chunk that fits.
     pub(crate) first_fit_above: usize,
+    /// How far above the peak in use reserved may rise before a commit gives free memory back
+    /// first (a fraction of the peak); `None`: never.
+    pub(crate) peak_headroom: Option<f64>,
 }
 
 /// The allocator's whole state.
@@ -132,6 +135,9 @@ pub(crate) struct State {
     /// expandable).
     reserved: usize,
     peak_reserved: usize,
+    /// The most bytes ever reserved (not reset with the stats): commits below it never give
+    /// memory back first.
+    high_water: usize,
     /// Bytes of regions usable for chunks.
     usable: usize,
     next_id: u64,
@@ -158,6 +164,7 @@ impl State {
             growth,
             reserved: 0,
             peak_reserved: 0,
+            high_water: 0,
             usable: 0,
             next_id: 1,
             total_allocated: 0,
