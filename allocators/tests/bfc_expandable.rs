@@ -250,15 +250,18 @@ fn growth_keeps_free_memory_between_blocks_and_release_cached_gives_it_back() {
     assert_eq!((reserved(&bfc), memory.committed.load(SeqCst)), (0, 0));
 }
 
+/// A 1 GiB BFC over `Counting` memory with a peak headroom of 0.
+fn headroom_bfc(partial: bool) -> (Arc<Counting>, BfcAllocator) {
+    let memory = Counting::new(partial);
+    let sub = Arc::new(CountingSub(memory.clone()));
+    let bfc =
+        BfcAllocator::builder().memory_limit(1 << 30).sub_allocator(sub).peak_headroom(Some(0.0)).build().unwrap();
+    (memory, bfc)
+}
+
 #[test]
 fn a_peak_headroom_gives_back_a_trapped_chunk_before_the_region_grows() {
-    let memory = Counting::new(true);
-    let bfc = BfcAllocator::builder()
-        .memory_limit(1 << 30)
-        .sub_allocator(Arc::new(CountingSub(memory.clone())))
-        .peak_headroom(Some(0.0))
-        .build()
-        .unwrap();
+    let (memory, bfc) = headroom_bfc(true);
     let a = alloc(&bfc, 100 * MIB);
     let b = alloc(&bfc, MIB); // 2 MiB committed for it, 1 MiB of it a free tail
     free(&bfc, a, 100 * MIB);
@@ -293,13 +296,7 @@ fn a_peak_headroom_gives_back_a_trapped_chunk_before_the_region_grows() {
 #[test]
 fn a_peak_headroom_leaves_small_chunks_and_whole_piece_memory_alone() {
     for (partial, small) in [(true, true), (false, false)] {
-        let memory = Counting::new(partial);
-        let bfc = BfcAllocator::builder()
-            .memory_limit(1 << 30)
-            .sub_allocator(Arc::new(CountingSub(memory.clone())))
-            .peak_headroom(Some(0.0))
-            .build()
-            .unwrap();
+        let (memory, bfc) = headroom_bfc(partial);
         // A trapped chunk below 64 MiB is not worth the page faults; memory that unmaps whole
         // commits only (a GPU mapping) cannot give back part of one.
         let trapped = if small { 32 * MIB } else { 100 * MIB };
