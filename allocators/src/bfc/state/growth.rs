@@ -292,8 +292,7 @@ impl State {
         }
         let base = ptr.as_ptr() as usize;
         let size = reported.min(available) & !(MIN_ALLOCATION_SIZE - 1);
-        self.reserved += reported;
-        self.peak_reserved = self.peak_reserved.max(self.reserved);
+        self.took(reported);
         tracing::debug!(base, bytes = reported, reserved = self.reserved, "bfc: took a region");
         observe::segment(Action::SegmentAlloc, &self.name, base, reported);
         self.add_region(base, size, Some((base, reported)), sub.supports_coalescing());
@@ -340,9 +339,7 @@ impl State {
         }
         e.committed += bytes;
         e.pieces.push(bytes);
-        self.reserved += bytes;
-        self.peak_reserved = self.peak_reserved.max(self.reserved);
-        self.high_water = self.high_water.max(self.reserved);
+        self.took(bytes);
         tracing::debug!(at = end, bytes, committed = self.reserved, "bfc: committed");
         observe::segment(Action::SegmentAlloc, &self.name, end, bytes);
         self.add_region(end, bytes, None, true);
@@ -355,10 +352,9 @@ impl State {
     }
 
     /// The whole free granules of free chunks, as `(start, end)` spans of at least `min_span`
-    /// bytes, in address order (large chunks, then small ones) or, `from_top`, large chunks
-    /// from the highest address down. The addresses `spare` stay: in a chunk that holds them,
-    /// only the granules after them count.
-    fn free_spans(&self, min_span: usize, spare: Range<usize>, from_top: bool) -> Vec<(usize, usize)> {
+    /// bytes: large chunks from the highest address down, then small ones. The addresses
+    /// `spare` stay: in a chunk that holds them, only the granules after them count.
+    fn free_spans(&self, min_span: usize, spare: Range<usize>) -> Vec<(usize, usize)> {
         let Growth::Expandable(e) = &self.growth else { return Vec::new() };
         let g = e.granule;
         let span = |(ptr, size, _): (usize, usize, Handle)| {
@@ -368,45 +364,38 @@ impl State {
             }
             (hi > lo && hi - lo >= min_span.max(1)).then_some((lo, hi))
         };
-        if from_top {
-            self.by_address.iter().rev().filter_map(span).collect()
-        } else {
-            self.by_address.iter().chain(self.by_size.iter()).filter_map(span).collect()
-        }
+        self.by_address.iter().rev().chain(self.by_size.iter()).filter_map(span).collect()
     }
 
-    /// Decommits the committed parts of `spans` (whole free granules, see
-    /// [`free_spans`](Self::free_spans)) in their order, each from its end when `from_top`,
-    /// until `want` bytes (rounded up to the granule) went or none are left. Returns the bytes
-    /// decommitted.
-    fn punch(&mut self, memory: &dyn ExpandableMemory, want: usize, spans: &[(usize, usize)], from_top: bool) -> usize {
+    /// Decommits the committed parts of free granules, spans in the order
+    /// [`free_spans`](Self::free_spans) gives them and each from its end (first fit takes the
+    /// lowest addresses, so the highest are the last to be committed again), until `want` bytes
+    /// (rounded up to the granule) went or none are left. Returns the bytes decommitted.
+    fn punch(&mut self, memory: &dyn ExpandableMemory, want: usize, min_span: usize, spare: Range<usize>) -> usize {
+        let spans = self.free_spans(min_span, spare);
         let Growth::Expandable(e) = &mut self.growth else { return 0 };
         let want = want.next_multiple_of(e.granule);
         let mut punched = 0;
-        for &(lo, hi) in spans {
-            if punched >= want {
-                break;
-            }
-            let mut parts = e.committed_in(lo, hi);
-            if from_top {
-                parts.reverse();
-            }
-            for (a, b) in parts {
+        for (lo, hi) in spans {
+            for (a, b) in e.committed_in(lo, hi).into_iter().rev() {
                 let n = (b - a).min(want - punched);
                 if n == 0 {
                     break;
                 }
-                let a = if from_top { b - n } else { a };
+                let a = b - n;
                 if let Some(p) = NonNull::new(a as *mut u8) {
-                    // SAFETY: `a..a + n` is granule-aligned (so are the spans and the holes; `n`
-                    // is a multiple of the granule), committed (inside the committed part, in no
+                    // SAFETY: `a..b` is granule-aligned (so are the spans and the holes; `n` is a
+                    // multiple of the granule), committed (inside the committed part, in no
                     // hole) and inside a free chunk, so nothing uses it; this memory decommits
                     // any granule-aligned part.
                     unsafe { memory.decommit(p, n) };
                 }
-                e.add_hole(a, a + n);
+                e.add_hole(a, b);
                 observe::segment(Action::SegmentFree, &self.name, a, n);
                 punched += n;
+            }
+            if punched >= want {
+                break;
             }
         }
         self.reserved -= punched;
@@ -419,10 +408,9 @@ impl State {
     /// Before `bytes` more are committed for a block that needs `in_use` bytes in use: if that
     /// would lift reserved above both its high-water mark and the peak in use plus the
     /// headroom, gives back the difference first where free memory allows: the free tail
-    /// (unless the block takes addresses `spare` in it), then the highest spans of at least
-    /// [`TRAPPED_SPAN`] (or a sixteenth of the limit) whole free granules (a chunk left between live blocks, or the free end
-    /// of the block's own chunk). Highest first: first fit takes the lowest addresses, so those
-    /// are the last to be committed again.
+    /// (unless the block takes addresses `spare` in it), then spans of at least
+    /// [`TRAPPED_SPAN`] (or a sixteenth of the limit) whole free granules, highest first: a
+    /// chunk left between live blocks, or the free end of the block's own chunk.
     fn make_room(&mut self, memory: &dyn ExpandableMemory, bytes: usize, in_use: usize, spare: Range<usize>) {
         let Some(headroom) = self.options.peak_headroom else { return };
         let peak = self.peak_in_use.max(in_use);
@@ -436,8 +424,7 @@ impl State {
         let gone = if tail_is_spare { 0 } else { self.decommit_tail(memory, over) };
         if gone < over && memory.decommits_partially() {
             let min_span = TRAPPED_SPAN.min(self.growth.usable_limit() / 16);
-            let spans = self.free_spans(min_span, spare, true);
-            self.punch(memory, over - gone, &spans, true);
+            self.punch(memory, over - gone, min_span, spare);
         }
     }
 
@@ -456,22 +443,34 @@ impl State {
             self.make_room(memory, bytes, self.in_use + (end - start), lo..hi);
         }
         let Growth::Expandable(e) = &mut self.growth else { return true };
+        let (mut got, mut all) = (0, true);
         for (ha, hb) in holes {
             let (a, b) = (ha.max(lo), hb.min(hi));
-            let Some(p) = NonNull::new(a as *mut u8) else { return false };
+            let Some(p) = NonNull::new(a as *mut u8) else {
+                all = false;
+                break;
+            };
             // SAFETY: `a..b` is part of a hole: inside the reservation, granule-aligned, and
             // decommitted.
             if let Err(error) = unsafe { memory.commit(p, b - a) } {
                 tracing::warn!(memory = memory.name(), bytes = b - a, %error, "bfc: recommitting a hole refused");
-                return false;
+                all = false;
+                break;
             }
             e.remove_hole_part(a, b);
-            self.reserved += b - a;
+            got += b - a;
             observe::segment(Action::SegmentAlloc, &self.name, a, b - a);
         }
+        self.took(got);
+        all
+    }
+
+    /// Counts `bytes` more taken from the backing memory: reserved, its peak (a stat) and its
+    /// high-water mark (not reset with the stats).
+    fn took(&mut self, bytes: usize) {
+        self.reserved += bytes;
         self.peak_reserved = self.peak_reserved.max(self.reserved);
         self.high_water = self.high_water.max(self.reserved);
-        true
     }
 
     /// Gives free memory back until at most `keep` free bytes stay committed (or nothing more
@@ -493,8 +492,7 @@ impl State {
                 if let Some(memory) = sub.expandable() {
                     let gone = self.decommit_tail(memory, free - keep);
                     if interior && memory.decommits_partially() && free - keep > gone {
-                        let spans = self.free_spans(0, 0..0, false);
-                        self.punch(memory, free - keep - gone, &spans, false);
+                        self.punch(memory, free - keep - gone, 0, 0..0);
                     }
                 }
             }
