@@ -13,10 +13,9 @@ use tensormem::{
     with_default_allocator,
 };
 
-fn tempdir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("tm-leaks-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory, removed with everything in it when the returned guard drops.
+fn tempdir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("tm-leaks-{tag}-")).tempdir().unwrap()
 }
 
 /// The inference-engine test: three tensors forgotten, two of which went to the
@@ -24,7 +23,8 @@ fn tempdir(tag: &str) -> std::path::PathBuf {
 /// scalar made without options). All three are reported, with sizes, tags and tensor shapes.
 #[test]
 fn three_planted_leaks_are_all_reported() {
-    let dir = tempdir("planted");
+    let dir_guard = tempdir("planted");
+    let dir = dir_guard.path();
     let path = dir.join("w.safetensors");
     let w = Tensor::ones(&[4, 8], DType::F32).unwrap();
     save_safetensors(&path, &[("w", &w)], None).unwrap();
@@ -439,7 +439,8 @@ fn history_files_round_trip_and_bad_files_are_errors() {
     assert!(e.backtrace.as_deref().is_some_and(|b| b.contains("leaks")), "{:?}", e.backtrace);
     let json = h.to_json();
     assert_eq!(history::History::from_json(&json).unwrap(), h);
-    let dir = tempdir("json");
+    let dir_guard = tempdir("json");
+    let dir = dir_guard.path();
     h.save(dir.join("h.json")).unwrap();
     assert_eq!(history::History::load(dir.join("h.json")).unwrap(), h);
 

@@ -22,10 +22,10 @@ fn close(a: &[f32], b: &[f32], tol: f32) {
     }
 }
 
-fn tempdir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("tm-ops-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory, removed with everything in it when the returned guard drops (also when
+/// the test fails).
+fn tempdir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("tm-ops-{tag}-")).tempdir().unwrap()
 }
 
 // ---- cat / stack ----
@@ -388,7 +388,8 @@ fn rotary_embedding_by_slices_in_place() {
 
 #[test]
 fn safetensors_round_trip_is_zero_copy_and_accounted() {
-    let dir = tempdir("st");
+    let dir_guard = tempdir("st");
+    let dir = dir_guard.path();
     let path = dir.join("model.safetensors");
     let opts = TensorOptions::new().seed(3);
     let wq = Tensor::randn(&[64, 32], opts.clone().dtype(DType::F32)).unwrap();
@@ -447,12 +448,12 @@ fn safetensors_round_trip_is_zero_copy_and_accounted() {
     let copy = Tensor::load_safetensors(&path, "ids", DType::I64).unwrap();
     copy.add_scalar_(1i64).unwrap();
     assert_eq!(copy.to_vec::<i64>().unwrap(), (1..=10).collect::<Vec<i64>>());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn safetensors_checked_loads_name_what_differs() {
-    let dir = tempdir("st-check");
+    let dir_guard = tempdir("st-check");
+    let dir = dir_guard.path();
     let path = dir.join("w.safetensors");
     let w = Tensor::zeros(&[4, 8], DType::F16).unwrap();
     save_safetensors(&path, &[("layer.0.w", &w)], None).unwrap();
@@ -473,7 +474,6 @@ fn safetensors_checked_loads_name_what_differs() {
     assert!(save_safetensors(dir.join("q.safetensors"), &[("q", &q)], None).is_err());
     assert!(!dir.join("q.safetensors").exists());
     drop(file);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A safetensors file written by hand: header JSON padded with `pad` spaces, then `data`.
@@ -488,7 +488,8 @@ fn handmade(path: &std::path::Path, header: &str, pad: usize, data: &[u8]) {
 
 #[test]
 fn safetensors_bad_files_are_errors_not_crashes() {
-    let dir = tempdir("st-bad");
+    let dir_guard = tempdir("st-bad");
+    let dir = dir_guard.path();
     let p = dir.join("bad.safetensors");
     let open = |p: &std::path::Path| {
         // SAFETY: the test owns the files.
@@ -532,7 +533,6 @@ fn safetensors_bad_files_are_errors_not_crashes() {
     assert_eq!(x.to_vec::<f32>().unwrap(), [1.5, -2.0]);
     assert_ne!(x.storage().allocator_name(), "mmap", "misaligned data is copied");
     drop(f);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 // ---- large inputs: the parallel paths ----

@@ -1,6 +1,6 @@
 //! The `tensormem` command run as users run it: outputs, files written, and one-line errors.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn tensormem(args: &[&str]) -> Output {
@@ -13,10 +13,9 @@ fn tensormem(args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tm-cli-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh directory, removed with everything in it when the returned guard drops.
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("tm-cli-{name}-")).tempdir().unwrap()
 }
 
 fn text(b: &[u8]) -> String {
@@ -35,7 +34,8 @@ fn assert_one_line_error(out: &Output, contains: &str) {
 
 #[test]
 fn demo_writes_history_timeline_and_summary() {
-    let out_dir = tmp("demo");
+    let out_dir_guard = tmp("demo");
+    let out_dir = out_dir_guard.path();
     let out = tensormem(&["demo", "--steps", "3", "--allocator", "bfc", "--out", out_dir.to_str().unwrap()]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}\n{}", stdout, text(&out.stderr));
@@ -63,7 +63,8 @@ fn demo_writes_history_timeline_and_summary() {
 #[test]
 fn demo_serves_metrics_while_it_runs() {
     use std::io::{BufRead, BufReader, Read, Write};
-    let out_dir = tmp("serve");
+    let out_dir_guard = tmp("serve");
+    let out_dir = out_dir_guard.path();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tensormem"))
         .args(["demo", "--steps", "400", "--serve", "127.0.0.1:0", "--out", out_dir.to_str().unwrap()])
         .env_remove("TENSORMEM_ALLOCATOR")
@@ -105,7 +106,8 @@ fn replay_prints_a_row_per_allocator() {
 
 #[test]
 fn bad_inputs_are_one_line_errors() {
-    let dir = tmp("bad");
+    let dir_guard = tmp("bad");
+    let dir = dir_guard.path();
     let missing = dir.join("missing.json");
     assert_one_line_error(&tensormem(&["timeline", missing.to_str().unwrap(), "-o", "/dev/null"]), "missing.json");
     let truncated = dir.join("truncated.json");
