@@ -22,6 +22,12 @@
 //!    threads spinning between kernels (`spin_1ms`, the default) and sleeping at once
 //!    (`spin_0`), against the same calls back to back (`back_to_back`).
 //!
+//! The `pool` rows call the default path beside each pool call, on the same tensors and on a
+//! second set allocated from the default allocator (the control), and write default / pool and
+//! default / default-again of those side-by-side calls to
+//! `target/criterion/tensor_side_by_side.json`: the issue's "within 5% of a `PoolAllocator`
+//! output" compared on the same seconds of a machine whose speed drifts between rows.
+//!
 //! Page faults: every benchmark is timed with `iter_custom`, which also reads `getrusage`'s
 //! minor-fault count around the timed loop; the count per call of the last sample (steady
 //! state) is written to `target/criterion/tensor_faults.json`.
@@ -76,6 +82,54 @@ fn bench<R>(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, name: &str, mut f
     });
 }
 
+/// Time in the calls made side by side by each `pool` row ("group/pool"), in ns: the pool
+/// calls, the default calls, and the default calls on a second set of tensors.
+static SIDE_BY_SIDE: Mutex<BTreeMap<String, [f64; 3]>> = Mutex::new(BTreeMap::new());
+
+/// Benchmarks `pool` as the `pool` row, each call beside a call of `default` and of
+/// `default_again` (the same op on tensors allocated separately from the same default
+/// allocator), in rotating order, and adds the three calls' times to [`SIDE_BY_SIDE`].
+///
+/// Criterion's rows run seconds apart, on a machine whose speed drifts by more than 5% in that
+/// time; calls side by side see the same machine. `default` / `default_again` is the control:
+/// what the physical pages two allocations happen to get make of a ratio, with no allocator
+/// difference at all. The row's own time is the pool calls' alone.
+fn bench_pool_beside<R, S, T>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    group: &str,
+    mut default: impl FnMut() -> R,
+    mut default_again: impl FnMut() -> S,
+    mut pool: impl FnMut() -> T,
+) {
+    let key = format!("{group}/pool");
+    g.bench_function("pool", |b| {
+        b.iter_custom(|iters| {
+            let mut spent = [Duration::ZERO; 3];
+            let faults = minor_faults();
+            for i in 0..iters {
+                for k in 0..3 {
+                    let which = (i as usize + k) % 3;
+                    let start = Instant::now();
+                    match which {
+                        0 => drop(black_box(pool())),
+                        1 => drop(black_box(default())),
+                        _ => drop(black_box(default_again())),
+                    }
+                    spent[which] += start.elapsed();
+                }
+            }
+            let per_call = (minor_faults() - faults) as f64 / (3 * iters) as f64;
+            FAULTS.lock().unwrap().insert(key.clone(), per_call);
+            let mut all = SIDE_BY_SIDE.lock().unwrap();
+            let e = all.entry(key.clone()).or_default();
+            for (sum, d) in e.iter_mut().zip(spent) {
+                *sum += d.as_nanos() as f64;
+            }
+            spent[0]
+        })
+    });
+}
+
 /// A pool for the reference rows: TensorFlow's caching pool over the system allocator.
 fn pool() -> Arc<dyn Allocator> {
     let sys: Arc<dyn Allocator> = Arc::new(tensormem::SystemAllocator::new());
@@ -113,12 +167,20 @@ fn copy_baseline(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, t: usize, by
     bench(g, group, "copy", || tp.install(|| par_copy(black_box(&src), &mut dst)));
 }
 
+/// A copy of `t` in memory of its own, from the default allocator: the control rows' tensors.
+fn another(t: &Tensor) -> Tensor {
+    let copy = Tensor::zeros(t.sizes(), t.dtype()).unwrap();
+    copy.add_(t).unwrap();
+    copy
+}
+
 fn default_opts(seed: u64) -> TensorOptions {
     TensorOptions::new().dtype(DType::F32).seed(seed)
 }
 
 fn add_contiguous(c: &mut Criterion) {
     let (a, b) = (Tensor::rand(&[N4M], default_opts(1)).unwrap(), Tensor::rand(&[N4M], default_opts(2)).unwrap());
+    let (a2, b2) = (another(&a), another(&b));
     let popts = default_opts(1).allocator(pool());
     let (pa, pb) = (Tensor::rand(&[N4M], &popts).unwrap(), Tensor::rand(&[N4M], &popts).unwrap());
     let out = Tensor::zeros(&[N4M], DType::F32).unwrap();
@@ -127,7 +189,7 @@ fn add_contiguous(c: &mut Criterion) {
         let mut g = group(c, &name, t, N4M * 12);
         copy_baseline(&mut g, &name, t, N4M * 6);
         bench(&mut g, &name, "default", || a.add(&b).unwrap());
-        bench(&mut g, &name, "pool", || pa.add(&pb).unwrap());
+        bench_pool_beside(&mut g, &name, || a.add(&b).unwrap(), || a2.add(&b2).unwrap(), || pa.add(&pb).unwrap());
         bench(&mut g, &name, "inplace", || out.add_(&b).map(|_| ()).unwrap());
         bench(&mut g, &name, "out", || a.add_out(&b, &out).map(|_| ()).unwrap());
         g.finish();
@@ -139,6 +201,7 @@ fn add_contiguous(c: &mut Criterion) {
 fn add_cached(c: &mut Criterion) {
     const N: usize = 256 << 10;
     let (a, b) = (Tensor::rand(&[N], default_opts(9)).unwrap(), Tensor::rand(&[N], default_opts(10)).unwrap());
+    let (a2, b2) = (another(&a), another(&b));
     let popts = default_opts(9).allocator(pool());
     let (pa, pb) = (Tensor::rand(&[N], &popts).unwrap(), Tensor::rand(&[N], &popts).unwrap());
     let out = Tensor::zeros(&[N], DType::F32).unwrap();
@@ -147,7 +210,7 @@ fn add_cached(c: &mut Criterion) {
         let mut g = group(c, &name, t, N * 12);
         copy_baseline(&mut g, &name, t, N * 6);
         bench(&mut g, &name, "default", || a.add(&b).unwrap());
-        bench(&mut g, &name, "pool", || pa.add(&pb).unwrap());
+        bench_pool_beside(&mut g, &name, || a.add(&b).unwrap(), || a2.add(&b2).unwrap(), || pa.add(&pb).unwrap());
         bench(&mut g, &name, "inplace", || out.add_(&b).map(|_| ()).unwrap());
         bench(&mut g, &name, "out", || a.add_out(&b, &out).map(|_| ()).unwrap());
         g.finish();
@@ -159,6 +222,8 @@ fn add_broadcast_and_transposed(c: &mut Criterion) {
     let b = Tensor::rand(&[SIDE, SIDE], default_opts(4)).unwrap();
     let row = Tensor::rand(&[SIDE], default_opts(5)).unwrap();
     let at = a.t().unwrap();
+    let (a2, b2, row2) = (another(&a), another(&b), another(&row));
+    let at2 = a2.t().unwrap();
     let popts = default_opts(3).allocator(pool());
     let (pa, pb, prow) = (
         Tensor::rand(&[SIDE, SIDE], &popts).unwrap(),
@@ -172,7 +237,7 @@ fn add_broadcast_and_transposed(c: &mut Criterion) {
         let mut g = group(c, &name, t, SIDE * SIDE * 8);
         copy_baseline(&mut g, &name, t, SIDE * SIDE * 4);
         bench(&mut g, &name, "default", || a.add(&row).unwrap());
-        bench(&mut g, &name, "pool", || pa.add(&prow).unwrap());
+        bench_pool_beside(&mut g, &name, || a.add(&row).unwrap(), || a2.add(&row2).unwrap(), || pa.add(&prow).unwrap());
         bench(&mut g, &name, "inplace", || out.add_(&row).map(|_| ()).unwrap());
         bench(&mut g, &name, "out", || a.add_out(&row, &out).map(|_| ()).unwrap());
         g.finish();
@@ -182,7 +247,7 @@ fn add_broadcast_and_transposed(c: &mut Criterion) {
         copy_baseline(&mut g, &name, t, SIDE * SIDE * 6);
         bench(&mut g, &name, "contiguous_add", || a.add(&b).unwrap());
         bench(&mut g, &name, "default", || at.add(&b).unwrap());
-        bench(&mut g, &name, "pool", || pat.add(&pb).unwrap());
+        bench_pool_beside(&mut g, &name, || at.add(&b).unwrap(), || at2.add(&b2).unwrap(), || pat.add(&pb).unwrap());
         bench(&mut g, &name, "out", || at.add_out(&b, &out).map(|_| ()).unwrap());
         g.finish();
 
@@ -190,13 +255,20 @@ fn add_broadcast_and_transposed(c: &mut Criterion) {
         let mut g = group(c, &name, t, SIDE * SIDE * 8);
         copy_baseline(&mut g, &name, t, SIDE * SIDE * 4);
         bench(&mut g, &name, "default", || at.contiguous().unwrap());
-        bench(&mut g, &name, "pool", || pat.contiguous().unwrap());
+        bench_pool_beside(
+            &mut g,
+            &name,
+            || at.contiguous().unwrap(),
+            || at2.contiguous().unwrap(),
+            || pat.contiguous().unwrap(),
+        );
         g.finish();
     }
 }
 
 fn sum(c: &mut Criterion) {
     let x = Tensor::rand(&[N4M], default_opts(6)).unwrap();
+    let x2 = another(&x);
     let px = Tensor::rand(&[N4M], default_opts(6).allocator(pool())).unwrap();
     let words = vec![1u64; N4M / 2];
     for t in [1, 2] {
@@ -205,7 +277,7 @@ fn sum(c: &mut Criterion) {
         let tp = rayon_pool(t);
         bench(&mut g, &name, "read", || tp.install(|| par_read(black_box(&words))));
         bench(&mut g, &name, "default", || x.sum().unwrap());
-        bench(&mut g, &name, "pool", || px.sum().unwrap());
+        bench_pool_beside(&mut g, &name, || x.sum().unwrap(), || x2.sum().unwrap(), || px.sum().unwrap());
         g.finish();
     }
 }
@@ -214,6 +286,7 @@ fn matmul(c: &mut Criterion) {
     const M: usize = 512;
     let a = Tensor::rand(&[M, M], default_opts(7)).unwrap();
     let b = Tensor::rand(&[M, M], default_opts(8)).unwrap();
+    let (a2, b2) = (another(&a), another(&b));
     let popts = default_opts(7).allocator(pool());
     let (pa, pb) = (Tensor::rand(&[M, M], &popts).unwrap(), Tensor::rand(&[M, M], &popts).unwrap());
     let (av, bv) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
@@ -253,7 +326,13 @@ fn matmul(c: &mut Criterion) {
             })
         });
         bench(&mut g, &name, "default", || a.matmul(&b).unwrap());
-        bench(&mut g, &name, "pool", || pa.matmul(&pb).unwrap());
+        bench_pool_beside(
+            &mut g,
+            &name,
+            || a.matmul(&b).unwrap(),
+            || a2.matmul(&b2).unwrap(),
+            || pa.matmul(&pb).unwrap(),
+        );
         g.finish();
     }
 }
@@ -296,11 +375,18 @@ fn main() {
     eprintln!("default allocator: {}", AllocatorRegistry::global().get().name());
     benches();
     Criterion::default().configure_from_args().final_summary();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/criterion");
     let faults = FAULTS.lock().unwrap();
     if !faults.is_empty() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/criterion");
         std::fs::create_dir_all(&dir).expect("target/criterion");
         let json = serde_json::to_string_pretty(&*faults).expect("json");
         std::fs::write(dir.join("tensor_faults.json"), json).expect("write tensor_faults.json");
+    }
+    let side = SIDE_BY_SIDE.lock().unwrap();
+    if !side.is_empty() {
+        // By "group/pool": default / pool and default / default_again, of the calls side by side.
+        let ratios: BTreeMap<&String, [f64; 2]> = side.iter().map(|(k, [p, d, d2])| (k, [d / p, d / d2])).collect();
+        let json = serde_json::to_string_pretty(&ratios).expect("json");
+        std::fs::write(dir.join("tensor_side_by_side.json"), json).expect("write tensor_side_by_side.json");
     }
 }
