@@ -64,6 +64,12 @@ fn minor_faults() -> i64 {
     }
 }
 
+/// Records the minor page faults per call since `before` (a [`minor_faults`] reading) under `key`.
+fn record_faults(key: &str, before: i64, calls: u64) {
+    let per_call = (minor_faults() - before) as f64 / calls as f64;
+    FAULTS.lock().unwrap().insert(key.to_owned(), per_call);
+}
+
 /// Benchmarks `f`, timing it and counting the page faults of its timed loop.
 fn bench<R>(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, name: &str, mut f: impl FnMut() -> R) {
     let key = format!("{group}/{name}");
@@ -75,8 +81,7 @@ fn bench<R>(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, name: &str, mut f
                 black_box(f());
             }
             let elapsed = start.elapsed();
-            let per_call = (minor_faults() - faults) as f64 / iters as f64;
-            FAULTS.lock().unwrap().insert(key.clone(), per_call);
+            record_faults(&key, faults, iters);
             elapsed
         })
     });
@@ -118,8 +123,7 @@ fn bench_pool_beside<R, S, T>(
                     spent[which] += start.elapsed();
                 }
             }
-            let per_call = (minor_faults() - faults) as f64 / (3 * iters) as f64;
-            FAULTS.lock().unwrap().insert(key.clone(), per_call);
+            record_faults(&key, faults, 3 * iters);
             let mut all = SIDE_BY_SIDE.lock().unwrap();
             let e = all.entry(key.clone()).or_default();
             for (sum, d) in e.iter_mut().zip(spent) {
@@ -169,8 +173,8 @@ fn copy_baseline(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, t: usize, by
 
 /// A copy of `t` in memory of its own, from the default allocator: the control rows' tensors.
 fn another(t: &Tensor) -> Tensor {
-    let copy = Tensor::zeros(t.sizes(), t.dtype()).unwrap();
-    copy.add_(t).unwrap();
+    let copy = Tensor::empty_like(t).unwrap();
+    copy.copy_(t).unwrap();
     copy
 }
 
