@@ -22,9 +22,7 @@ use core::ops::Range;
 use core::ptr::NonNull;
 use std::collections::BTreeMap;
 
-use super::{
-    Chunk, Handle, MIN_ALLOCATION_BITS, MIN_ALLOCATION_SIZE, NONE, REGION_ALIGNMENT, Region, State, rounded_bytes,
-};
+use super::{Chunk, Handle, MIN_ALLOCATION_SIZE, NONE, REGION_ALIGNMENT, Region, State, rounded_bytes};
 use crate::observe::{self, Action};
 use crate::{ExpandableMemory, SubAllocator};
 
@@ -593,7 +591,6 @@ impl State {
         let ri = self.regions.len() - 1;
         if c.size == cut {
             // The whole chunk goes; its previous neighbour is in use (free neighbours merge).
-            self.set_handle(c.ptr, NONE);
             self.free_handles.push(h);
             if c.prev == NONE {
                 self.regions.pop();
@@ -605,9 +602,7 @@ impl State {
             self.chunks[h as usize].size -= cut;
             self.insert_free(h);
         }
-        let r = &mut self.regions[ri];
-        r.size -= cut;
-        r.handles.truncate(r.size >> MIN_ALLOCATION_BITS);
+        self.regions[ri].size -= cut;
         gone
     }
 
@@ -621,7 +616,7 @@ impl State {
         let mut freed = 0;
         let mut i = 0;
         while i < self.regions.len() && self.usable - self.in_use > keep {
-            let h = self.regions[i].handles[0];
+            let h = self.regions[i].first;
             let c = self.chunks[h as usize];
             if c.in_use() || c.size != self.regions[i].size {
                 i += 1;
@@ -671,6 +666,7 @@ impl State {
             e.committed = 0;
             e.pieces.clear();
         }
+        self.live.clear();
         self.reserved = 0;
         self.usable = 0;
     }

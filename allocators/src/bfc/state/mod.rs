@@ -1,15 +1,18 @@
 //! The best-fit-with-coalescing algorithm, as TensorFlow's `BFCAllocator` runs it: chunks of
 //! 256-byte multiples carved from regions, split on allocation, merged with free neighbours on
 //! free. Free chunks wait in two indexes ([`free_index`]): those below `first_fit_above` bytes
-//! by size (TensorFlow's best fit), the others by address (first fit). All of it runs under the
-//! allocator's lock. How regions are taken and given back (TensorFlow's regions, or one
-//! expandable reservation) is in [`growth`].
+//! by size (TensorFlow's best fit), the others by address (first fit). A free finds its block in
+//! a map of live blocks ([`live`]; TensorFlow indexes a handle per 256 bytes of every region).
+//! All of it runs under the allocator's lock. How regions are taken and given back
+//! (TensorFlow's regions, or one expandable reservation) is in [`growth`].
 
 mod free_index;
 mod growth;
+mod live;
 
 use free_index::{FreeIndex, Order};
 pub(crate) use growth::{Growth, GrowthOptions};
+use live::LiveBlocks;
 
 use super::SplitPolicy;
 use super::dump::{BinSummary, ChunkInfo, ExpandableInfo, MemoryDump, RegionInfo};
@@ -60,8 +63,8 @@ struct Region {
     base: usize,
     /// Usable bytes (a multiple of 256).
     size: usize,
-    /// The chunk starting at `base + (i << 8)`, or `NONE`.
-    handles: Vec<Handle>,
+    /// The region's first chunk (at `base`).
+    first: Handle,
     /// The sub-allocator's pieces behind this region (more than one when adjacent regions were
     /// coalesced), as `(address, bytes it reported)`; empty for an expandable region, whose
     /// pieces the [`Growth`] keeps.
@@ -121,6 +124,8 @@ pub(crate) struct State {
     name: Box<str>,
     chunks: Vec<Chunk>,
     free_handles: Vec<Handle>,
+    /// The chunk of every block handed out, by its address, for frees.
+    live: LiveBlocks,
     /// Sorted by base address.
     regions: Vec<Region>,
     /// The free chunks below `first_fit_above` bytes by `(size, address)`: the first one
@@ -157,6 +162,7 @@ impl State {
             name: name.into(),
             chunks: Vec::new(),
             free_handles: Vec::new(),
+            live: LiveBlocks::default(),
             regions: Vec::new(),
             by_size: FreeIndex::new(Order::BySize),
             by_address: FreeIndex::new(Order::ByAddress),
@@ -281,6 +287,7 @@ impl State {
         c.id = self.next_id;
         self.next_id += 1;
         let (ptr, size) = (c.ptr, c.size);
+        self.live.insert(ptr, h);
         self.num_allocs += 1;
         self.total_allocated += size as u64;
         self.in_use += size;
@@ -308,17 +315,14 @@ impl State {
         } else {
             self.set_last(c.ptr, rest);
         }
-        self.set_handle(c.ptr + size, rest);
         rest
     }
 
     /// Frees the chunk at `ptr` and merges it with free neighbours; with a release threshold,
     /// gives free memory back past it. Returns the chunk's size.
     pub(crate) fn deallocate(&mut self, ptr: usize, sub: &dyn SubAllocator) -> Result<usize, FreeError> {
-        let h = self.handle_at(ptr).ok_or_else(|| self.why_not_a_chunk(ptr))?;
-        if !self.chunks[h as usize].in_use() {
-            return Err(FreeError::AlreadyFree);
-        }
+        let Some(h) = self.live.take(ptr) else { return Err(self.why_not_a_chunk(ptr)) };
+        debug_assert!(self.chunks[h as usize].in_use(), "a live block's chunk at {ptr:#x} is free");
         let size = self.chunks[h as usize].size;
         self.chunks[h as usize].id = 0;
         self.chunks[h as usize].requested = 0;
@@ -354,24 +358,25 @@ impl State {
         Ok(size)
     }
 
-    /// Why no chunk starts at `ptr`: outside every region, inside a free chunk (a block that
-    /// was freed and merged with a neighbour, freed again), or inside a live block.
+    /// Why no block starts at `ptr`: outside every region, at or inside a free chunk (a block
+    /// freed twice, perhaps merged with a neighbour in between), or inside a live block.
     #[cold]
     fn why_not_a_chunk(&self, ptr: usize) -> FreeError {
         let Some(r) = self.region_of(ptr).map(|i| &self.regions[i]) else { return FreeError::Foreign };
-        let mut i = (ptr - r.base) >> MIN_ALLOCATION_BITS;
-        // The chunk holding `ptr` is the nearest one starting at or before it.
-        while r.handles[i] == NONE {
-            if i == 0 {
-                return FreeError::NotAChunk;
+        // The chunk holding `ptr`: a walk along the region (an error path only).
+        let mut h = r.first;
+        while h != NONE {
+            let c = &self.chunks[h as usize];
+            if ptr < c.ptr + c.size {
+                return if c.in_use() || !ptr.is_multiple_of(MIN_ALLOCATION_SIZE) {
+                    FreeError::NotAChunk
+                } else {
+                    FreeError::AlreadyFree
+                };
             }
-            i -= 1;
+            h = c.next;
         }
-        if self.chunks[r.handles[i] as usize].in_use() || !ptr.is_multiple_of(MIN_ALLOCATION_SIZE) {
-            FreeError::NotAChunk
-        } else {
-            FreeError::AlreadyFree
-        }
+        FreeError::NotAChunk
     }
 
     /// Absorbs `b` (which directly follows `a`) into `a`. Neither may be in a bin.
@@ -384,7 +389,6 @@ impl State {
         } else {
             self.set_last(cb.ptr, a);
         }
-        self.set_handle(cb.ptr, NONE);
         self.free_handles.push(b);
     }
 
@@ -400,10 +404,8 @@ impl State {
             self.chunks[last as usize].next = h;
             let r = &mut self.regions[at - 1];
             r.size += size;
-            r.handles.resize(r.size >> MIN_ALLOCATION_BITS, NONE);
             r.pieces.extend(piece);
             r.last = h;
-            self.set_handle(base, h);
             if !self.chunks[last as usize].in_use() {
                 let old = self.entry(last);
                 self.merge(last, h);
@@ -414,9 +416,7 @@ impl State {
             return;
         }
         let h = self.new_chunk(Chunk { ptr: base, size, requested: 0, id: 0, prev: NONE, next: NONE });
-        let mut handles = vec![NONE; size >> MIN_ALLOCATION_BITS];
-        handles[0] = h;
-        self.regions.insert(at, Region { base, size, handles, pieces: piece.into_iter().collect(), last: h });
+        self.regions.insert(at, Region { base, size, first: h, pieces: piece.into_iter().collect(), last: h });
         self.insert_free(h);
     }
 
@@ -490,28 +490,10 @@ impl State {
         (i < self.regions.len() && self.regions[i].base <= ptr).then_some(i)
     }
 
-    fn set_handle(&mut self, ptr: usize, h: Handle) {
-        if let Some(i) = self.region_of(ptr) {
-            let r = &mut self.regions[i];
-            r.handles[(ptr - r.base) >> MIN_ALLOCATION_BITS] = h;
-        }
-    }
-
-    /// The chunk starting exactly at `ptr`, in O(log regions).
-    fn handle_at(&self, ptr: usize) -> Option<Handle> {
-        let r = &self.regions[self.region_of(ptr)?];
-        let offset = ptr - r.base;
-        if !offset.is_multiple_of(MIN_ALLOCATION_SIZE) {
-            return None;
-        }
-        let h = r.handles[offset >> MIN_ALLOCATION_BITS];
-        (h != NONE).then_some(h)
-    }
-
     /// `(requested, allocated, id)` of the live chunk at `ptr`.
     pub(crate) fn live_chunk(&self, ptr: usize) -> Option<(usize, usize, u64)> {
-        let c = &self.chunks[self.handle_at(ptr)? as usize];
-        c.in_use().then_some((c.requested, c.size, c.id))
+        let c = &self.chunks[self.live.get(ptr)? as usize];
+        Some((c.requested, c.size, c.id))
     }
 
     /// The largest free chunk.
@@ -554,7 +536,7 @@ impl State {
         let mut regions = Vec::new();
         for (ri, r) in self.regions.iter().enumerate() {
             regions.push(RegionInfo { base: r.base, size: r.size });
-            let mut h = r.handles[0];
+            let mut h = r.first;
             while h != NONE {
                 let c = &self.chunks[h as usize];
                 let b = &mut bins[bin_for_size(c.size)];
@@ -590,9 +572,10 @@ impl State {
         let mut in_use = 0;
         let mut free_chunks = 0;
         let mut usable = 0;
+        let mut live = 0;
         for r in &self.regions {
             usable += r.size;
-            let mut h = r.handles[0];
+            let mut h = r.first;
             let mut expect = r.base;
             let mut prev = NONE;
             while h != NONE {
@@ -603,11 +586,12 @@ impl State {
                 if c.size == 0 || !c.size.is_multiple_of(MIN_ALLOCATION_SIZE) {
                     return Err(format!("chunk at {:#x} has size {}", c.ptr, c.size));
                 }
-                if r.handles[(c.ptr - r.base) >> MIN_ALLOCATION_BITS] != h {
-                    return Err(format!("handle map wrong at {:#x}", c.ptr));
-                }
                 if c.in_use() {
                     in_use += c.size;
+                    live += 1;
+                    if self.live.get(c.ptr) != Some(h) {
+                        return Err(format!("the block at {:#x} is not in the live map", c.ptr));
+                    }
                     if self.growth.has_hole_in(c.ptr, c.ptr + c.size) {
                         return Err(format!("the block at {:#x} lies over decommitted memory", c.ptr));
                     }
@@ -631,16 +615,9 @@ impl State {
             if prev != r.last {
                 return Err(format!("region {:#x}: wrong last chunk", r.base));
             }
-            let starts = r.handles.iter().filter(|&&h| h != NONE).count();
-            let mut chunks_here = 0;
-            let mut h = r.handles[0];
-            while h != NONE {
-                chunks_here += 1;
-                h = self.chunks[h as usize].next;
-            }
-            if starts != chunks_here {
-                return Err(format!("region {:#x}: {starts} handles for {chunks_here} chunks", r.base));
-            }
+        }
+        if self.live.len() != live {
+            return Err(format!("{} blocks in the live map for {live} chunks in use", self.live.len()));
         }
         self.by_size.check()?;
         self.by_address.check()?;

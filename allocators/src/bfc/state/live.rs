@@ -1,0 +1,111 @@
+//! [`LiveBlocks`]: the chunk of every block handed out, by its address.
+//!
+//! TensorFlow's BFC keeps, per region, one handle for every 256 bytes of it (`handles_`), so
+//! that a free finds its chunk by indexing, and updates it on every split and merge. That table
+//! is host memory in proportion to the memory managed, not to what is in it: 4 bytes per 256
+//! (216 MB for the 13.5 GB the GPT-2 training stream commits, more while the vector doubles),
+//! written in full each time the region grows, and each free touches a page of it far from the
+//! last one. PyTorch's caching allocator keeps a hash set of its allocated blocks instead; so
+//! does this: one entry per live block (hundreds to thousands on the recorded streams), one
+//! insertion when a block is handed out and one removal when it comes back. Free chunks are
+//! found through their neighbours' links and the free indexes, never by address.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::Handle;
+
+/// Hashes a block address with one folded 64x64-bit multiply (the high and low halves of the
+/// product mixed), so that both the low bits hashbrown takes for the bucket and the top seven
+/// it keeps as a tag depend on every bit of the address, trailing zeros and all.
+#[derive(Default)]
+pub(super) struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `usize` keys are hashed here; this keeps the hasher total for any other key.
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        let p = u128::from(self.0 ^ n) * 0x9E37_79B9_7F4A_7C15;
+        self.0 = (p >> 64) as u64 ^ p as u64;
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+/// The chunk of every block handed out, by the block's address.
+#[derive(Debug, Default)]
+pub(super) struct LiveBlocks(HashMap<usize, Handle, BuildHasherDefault<AddressHasher>>);
+
+impl LiveBlocks {
+    /// Records the block at `ptr`, held by chunk `h`.
+    pub(super) fn insert(&mut self, ptr: usize, h: Handle) {
+        let earlier = self.0.insert(ptr, h);
+        debug_assert!(earlier.is_none(), "two live blocks at {ptr:#x}");
+    }
+
+    /// The chunk of the live block at `ptr`.
+    pub(super) fn get(&self, ptr: usize) -> Option<Handle> {
+        self.0.get(&ptr).copied()
+    }
+
+    /// Takes out the live block at `ptr` (it is being freed) and returns its chunk; `None`
+    /// (and nothing changed) when no live block starts there.
+    pub(super) fn take(&mut self, ptr: usize) -> Option<Handle> {
+        self.0.remove(&ptr)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+    use std::hash::BuildHasher;
+
+    const BASE: usize = 0x7f00_0000_0000;
+
+    #[test]
+    fn insert_get_take() {
+        let mut live = LiveBlocks::default();
+        for i in 0..10_000u32 {
+            live.insert(BASE + i as usize * 256, i);
+        }
+        assert_eq!(live.len(), 10_000);
+        assert_eq!(live.get(BASE + 4321 * 256), Some(4321));
+        assert_eq!(live.get(BASE + 4321 * 256 + 8), None, "inside a block");
+        assert_eq!(live.take(BASE + 4321 * 256), Some(4321));
+        assert_eq!(live.take(BASE + 4321 * 256), None, "already taken");
+        assert_eq!((live.get(BASE + 4321 * 256), live.len()), (None, 9_999));
+        live.clear();
+        assert_eq!(live.len(), 0);
+    }
+
+    #[test]
+    fn neighbouring_addresses_spread_over_buckets_and_tags() {
+        // hashbrown takes the bucket from the low bits and a 7-bit tag from the top ones.
+        let build = BuildHasherDefault::<AddressHasher>::default();
+        let hashes: Vec<u64> = (0..4096usize).map(|i| build.hash_one(BASE + i * 256)).collect();
+        let buckets: HashSet<u64> = hashes.iter().map(|h| h & 4095).collect();
+        let tags: HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
+        assert!(buckets.len() > 2500, "{} distinct buckets of 4096", buckets.len());
+        assert_eq!(tags.len(), 128, "every tag value used");
+    }
+}
