@@ -72,6 +72,16 @@ impl LiveBlocks {
     pub(super) fn clear(&mut self) {
         self.0.clear();
     }
+
+    /// Gives back the map's spare capacity (left by an earlier peak of live blocks).
+    pub(super) fn shrink(&mut self) {
+        self.0.shrink_to_fit();
+    }
+
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
 }
 
 #[cfg(test)]
@@ -94,8 +104,12 @@ mod tests {
         assert_eq!(live.take(BASE + 4321 * 256), Some(4321));
         assert_eq!(live.take(BASE + 4321 * 256), None, "already taken");
         assert_eq!((live.get(BASE + 4321 * 256), live.len()), (None, 9_999));
+        live.shrink();
+        assert!(live.capacity() >= 9_999);
         live.clear();
         assert_eq!(live.len(), 0);
+        live.shrink();
+        assert!(live.capacity() < 16, "{} slots kept for no live block", live.capacity());
     }
 
     #[test]
