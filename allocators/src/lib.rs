@@ -50,6 +50,7 @@ mod stats;
 mod sub_allocator;
 mod system;
 pub mod transfer;
+mod word_map;
 
 pub use allocator::{Allocator, AllocatorExt, LiveChunk, dangling};
 pub use attributes::{AllocationAttributes, AllocatorAttributes};

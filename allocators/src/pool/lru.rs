@@ -1,10 +1,8 @@
 //! The shared pool behind the thread caches: free lists by size class, least recently freed
 //! evicted past a byte limit, and TensorFlow's auto-resize of that limit.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use super::PoolStats;
+use crate::word_map::WordMap;
 
 /// A size class: `(rounded size, alignment)`.
 pub(super) type Class = (usize, usize);
@@ -30,29 +28,6 @@ struct Cached {
 
 const NIL: usize = usize::MAX;
 
-/// FxHash-style word hasher: addresses and size classes are already well spread, and SipHash
-/// would cost more than the pool operation itself.
-#[derive(Default)]
-pub(super) struct WordHasher(u64);
-
-impl Hasher for WordHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_usize(b as usize);
-        }
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (self.0.rotate_left(5) ^ n as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<WordHasher>>;
-
 /// The counts TensorFlow's auto-resize looks at, restarted after each resize.
 #[derive(Debug, Default)]
 struct Window {
@@ -70,7 +45,7 @@ pub(super) struct Pool {
     /// Most and least recently freed.
     newest: usize,
     oldest: usize,
-    classes: FastMap<Class, Vec<usize>>,
+    classes: WordMap<Class, Vec<usize>>,
     pub(super) size_limit: usize,
     pub(super) stats: PoolStats,
     window: Window,
@@ -87,7 +62,7 @@ impl Pool {
             vacant: Vec::new(),
             newest: NIL,
             oldest: NIL,
-            classes: FastMap::default(),
+            classes: WordMap::default(),
             size_limit,
             stats: PoolStats { size_limit: size_limit as u64, ..PoolStats::default() },
             window: Window::default(),

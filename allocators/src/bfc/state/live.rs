@@ -10,42 +10,12 @@
 //! insertion when a block is handed out and one removal when it comes back. Free chunks are
 //! found through their neighbours' links and the free indexes, never by address.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use super::Handle;
-
-/// Hashes a block address with one folded 64x64-bit multiply (the high and low halves of the
-/// product mixed), so that both the low bits hashbrown takes for the bucket and the top seven
-/// it keeps as a tag depend on every bit of the address, trailing zeros and all.
-#[derive(Default)]
-pub(super) struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `usize` keys are hashed here; this keeps the hasher total for any other key.
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        let p = u128::from(self.0 ^ n) * 0x9E37_79B9_7F4A_7C15;
-        self.0 = (p >> 64) as u64 ^ p as u64;
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-}
+use crate::word_map::WordMap;
 
 /// The chunk of every block handed out, by the block's address.
 #[derive(Debug, Default)]
-pub(super) struct LiveBlocks(HashMap<usize, Handle, BuildHasherDefault<AddressHasher>>);
+pub(super) struct LiveBlocks(WordMap<usize, Handle>);
 
 impl LiveBlocks {
     /// Records the block at `ptr`, held by chunk `h`.
@@ -87,8 +57,6 @@ impl LiveBlocks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashSet;
-    use std::hash::BuildHasher;
 
     const BASE: usize = 0x7f00_0000_0000;
 
@@ -110,16 +78,5 @@ mod tests {
         assert_eq!(live.len(), 0);
         live.shrink();
         assert!(live.capacity() < 16, "{} slots kept for no live block", live.capacity());
-    }
-
-    #[test]
-    fn neighbouring_addresses_spread_over_buckets_and_tags() {
-        // hashbrown takes the bucket from the low bits and a 7-bit tag from the top ones.
-        let build = BuildHasherDefault::<AddressHasher>::default();
-        let hashes: Vec<u64> = (0..4096usize).map(|i| build.hash_one(BASE + i * 256)).collect();
-        let buckets: HashSet<u64> = hashes.iter().map(|h| h & 4095).collect();
-        let tags: HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
-        assert!(buckets.len() > 2500, "{} distinct buckets of 4096", buckets.len());
-        assert_eq!(tags.len(), 128, "every tag value used");
     }
 }
