@@ -283,7 +283,7 @@ unsafe impl Allocator for BfcAllocator {
     /// addresses stay reserved and are committed again when a block is placed there); for
     /// TensorFlow's regions, every region that holds no allocation. Live blocks are untouched.
     fn release_cached(&self) -> usize {
-        self.state.lock().release(&*self.sub, 0, true)
+        self.state.lock().release_cached(&*self.sub)
     }
 }
 

@@ -475,13 +475,8 @@ impl State {
     /// can go): whole free regions; for an expandable region its free tail and, with `interior`
     /// (an explicit `release_cached`, not the release threshold's frees: a block placed over a
     /// hole commits it again, which a threshold would repeat on every free), whole free
-    /// granules inside other free chunks, and the live-block map's spare capacity. Returns the
-    /// bytes given back (of the managed memory; the map is not counted).
+    /// granules inside other free chunks. Returns the bytes given back.
     pub(crate) fn release(&mut self, sub: &dyn SubAllocator, keep: usize, interior: bool) -> usize {
-        if interior {
-            // Host memory of the allocator's own: the live-block map's spare capacity.
-            self.live.shrink();
-        }
         let free = self.free_committed();
         if free <= keep {
             return 0;

@@ -490,6 +490,14 @@ impl State {
         (i < self.regions.len() && self.regions[i].base <= ptr).then_some(i)
     }
 
+    /// `release_cached`: every free byte that can go (see [`release`](Self::release)), and the
+    /// live-block map's spare capacity (host memory of the allocator's own, left by an earlier
+    /// peak of live blocks). Returns the bytes of managed memory given back.
+    pub(crate) fn release_cached(&mut self, sub: &dyn SubAllocator) -> usize {
+        self.live.shrink();
+        self.release(sub, 0, true)
+    }
+
     /// `(requested, allocated, id)` of the live chunk at `ptr`.
     pub(crate) fn live_chunk(&self, ptr: usize) -> Option<(usize, usize, u64)> {
         let c = &self.chunks[self.live.get(ptr)? as usize];
