@@ -12,6 +12,8 @@
 //! B-tree node each time. An intrusive treap (links in the chunks, no allocation) was tried too
 //! and was slower still at these sizes: a dependent load per level.
 
+use core::cell::Cell;
+
 use super::Handle;
 
 /// A block splits in two above this many entries.
@@ -68,23 +70,33 @@ impl Block {
     }
 }
 
-/// Free chunks in key order, in blocks that each know their largest chunk, with a count of
-/// chunks per size class (a quarter of a power of two).
+/// Free chunks in key order, in blocks that each know their largest chunk; by address, with a
+/// count of chunks per size class (a quarter of a power of two).
 #[derive(Debug)]
 pub(super) struct FreeIndex {
     order: Order,
     /// In key order, every block non-empty except a lone first one.
     blocks: Vec<Block>,
     len: usize,
-    /// Chunks per [`size_class`].
+    /// Chunks per [`size_class`] (by address only; zeros by size).
     class_counts: [u32; SIZE_CLASSES],
     /// Bit `c` set when `class_counts[c] > 0`.
     classes: u128,
+    /// `(block, position)` of the entry [`first`](Self::first) found last: the allocation path
+    /// replaces or removes that entry next, and finds it here without a search.
+    found: Cell<(usize, usize)>,
 }
 
 impl FreeIndex {
     pub(super) fn new(order: Order) -> Self {
-        Self { order, blocks: vec![Block::default()], len: 0, class_counts: [0; SIZE_CLASSES], classes: 0 }
+        Self {
+            order,
+            blocks: vec![Block::default()],
+            len: 0,
+            class_counts: [0; SIZE_CLASSES],
+            classes: 0,
+            found: Cell::new((usize::MAX, 0)),
+        }
     }
 
     pub(super) fn len(&self) -> usize {
@@ -105,6 +117,18 @@ impl FreeIndex {
         i.min(self.blocks.len() - 1)
     }
 
+    /// `(block, position)` of entry `e`: where [`first`](Self::first) found it last, else
+    /// searched for.
+    fn locate(&self, e: &Entry) -> Option<(usize, usize)> {
+        let (bi, at) = self.found.get();
+        if self.blocks.get(bi).and_then(|b| b.entries.get(at)) == Some(e) {
+            return Some((bi, at));
+        }
+        let bi = self.block_for(e.order());
+        let at = self.blocks[bi].entries.binary_search_by(|x| x.order().cmp(&e.order())).ok()?;
+        (self.blocks[bi].entries[at] == *e).then_some((bi, at))
+    }
+
     /// Adds free chunk `handle` at `ptr` of `size` bytes (not indexed yet).
     pub(super) fn insert(&mut self, ptr: usize, size: usize, handle: Handle) {
         let e = self.entry(ptr, size, handle);
@@ -121,21 +145,37 @@ impl FreeIndex {
             self.blocks.insert(bi + 1, next);
         }
         self.len += 1;
-        let class = size_class(size);
-        self.class_counts[class] += 1;
-        self.classes |= 1 << class;
+        self.class_added(size);
+    }
+
+    /// Counts a chunk of `size` bytes more in its size class. Only the address index keeps the
+    /// counts ([`smallest_class_first`](Self::smallest_class_first) searches by address); by
+    /// size, the order itself is by class.
+    fn class_added(&mut self, size: usize) {
+        if self.order == Order::ByAddress {
+            let class = size_class(size);
+            self.class_counts[class] += 1;
+            self.classes |= 1 << class;
+        }
+    }
+
+    /// Counts a chunk of `size` bytes less in its size class (see [`class_added`](Self::class_added)).
+    fn class_removed(&mut self, size: usize) {
+        if self.order == Order::ByAddress {
+            let class = size_class(size);
+            self.class_counts[class] -= 1;
+            if self.class_counts[class] == 0 {
+                self.classes &= !(1 << class);
+            }
+        }
     }
 
     /// Removes the entry of chunk `handle` at `ptr` of `size` bytes (as it was inserted);
     /// returns whether it was there.
     pub(super) fn remove(&mut self, ptr: usize, size: usize, handle: Handle) -> bool {
         let e = self.entry(ptr, size, handle);
-        let bi = self.block_for(e.order());
+        let Some((bi, at)) = self.locate(&e) else { return false };
         let b = &mut self.blocks[bi];
-        let Ok(at) = b.entries.binary_search_by(|x| x.order().cmp(&e.order())) else { return false };
-        if b.entries[at] != e {
-            return false;
-        }
         b.entries.remove(at);
         if size == b.max {
             b.recompute_max();
@@ -144,11 +184,7 @@ impl FreeIndex {
             self.blocks.remove(bi);
         }
         self.len -= 1;
-        let class = size_class(size);
-        self.class_counts[class] -= 1;
-        if self.class_counts[class] == 0 {
-            self.classes &= !(1 << class);
-        }
+        self.class_removed(size);
         true
     }
 
@@ -158,12 +194,8 @@ impl FreeIndex {
     pub(super) fn replace(&mut self, old: (usize, usize, Handle), new: (usize, usize, Handle)) -> bool {
         let o = self.entry(old.0, old.1, old.2);
         let n = self.entry(new.0, new.1, new.2);
-        let bi = self.block_for(o.order());
-        let Ok(at) = self.blocks[bi].entries.binary_search_by(|x| x.order().cmp(&o.order())) else { return false };
+        let Some((bi, at)) = self.locate(&o) else { return false };
         let b = &self.blocks[bi];
-        if b.entries[at] != o {
-            return false;
-        }
         let before = match at {
             0 => bi.checked_sub(1).and_then(|p| self.blocks[p].entries.last()),
             _ => b.entries.get(at - 1),
@@ -184,14 +216,9 @@ impl FreeIndex {
         } else if o.size == b.max {
             b.recompute_max();
         }
-        let (from, to) = (size_class(o.size), size_class(n.size));
-        if from != to {
-            self.class_counts[from] -= 1;
-            if self.class_counts[from] == 0 {
-                self.classes &= !(1 << from);
-            }
-            self.class_counts[to] += 1;
-            self.classes |= 1 << to;
+        if self.order == Order::ByAddress && size_class(o.size) != size_class(n.size) {
+            self.class_removed(o.size);
+            self.class_added(n.size);
         }
         true
     }
@@ -205,17 +232,18 @@ impl FreeIndex {
             Order::BySize => self.block_for((min, 0)),
             Order::ByAddress => 0,
         };
-        self.blocks[from..]
-            .iter()
-            .filter(|b| b.max >= min)
-            .find_map(|b| b.entries.iter().find(|e| e.size >= min && fits(e.size, e.ptr)))
-            .map(|e| e.handle)
+        let (bi, at) = self.blocks[from..].iter().enumerate().filter(|(_, b)| b.max >= min).find_map(|(i, b)| {
+            b.entries.iter().position(|e| e.size >= min && fits(e.size, e.ptr)).map(|at| (from + i, at))
+        })?;
+        self.found.set((bi, at));
+        Some(self.blocks[bi].entries[at].handle)
     }
 
     /// The first chunk in key order of at least `min` bytes for which `fits(size, address)`
     /// holds in the smallest size class (a quarter of a power of two) that has one. By address
     /// that is close to best fit, without leaving address order within a class.
     pub(super) fn smallest_class_first(&self, min: usize, fits: impl Fn(usize, usize) -> bool) -> Option<Handle> {
+        debug_assert_eq!(self.order, Order::ByAddress, "only the address index counts size classes");
         let lowest = size_class(min);
         let mut classes = self.classes >> lowest << lowest;
         while classes != 0 {
@@ -268,15 +296,17 @@ impl FreeIndex {
                     return Err(format!("the {:?} index is out of order at {:#x}", self.order, e.ptr));
                 }
                 last = Some(e.order());
-                counts[size_class(e.size)] += 1;
+                if self.order == Order::ByAddress {
+                    counts[size_class(e.size)] += 1;
+                }
             }
         }
         let mask = (0..SIZE_CLASSES).filter(|&c| counts[c] > 0).fold(0u128, |m, c| m | 1 << c);
         if counts != self.class_counts || mask != self.classes {
             return Err(format!("the {:?} index's size-class counts are out of date", self.order));
         }
-        let count: u32 = counts.iter().sum();
-        if count as usize != self.len {
+        let count: usize = self.blocks.iter().map(|b| b.entries.len()).sum();
+        if count != self.len {
             return Err(format!("the {:?} index counts {} entries but holds {count}", self.order, self.len));
         }
         Ok(())
@@ -366,6 +396,61 @@ mod tests {
         index.check().unwrap();
         assert_eq!(index.iter().nth(1).map(|e| e.2), Some(0));
         assert_eq!(index.len(), 300);
+    }
+
+    #[test]
+    fn where_first_found_an_entry_is_checked_before_use() {
+        for order in [Order::ByAddress, Order::BySize] {
+            let mut index = filled(order);
+            // Found at its place: replaced without a search.
+            let h = index.first(256 * 7, |_, p| p >= 50 * 4096).unwrap();
+            assert_eq!(h, 55);
+            assert!(index.replace((55 * 4096, 7 * 256, 55), (55 * 4096 + 256, 6 * 256, 55)));
+            index.check().unwrap();
+            // Found, then everything after it shifted by an insertion in front: the remembered
+            // position now holds another entry, which must not be taken for it.
+            let h = index.first(256 * 7, |_, p| p >= 100 * 4096).unwrap();
+            assert_eq!(h, 104);
+            index.insert(103 * 4096 + 2048, 7 * 256, 1000);
+            let (bi, at) = index.found.get();
+            assert_eq!(index.blocks[bi].entries[at].handle, 1000, "the remembered place is stale");
+            assert!(!index.remove(104 * 4096, 6 * 256, 104), "no such entry (wrong size)");
+            assert!(index.remove(104 * 4096, 7 * 256, 104));
+            assert!(!index.contains(104 * 4096, 7 * 256, 104));
+            assert!(index.contains(103 * 4096 + 2048, 7 * 256, 1000), "the entry in its place stays");
+            index.check().unwrap();
+            assert_eq!(index.len(), 300);
+        }
+    }
+
+    /// `smallest_class_first` against its definition, on chunks of pseudo-random sizes (many in
+    /// each class, so that a class can hold chunks too small for a request) and a `fits` that
+    /// turns some chunks down by address.
+    #[test]
+    fn smallest_class_first_is_the_first_fit_of_the_smallest_class_with_one() {
+        let mut index = FreeIndex::new(Order::ByAddress);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut chunks = Vec::new();
+        for i in 0..400u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let size = 256 * (1 + (x % 3000) as usize);
+            let ptr = (i as usize) << 24;
+            index.insert(ptr, size, i);
+            chunks.push((ptr, size, i));
+        }
+        index.check().unwrap();
+        let fits = |_: usize, ptr: usize| (ptr >> 24) % 5 != 3;
+        for min in (256..3200 * 256).step_by(4 * 256 + 256) {
+            let want = chunks
+                .iter()
+                .filter(|&&(p, s, _)| s >= min && fits(s, p))
+                .min_by_key(|&&(p, s, _)| (size_class(s), p))
+                .map(|c| c.2);
+            assert_eq!(index.smallest_class_first(min, fits), want, "min {min}");
+        }
+        assert_eq!(index.smallest_class_first(3001 * 256, fits), None);
     }
 
     #[test]
