@@ -177,8 +177,14 @@ impl FreeIndex {
     pub(super) fn remove(&mut self, ptr: usize, size: usize, handle: Handle) -> bool {
         let e = self.entry(ptr, size, handle);
         let Some((bi, at)) = self.locate(&e) else { return false };
+        self.remove_at(bi, at);
+        true
+    }
+
+    /// Removes the entry at `(block, position)`, as [`locate`](Self::locate) found it.
+    fn remove_at(&mut self, bi: usize, at: usize) {
         let b = &mut self.blocks[bi];
-        b.entries.remove(at);
+        let size = b.entries.remove(at).size;
         if size == b.max {
             b.recompute_max();
         }
@@ -187,7 +193,6 @@ impl FreeIndex {
         }
         self.len -= 1;
         self.class_removed(size);
-        true
     }
 
     /// Replaces the entry `old` (`(address, size, handle)` as inserted) by `new`: in place when
@@ -207,7 +212,7 @@ impl FreeIndex {
             None => self.blocks.get(bi + 1).and_then(|b| b.entries.first()),
         };
         if before.is_some_and(|e| e.order() >= n.order()) || after.is_some_and(|e| e.order() <= n.order()) {
-            self.remove(old.0, old.1, old.2);
+            self.remove_at(bi, at);
             self.insert(new.0, new.1, new.2);
             return true;
         }
