@@ -9,9 +9,9 @@
 //! reserved / peak requested (all memory taken from the system). The BFC rows: `bfc` is the
 //! default (`memory_limit` + `allow_growth`, nothing else set: expandable, need-sized growth,
 //! 256-byte splits, first fit above 64 KiB); `bfc (headroom 4%)` the same with
-//! `peak_headroom(Some(0.04))` (large free chunks trapped between live blocks are decommitted
-//! instead of growing); `bfc (tensorflow)` is TensorFlow's allocator
-//! (regions doubling from 2 MiB, its split rule, best fit).
+//! `peak_headroom(Some(0.04))` (the pages of large free chunks trapped between live blocks move to
+//! where the region would grow, or are decommitted where they cannot move); `bfc (tensorflow)` is
+//! TensorFlow's allocator (regions doubling from 2 MiB, its split rule, best fit).
 
 use std::sync::Arc;
 

@@ -18,8 +18,9 @@ use std::io;
 /// All sizes and offsets are multiples of [`granule`](Self::granule).
 ///
 /// # Safety
-/// Implementors promise that a range that [`commit`](Self::commit) accepted is valid for reads
-/// and writes (on the device the memory belongs to) until it is decommitted or released, that a
+/// Implementors promise that a range that [`commit`](Self::commit) accepted, or that
+/// [`relocate`](Self::relocate) moved memory to, is valid for reads and writes (on the device
+/// the memory belongs to) until it is decommitted, moved away or released, that a
 /// reservation is never handed out twice while it lives, and that `reserve` returns an address
 /// aligned to the granule.
 pub unsafe trait ExpandableMemory: Send + Sync + fmt::Debug {
@@ -65,6 +66,32 @@ pub unsafe trait ExpandableMemory: Send + Sync + fmt::Debug {
         true
     }
 
+    /// Whether [`relocate`](Self::relocate) can move committed memory to other addresses of
+    /// the reservation (false by default).
+    fn relocates(&self) -> bool {
+        false
+    }
+
+    /// Moves the memory committed at `from` to the uncommitted range at `to` without copying
+    /// it or giving it back: afterwards `to..to + bytes` is committed, holding what
+    /// `from..from + bytes` held, and `from..from + bytes` is decommitted (reserved, with
+    /// nothing behind it). A caching allocator uses it to take memory left free between live
+    /// blocks to where a block needs it, instead of committing more and keeping both (on a
+    /// host, the pages keep their physical frames: nothing is faulted in again).
+    ///
+    /// # Errors
+    /// `Unsupported` unless [`relocates`](Self::relocates); otherwise the system's refusal, with
+    /// both ranges as they were.
+    ///
+    /// # Safety
+    /// Both ranges must lie inside one live reservation of this memory, be granule-aligned and
+    /// not overlap; `from` must be committed and unused (nothing may use its memory
+    /// afterwards), `to` not committed.
+    unsafe fn relocate(&self, from: NonNull<u8>, to: NonNull<u8>, bytes: usize) -> io::Result<()> {
+        let _ = (from, to, bytes);
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this memory cannot move committed pages"))
+    }
+
     /// A short name for messages (`os`, `cuda:0`).
     fn name(&self) -> &str;
 
@@ -78,8 +105,9 @@ pub unsafe trait ExpandableMemory: Send + Sync + fmt::Debug {
 pub(crate) const PAGE: usize = 4096;
 
 /// Host memory from the operating system: `mmap(PROT_NONE, MAP_NORESERVE)` reserves,
-/// `mprotect(PROT_READ | PROT_WRITE)` commits, `madvise(MADV_DONTNEED)` plus `PROT_NONE`
-/// decommits, `munmap` releases. Page granularity. Unix only; elsewhere `reserve` fails and
+/// `mprotect(PROT_READ | PROT_WRITE)` commits, a fresh `PROT_NONE` mapping over the range
+/// (`mmap(MAP_FIXED)`) decommits, `munmap` releases, and on Linux `mremap(MREMAP_DONTUNMAP)` relocates pages
+/// (their page-table entries move; the frames stay). Page granularity. Unix only; elsewhere `reserve` fails and
 /// a BFC falls back to regions.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct OsMemory;
@@ -87,7 +115,10 @@ pub struct OsMemory;
 // SAFETY: on Unix, `reserve` maps a fresh anonymous `PROT_NONE` range (page-aligned, never handed
 // out twice by the kernel while mapped); `commit` makes pages of it readable and writable, so
 // they are valid memory (zero-filled on first touch) until `decommit` drops them or `release`
-// unmaps the range. Elsewhere nothing is ever reserved.
+// unmaps the range. On Linux `relocate` moves committed pages over a `PROT_NONE` part of the same
+// reservation (`mremap(MREMAP_FIXED | MREMAP_DONTUNMAP)`, which replaces only that part), so the
+// destination is valid memory holding the same bytes, and leaves the source mapped, empty and
+// `PROT_NONE` again, as decommitted. Elsewhere nothing is ever reserved.
 unsafe impl ExpandableMemory for OsMemory {
     fn granule(&self) -> usize {
         PAGE
@@ -143,9 +174,8 @@ unsafe impl ExpandableMemory for OsMemory {
         // SAFETY: the caller promises the range is committed memory of ours that nobody uses:
         // dropping its pages and making it inaccessible again affects nothing else.
         unsafe {
-            libc::madvise(ptr.as_ptr().cast(), bytes, libc::MADV_DONTNEED);
-            libc::mprotect(ptr.as_ptr().cast(), bytes, libc::PROT_NONE);
-        }
+            reserve_again(ptr, bytes)
+        };
         #[cfg(not(unix))]
         let _ = (ptr, bytes);
     }
@@ -160,7 +190,61 @@ unsafe impl ExpandableMemory for OsMemory {
         let _ = (ptr, bytes);
     }
 
+    fn relocates(&self) -> bool {
+        cfg!(target_os = "linux")
+    }
+
+    unsafe fn relocate(&self, from: NonNull<u8>, to: NonNull<u8>, bytes: usize) -> io::Result<()> {
+        #[cfg(target_os = "linux")]
+        {
+            let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
+            // SAFETY: the caller promises both ranges lie in one live reservation of ours and do
+            // not overlap, `from` committed and unused, `to` not committed: moving `from`'s
+            // pages over `to` (which replaces only our own `PROT_NONE` mapping there) and
+            // leaving `from` mapped but empty touches no other mapping and no memory in use.
+            let p =
+                unsafe { libc::mremap(from.as_ptr().cast(), bytes, bytes, flags, to.as_ptr().cast::<libc::c_void>()) };
+            if p == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: `from` is our own range, now without pages and unused.
+            unsafe { reserve_again(from, bytes) };
+            Ok(())
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (from, to, bytes);
+            Err(io::Error::new(io::ErrorKind::Unsupported, "moving pages needs Linux's mremap"))
+        }
+    }
+
     fn name(&self) -> &str {
         "os"
+    }
+}
+
+/// Turns `bytes` at `ptr`, part of a reservation of ours that nobody uses, back into reserved
+/// address space with nothing behind it: a fresh `PROT_NONE` mapping put over it in one call
+/// (`MAP_FIXED` replaces only our own range), which drops its pages. A fresh mapping, rather than
+/// `madvise` + `mprotect` on the old one, because pages moved by `mremap` keep their mapping's
+/// page offset: ranges they visited could then never merge with their neighbours again, and
+/// every move would leave the process more mappings, up to the system's limit (`vm.max_map_count`,
+/// 65530), where commits start failing. If the mapping is refused (that limit: the kernel checks
+/// it before it takes the old mapping out), the old way.
+///
+/// # Safety
+/// The range must lie inside a live reservation of ours, page-aligned, and nothing may use its
+/// memory.
+#[cfg(unix)]
+unsafe fn reserve_again(ptr: NonNull<u8>, bytes: usize) {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
+    // SAFETY: the caller promises the range is ours and unused; `MAP_FIXED` replaces exactly it.
+    let p = unsafe { libc::mmap(ptr.as_ptr().cast(), bytes, libc::PROT_NONE, flags, -1, 0) };
+    if p == libc::MAP_FAILED {
+        // SAFETY: as above; dropping the pages and the access touches nothing else.
+        unsafe {
+            libc::madvise(ptr.as_ptr().cast(), bytes, libc::MADV_DONTNEED);
+            libc::mprotect(ptr.as_ptr().cast(), bytes, libc::PROT_NONE);
+        }
     }
 }

@@ -41,16 +41,27 @@ struct Counting {
     partial: bool,
     pieces: Mutex<Vec<(usize, usize)>>,
     bad_decommits: AtomicUsize,
+    /// Whether it moves pages (`OsMemory::relocate`), and the bytes it moved.
+    relocating: bool,
+    moved: AtomicUsize,
+    refuse_moves: AtomicBool,
 }
 
 impl Counting {
     fn new(partial: bool) -> Arc<Self> {
+        Self::with(partial, false)
+    }
+
+    fn with(partial: bool, relocating: bool) -> Arc<Self> {
         Arc::new(Self {
             committed: AtomicUsize::new(0),
             refuse: AtomicBool::new(false),
             partial,
             pieces: Mutex::new(Vec::new()),
             bad_decommits: AtomicUsize::new(0),
+            relocating,
+            moved: AtomicUsize::new(0),
+            refuse_moves: AtomicBool::new(false),
         })
     }
 }
@@ -95,6 +106,18 @@ unsafe impl ExpandableMemory for Counting {
     }
     fn decommits_partially(&self) -> bool {
         self.partial
+    }
+    fn relocates(&self) -> bool {
+        self.relocating
+    }
+    unsafe fn relocate(&self, from: NonNull<u8>, to: NonNull<u8>, bytes: usize) -> io::Result<()> {
+        if !self.relocating || self.refuse_moves.load(SeqCst) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "refused by the test"));
+        }
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { OsMemory.relocate(from, to, bytes) }?;
+        self.moved.fetch_add(bytes, SeqCst);
+        Ok(())
     }
     fn name(&self) -> &str {
         "counting"
@@ -291,6 +314,85 @@ fn a_peak_headroom_gives_back_a_trapped_chunk_before_the_region_grows() {
     }
     assert_eq!(bfc.release_cached(), 251 * MIB);
     assert_eq!((reserved(&bfc), memory.committed.load(SeqCst)), (0, 0));
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_peak_headroom_moves_a_trapped_chunks_pages_to_where_the_region_grows() {
+    let memory = Counting::with(true, true);
+    let sub = Arc::new(CountingSub(memory.clone()));
+    let bfc =
+        BfcAllocator::builder().memory_limit(1 << 30).sub_allocator(sub).peak_headroom(Some(0.0)).build().unwrap();
+    let a = alloc(&bfc, 100 * MIB);
+    // SAFETY: `a` is 100 MiB, just allocated.
+    unsafe { a.as_ptr().write_bytes(0xAB, 100 * MIB) };
+    let b = alloc(&bfc, MIB); // 2 MiB committed for it, 1 MiB of it a free tail
+    free(&bfc, a, 100 * MIB);
+    // 200 MiB fit nowhere: 199 MiB more after the 1 MiB free tail, 200 MiB committed at the end.
+    // The 100 MiB chunk trapped below `b` is over the headroom: its pages move to the first 100
+    // MiB of the new piece (the frames and what they hold go with them), 100 MiB are committed.
+    let c = alloc(&bfc, 200 * MIB);
+    assert_eq!(c.as_ptr() as usize, b.as_ptr() as usize + MIB, "c starts in the free tail");
+    assert_eq!(memory.moved.load(SeqCst), 100 * MIB);
+    assert_eq!(reserved(&bfc), 202 * MIB);
+    assert_eq!(bfc.stats().unwrap().peak_bytes_reserved, 202 << 20, "not even for a moment");
+    assert_eq!(memory.committed.load(SeqCst), 202 * MIB, "committed bytes = what the stats call reserved");
+    // SAFETY: `c` is 200 MiB: bytes 1 MiB..101 MiB are the moved pages, the rest fresh ones.
+    unsafe {
+        assert_eq!((*c.as_ptr().add(MIB), *c.as_ptr().add(101 * MIB - 1)), (0xAB, 0xAB), "the pages moved");
+        assert_eq!(*c.as_ptr().add(101 * MIB), 0, "committed fresh");
+        c.as_ptr().write_bytes(0xCD, 200 * MIB);
+    }
+    // A block on the hole finds no span of free pages to move (the 1 MiB free tail after `c` is
+    // too small to be worth a move; it is given back) and commits its own.
+    let d = alloc(&bfc, 50 * MIB);
+    assert_eq!(d, a, "first fit reuses the hole's addresses");
+    // SAFETY: `d` is 50 MiB, just allocated.
+    unsafe { d.as_ptr().write_bytes(0xEF, 50 * MIB) };
+    assert_eq!(
+        (reserved(&bfc), memory.committed.load(SeqCst), memory.moved.load(SeqCst)),
+        (251 * MIB, 251 * MIB, 100 * MIB)
+    );
+    // Freed, `c` is free pages above the hole's rest: a block over the rest of the hole takes
+    // them (from the top of `c`'s chunk) instead of committing more.
+    free(&bfc, c, 200 * MIB);
+    let e = alloc(&bfc, 40 * MIB);
+    assert_eq!(e.as_ptr() as usize, d.as_ptr() as usize + 50 * MIB, "on the rest of the hole");
+    // SAFETY: `e` is 40 MiB, just allocated.
+    unsafe {
+        assert_eq!(*e.as_ptr().add(40 * MIB - 1), 0xCD, "what `c` left in the moved pages");
+        e.as_ptr().write_bytes(0x11, 40 * MIB);
+    }
+    assert_eq!(
+        (reserved(&bfc), memory.committed.load(SeqCst), memory.moved.load(SeqCst)),
+        (251 * MIB, 251 * MIB, 140 * MIB)
+    );
+    for (p, n) in [(b, MIB), (d, 50 * MIB), (e, 40 * MIB)] {
+        free(&bfc, p, n);
+    }
+    assert_eq!(bfc.release_cached(), 251 * MIB);
+    assert_eq!((reserved(&bfc), memory.committed.load(SeqCst)), (0, 0));
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_refused_move_falls_back_to_giving_the_trapped_chunk_back() {
+    let memory = Counting::with(true, true);
+    let sub = Arc::new(CountingSub(memory.clone()));
+    let bfc =
+        BfcAllocator::builder().memory_limit(1 << 30).sub_allocator(sub).peak_headroom(Some(0.0)).build().unwrap();
+    let a = alloc(&bfc, 100 * MIB);
+    let b = alloc(&bfc, MIB);
+    free(&bfc, a, 100 * MIB);
+    // The memory refuses the move (as a kernel without MREMAP_DONTUNMAP would): the trapped
+    // chunk is decommitted instead, and the headroom still holds.
+    memory.refuse_moves.store(true, SeqCst);
+    let c = alloc(&bfc, 200 * MIB);
+    assert_eq!(memory.moved.load(SeqCst), 0);
+    assert_eq!((reserved(&bfc), memory.committed.load(SeqCst)), (202 * MIB, 202 * MIB));
+    assert_eq!(bfc.stats().unwrap().peak_bytes_reserved, 202 << 20);
+    free(&bfc, b, MIB);
+    free(&bfc, c, 200 * MIB);
 }
 
 #[test]

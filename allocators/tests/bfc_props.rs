@@ -30,9 +30,9 @@ fn op(max: usize) -> impl Strategy<Value = Op> {
 }
 
 /// OS memory that counts committed bytes, and decommits whole commits only (like a GPU) unless
-/// its flag says it decommits any page.
+/// its first flag says it decommits any page; its second flag lets it move pages.
 #[derive(Debug, Default)]
-struct Counted(AtomicUsize, bool);
+struct Counted(AtomicUsize, bool, bool);
 
 // SAFETY: forwarded to `OsMemory`, which keeps the contract; this type only counts.
 unsafe impl ExpandableMemory for Counted {
@@ -58,6 +58,16 @@ unsafe impl ExpandableMemory for Counted {
     }
     fn decommits_partially(&self) -> bool {
         self.1
+    }
+    fn relocates(&self) -> bool {
+        self.2
+    }
+    unsafe fn relocate(&self, from: NonNull<u8>, to: NonNull<u8>, bytes: usize) -> io::Result<()> {
+        if !self.2 {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "no moves"));
+        }
+        // SAFETY: forwarded with the caller's promise; moved bytes stay committed.
+        unsafe { OsMemory.relocate(from, to, bytes) }
     }
     fn name(&self) -> &str {
         "counted"
@@ -87,15 +97,16 @@ unsafe impl SubAllocator for CountedSub {
 /// The configurations: 0 the default (expandable OS memory), 1 TensorFlow with growth, 2
 /// TensorFlow's single region, 3 whole-piece memory with a release threshold and PyTorch's
 /// split rule, 4 page-decommitting memory with a peak headroom of 0 (every commit past the
-/// high-water mark first gives back free memory elsewhere).
+/// high-water mark first gives back free memory elsewhere), 5 the same with memory that moves
+/// those free pages to where they are needed instead.
 fn build(config: u8) -> (BfcAllocator, Option<Arc<CountedSub>>) {
     let tf = || BfcAllocator::builder().memory_limit(32 << 20).tensorflow_policies();
     match config {
         0 => (BfcAllocator::builder().memory_limit(32 << 20).build().unwrap(), None),
         1 => (tf().allow_growth(true).build().unwrap(), None),
         2 => (tf().build().unwrap(), None),
-        4 => {
-            let sub = Arc::new(CountedSub(Counted(AtomicUsize::new(0), true)));
+        4 | 5 => {
+            let sub = Arc::new(CountedSub(Counted(AtomicUsize::new(0), true, config == 5)));
             let bfc = BfcAllocator::builder()
                 .memory_limit(32 << 20)
                 .sub_allocator(sub.clone())
@@ -195,6 +206,9 @@ fn run_sequence(ops: Vec<Op>, config: u8) -> Result<(), TestCaseError> {
                     // SAFETY: the block is live and freed once with its layout.
                     unsafe {
                         prop_assert_eq!(l.ptr.as_ptr().read(), 0xA5);
+                        if l.layout.size() > 1 {
+                            prop_assert_eq!(l.ptr.as_ptr().add(l.layout.size() - 1).read(), 0x5A);
+                        }
                         bfc.deallocate_raw(l.ptr, l.layout);
                     }
                 }
@@ -235,7 +249,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_sequences_keep_every_invariant(ops in prop::collection::vec(op(2_000_000), 1..300), config in 0u8..5) {
+    fn random_sequences_keep_every_invariant(ops in prop::collection::vec(op(2_000_000), 1..300), config in 0u8..6) {
         run_sequence(ops, config)?;
     }
 
@@ -243,7 +257,7 @@ proptest! {
     /// often trapped between live blocks when the region grows, so a headroom of 0 decommits
     /// inside them, and blocks land on those holes again.
     #[test]
-    fn a_peak_headroom_keeps_every_invariant(ops in prop::collection::vec(op(6_000_000), 1..300)) {
-        run_sequence(ops, 4)?;
+    fn a_peak_headroom_keeps_every_invariant(ops in prop::collection::vec(op(6_000_000), 1..300), moves in any::<bool>()) {
+        run_sequence(ops, if moves { 5 } else { 4 })?;
     }
 }

@@ -445,17 +445,24 @@ impl BfcBuilder {
 
     /// Keep reserved memory within this fraction above the peak of bytes in use (e.g. `0.04`):
     /// a commit that would lift reserved past both that and its earlier high-water mark first
-    /// gives back free memory elsewhere: the free tail, then whole free pages inside free
-    /// chunks of at least 64 MiB (or a sixteenth of the limit), highest addresses first. Such
-    /// a chunk is typically trapped between live blocks while the region grows for a larger
-    /// block. Expandable memory that decommits any page (host memory) only; where a commit can
-    /// only be unmapped whole (a GPU mapping) it has no effect.
+    /// takes free memory from elsewhere: whole free pages inside free chunks of at least 64 MiB
+    /// (or a sixteenth of the limit), highest addresses first, then the free tail. Such a chunk
+    /// is typically trapped between live blocks while the region grows for a larger block.
+    /// Memory that [relocates](crate::ExpandableMemory::relocates) (host memory on Linux:
+    /// `mremap`) *moves* those pages to where the block needs them, so they stay faulted in and
+    /// keep their frames; other memory that decommits any page gives them back and commits
+    /// fresh ones. Where a commit can only be unmapped whole (a GPU mapping) it has no effect.
     ///
     /// Unset (the default): reserved follows the placement, as with PyTorch's expandable
-    /// segments. The cost is page faults: memory given back this way faults in again, page by
-    /// page, when a block lands on it. On the recorded GPT-2 training stream `Some(0.04)` takes
-    /// peak reserved / peak requested from 1.068 to 1.040, and decommits and commits again
-    /// about 10 GB per replay of its 12 steps (BENCHMARKS.md); the other streams are unchanged.
+    /// segments. On the recorded GPT-2 training stream `Some(0.04)` takes peak reserved / peak
+    /// requested from 1.068 to 1.040; the other streams are unchanged. What it costs is one
+    /// system call per move, a few dozen per replay of that stream's steps: with every page of
+    /// every block written (a real workload) the replay takes as long as without it, but the
+    /// allocator's own time per operation, measured without touching the memory, is 3-5x
+    /// (BENCHMARKS.md). Without moves (memory given back and faulted in again) the written
+    /// replay took 2.2-2.6x as long. Moved pages also cost the process memory mappings (a moved
+    /// range cannot merge with its neighbours while it is committed): on that stream their
+    /// number levels off at about 1,500-2,300, against the system's limit of 65,530.
     ///
     /// ```
     /// use tensormem_allocators::{BfcAllocator, BuildError};

@@ -14,23 +14,20 @@
 //!   stream (page faults and `mprotect` each time a hole is reused), see BENCHMARKS.md.
 //! - **Peak headroom** (opt-in, [`peak_headroom`](crate::BfcBuilder::peak_headroom)): a commit
 //!   that would lift reserved past the peak in use plus the headroom (and past its high-water
-//!   mark) first gives back the free tail, then large free spans from the highest address
-//!   down: a chunk trapped between live blocks is decommitted instead of the region growing
-//!   beside it.
+//!   mark) first takes free memory from elsewhere: large free spans from the highest address
+//!   down (a chunk trapped between live blocks), and the free tail. Memory that
+//!   [relocates](crate::ExpandableMemory::relocates) moves their pages to the addresses being
+//!   committed (nothing is faulted in again; reserved does not change); other memory
+//!   decommits them (the free tail first) and commits fresh pages.
 
-use core::ops::Range;
+mod interior;
+
 use core::ptr::NonNull;
 use std::collections::BTreeMap;
 
-use super::{Chunk, Handle, MIN_ALLOCATION_SIZE, NONE, REGION_ALIGNMENT, Region, State, rounded_bytes};
+use super::{Chunk, MIN_ALLOCATION_SIZE, NONE, REGION_ALIGNMENT, Region, State, rounded_bytes};
 use crate::observe::{self, Action};
 use crate::{ExpandableMemory, SubAllocator};
-
-/// The least span of whole free granules a chunk needs for
-/// [`peak_headroom`](crate::BfcBuilder::peak_headroom) to decommit inside it (or a sixteenth of
-/// the limit, if less): a chunk this large left between live blocks is worth the `madvise` and
-/// the page faults when it is used again.
-const TRAPPED_SPAN: usize = 64 << 20;
 
 /// How the allocator grows.
 #[derive(Debug)]
@@ -315,29 +312,48 @@ impl State {
             return false;
         }
         let mut bytes = extra.next_multiple_of(e.growth_granule).min(available).max(least);
-        // The block takes the free tail (`start`), which must stay.
-        self.make_room(memory, bytes, self.in_use + rounded, start..usize::MAX);
+        // Past the headroom, free pages move to `end..end + bytes` (uncommitted, granule-aligned,
+        // inside the reservation: see the commit below) or are given back first. The block takes
+        // the free tail (`start`), which must stay.
+        let over = self.over_headroom(bytes, self.in_use + rounded).min(bytes);
+        let mut moved = 0;
+        if over > 0 {
+            if Self::moves_pages(memory) {
+                moved = self.relocate_into(memory, end, over, start..usize::MAX);
+            }
+            if moved < over {
+                self.give_back(memory, over - moved, start..usize::MAX);
+            }
+        }
         let Growth::Expandable(e) = &mut self.growth else { return false };
-        let Some(at) = NonNull::new(end as *mut u8) else { return false };
-        loop {
-            // SAFETY: `end..end + bytes` lies inside the reservation (committed + bytes <=
-            // usable_limit <= reserved), starts at the committed end (granule-aligned: every
-            // piece is whole granules) and is not committed yet.
-            match unsafe { memory.commit(at, bytes) } {
+        let mut fresh = bytes - moved;
+        while fresh > 0 {
+            let Some(at) = NonNull::new((end + moved) as *mut u8) else { return false };
+            // SAFETY: `end + moved..end + bytes` lies inside the reservation (committed + bytes
+            // <= usable_limit <= reserved), starts at a granule boundary (the committed end is
+            // one, every piece being whole granules, and `moved` is whole granules) and is not
+            // committed yet.
+            match unsafe { memory.commit(at, fresh) } {
                 Ok(()) => break,
-                Err(error) if bytes > least => {
+                Err(error) if moved + fresh > least.max(moved) => {
                     tracing::debug!(bytes, %error, "bfc: commit refused; asking for the least that fits");
-                    bytes = least;
+                    fresh = least.saturating_sub(moved);
+                    bytes = moved + fresh;
                 }
                 Err(error) => {
                     tracing::warn!(memory = memory.name(), bytes, committed = e.committed, %error, "bfc: commit refused");
-                    return false;
+                    if moved == 0 {
+                        return false;
+                    }
+                    // What was moved here stays: it is committed at the end.
+                    bytes = moved;
+                    fresh = 0;
                 }
             }
         }
         e.committed += bytes;
         e.pieces.push(bytes);
-        self.took(bytes);
+        self.took(bytes - moved);
         tracing::debug!(at = end, bytes, committed = self.reserved, "bfc: committed");
         observe::segment(Action::SegmentAlloc, &self.name, end, bytes);
         self.add_region(end, bytes, None, true);
@@ -347,83 +363,6 @@ impl State {
     /// Free bytes that are committed (holes are not).
     pub(super) fn free_committed(&self) -> usize {
         self.usable - self.in_use - self.growth.hole_bytes()
-    }
-
-    /// The whole free granules of free chunks, as `(start, end)` spans of at least `min_span`
-    /// bytes: large chunks from the highest address down, then small ones. The addresses
-    /// `spare` stay: in a chunk that holds them, only the granules after them count.
-    fn free_spans(&self, min_span: usize, spare: Range<usize>) -> Vec<(usize, usize)> {
-        let Growth::Expandable(e) = &self.growth else { return Vec::new() };
-        let g = e.granule;
-        let span = |(ptr, size, _): (usize, usize, Handle)| {
-            let (mut lo, hi) = (ptr.next_multiple_of(g), (ptr + size) / g * g);
-            if spare.start < ptr + size && ptr < spare.end {
-                lo = lo.max(spare.end.checked_next_multiple_of(g).unwrap_or(usize::MAX));
-            }
-            (hi > lo && hi - lo >= min_span.max(1)).then_some((lo, hi))
-        };
-        self.by_address.iter().rev().chain(self.by_size.iter()).filter_map(span).collect()
-    }
-
-    /// Decommits the committed parts of free granules, spans in the order
-    /// [`free_spans`](Self::free_spans) gives them and each from its end (first fit takes the
-    /// lowest addresses, so the highest are the last to be committed again), until `want` bytes
-    /// (rounded up to the granule) went or none are left. Returns the bytes decommitted.
-    fn punch(&mut self, memory: &dyn ExpandableMemory, want: usize, min_span: usize, spare: Range<usize>) -> usize {
-        let spans = self.free_spans(min_span, spare);
-        let Growth::Expandable(e) = &mut self.growth else { return 0 };
-        let want = want.next_multiple_of(e.granule);
-        let mut punched = 0;
-        for (lo, hi) in spans {
-            for (a, b) in e.committed_in(lo, hi).into_iter().rev() {
-                let n = (b - a).min(want - punched);
-                if n == 0 {
-                    break;
-                }
-                let a = b - n;
-                if let Some(p) = NonNull::new(a as *mut u8) {
-                    // SAFETY: `a..b` is granule-aligned (so are the spans and the holes; `n` is a
-                    // multiple of the granule), committed (inside the committed part, in no
-                    // hole) and inside a free chunk, so nothing uses it; this memory decommits
-                    // any granule-aligned part.
-                    unsafe { memory.decommit(p, n) };
-                }
-                e.add_hole(a, b);
-                observe::segment(Action::SegmentFree, &self.name, a, n);
-                punched += n;
-            }
-            if punched >= want {
-                break;
-            }
-        }
-        self.reserved -= punched;
-        if punched > 0 {
-            tracing::debug!(punched, committed = self.reserved, "bfc: decommitted free granules");
-        }
-        punched
-    }
-
-    /// Before `bytes` more are committed for a block that needs `in_use` bytes in use: if that
-    /// would lift reserved above both its high-water mark and the peak in use plus the
-    /// headroom, gives back the difference first where free memory allows: the free tail
-    /// (unless the block takes addresses `spare` in it), then spans of at least
-    /// [`TRAPPED_SPAN`] (or a sixteenth of the limit) whole free granules, highest first: a
-    /// chunk left between live blocks, or the free end of the block's own chunk.
-    fn make_room(&mut self, memory: &dyn ExpandableMemory, bytes: usize, in_use: usize, spare: Range<usize>) {
-        let Some(headroom) = self.options.peak_headroom else { return };
-        let peak = self.peak_in_use.max(in_use);
-        let allowed = self.high_water.max(peak.saturating_add((peak as f64 * headroom) as usize));
-        let over = self.reserved.saturating_add(bytes).saturating_sub(allowed);
-        if over == 0 {
-            return;
-        }
-        let tail = self.free_tail().map(|h| self.chunks[h as usize]);
-        let tail_is_spare = tail.is_some_and(|c| spare.start < c.ptr + c.size && c.ptr < spare.end);
-        let gone = if tail_is_spare { 0 } else { self.decommit_tail(memory, over) };
-        if gone < over && memory.decommits_partially() {
-            let min_span = TRAPPED_SPAN.min(self.growth.usable_limit() / 16);
-            self.punch(memory, over - gone, min_span, spare);
-        }
     }
 
     /// Commits the holes under `start..end` (a block about to be handed out), granule by
@@ -437,13 +376,29 @@ impl State {
         let (lo, hi) = (start / e.granule * e.granule, end.next_multiple_of(e.granule));
         let holes = e.holes_in(lo, hi);
         let bytes = holes.iter().map(|&(a, b)| b.min(hi) - a.max(lo)).sum();
-        if bytes > 0 {
-            self.make_room(memory, bytes, self.in_use + (end - start), lo..hi);
+        let mut over = self.over_headroom(bytes, self.in_use + (end - start)).min(bytes);
+        let mut parts: Vec<(usize, usize)> = holes.iter().map(|&(a, b)| (a.max(lo), b.min(hi))).collect();
+        if over > 0 && Self::moves_pages(memory) {
+            // Past the headroom, free pages from elsewhere move into the holes first.
+            for part in &mut parts {
+                let want = over.min(part.1 - part.0);
+                let moved = self.relocate_into(memory, part.0, want, lo..hi);
+                let Growth::Expandable(e) = &mut self.growth else { return true };
+                // Reserved stays: the holes the move left make up for this one's part.
+                e.remove_hole_part(part.0, part.0 + moved);
+                part.0 += moved;
+                over -= moved;
+                if moved < want {
+                    break;
+                }
+            }
+        }
+        if over > 0 {
+            self.give_back(memory, over, lo..hi);
         }
         let Growth::Expandable(e) = &mut self.growth else { return true };
         let (mut got, mut all) = (0, true);
-        for (ha, hb) in holes {
-            let (a, b) = (ha.max(lo), hb.min(hi));
+        for (a, b) in parts.into_iter().filter(|p| p.0 < p.1) {
             let Some(p) = NonNull::new(a as *mut u8) else {
                 all = false;
                 break;
