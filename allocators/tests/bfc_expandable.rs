@@ -275,7 +275,11 @@ fn growth_keeps_free_memory_between_blocks_and_release_cached_gives_it_back() {
 
 /// A 1 GiB BFC over `Counting` memory with a peak headroom of 0.
 fn headroom_bfc(partial: bool) -> (Arc<Counting>, BfcAllocator) {
-    let memory = Counting::new(partial);
+    headroom_bfc_over(Counting::new(partial))
+}
+
+/// A 1 GiB BFC over `memory` with a peak headroom of 0.
+fn headroom_bfc_over(memory: Arc<Counting>) -> (Arc<Counting>, BfcAllocator) {
     let sub = Arc::new(CountingSub(memory.clone()));
     let bfc =
         BfcAllocator::builder().memory_limit(1 << 30).sub_allocator(sub).peak_headroom(Some(0.0)).build().unwrap();
@@ -319,10 +323,7 @@ fn a_peak_headroom_gives_back_a_trapped_chunk_before_the_region_grows() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_peak_headroom_moves_a_trapped_chunks_pages_to_where_the_region_grows() {
-    let memory = Counting::with(true, true);
-    let sub = Arc::new(CountingSub(memory.clone()));
-    let bfc =
-        BfcAllocator::builder().memory_limit(1 << 30).sub_allocator(sub).peak_headroom(Some(0.0)).build().unwrap();
+    let (memory, bfc) = headroom_bfc_over(Counting::with(true, true));
     let a = alloc(&bfc, 100 * MIB);
     // SAFETY: `a` is 100 MiB, just allocated.
     unsafe { a.as_ptr().write_bytes(0xAB, 100 * MIB) };
@@ -377,10 +378,7 @@ fn a_peak_headroom_moves_a_trapped_chunks_pages_to_where_the_region_grows() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_refused_move_falls_back_to_giving_the_trapped_chunk_back() {
-    let memory = Counting::with(true, true);
-    let sub = Arc::new(CountingSub(memory.clone()));
-    let bfc =
-        BfcAllocator::builder().memory_limit(1 << 30).sub_allocator(sub).peak_headroom(Some(0.0)).build().unwrap();
+    let (memory, bfc) = headroom_bfc_over(Counting::with(true, true));
     let a = alloc(&bfc, 100 * MIB);
     let b = alloc(&bfc, MIB);
     free(&bfc, a, 100 * MIB);
