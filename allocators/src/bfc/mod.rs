@@ -455,10 +455,10 @@ impl BfcBuilder {
     ///
     /// Unset (the default): reserved follows the placement, as with PyTorch's expandable
     /// segments. On the recorded GPT-2 training stream `Some(0.04)` takes peak reserved / peak
-    /// requested from 1.068 to 1.040; the other streams are unchanged. What it costs is one
-    /// system call per move, a few dozen per replay of that stream's steps: with every page of
+    /// requested from 1.068 to 1.040; the other streams are unchanged. What it costs is two
+    /// system calls per move, about 220 moves per replay of that stream: with every page of
     /// every block written (a real workload) the replay takes as long as without it, but the
-    /// allocator's own time per operation, measured without touching the memory, is 3-5x
+    /// allocator's own time per operation, measured without touching the memory, is 3.4-7.6x
     /// (BENCHMARKS.md). Without moves (memory given back and faulted in again) the written
     /// replay took 2.2-2.6x as long. Moved pages also cost the process memory mappings (a moved
     /// range cannot merge with its neighbours while it is committed): on that stream their
