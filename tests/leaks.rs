@@ -376,6 +376,44 @@ fn a_leak_check_started_while_history_records_both_work() {
     unsafe { cpu.deallocate(leaked, 32) };
 }
 
+/// The segments a BFC reports add up to what it has reserved, also when a peak headroom moves
+/// free pages from a trapped chunk to where the region grows (the move reports the chunk's pages
+/// as freed and the destination as taken; the growth reports only what it commits fresh).
+#[cfg(target_os = "linux")]
+#[test]
+fn segments_add_up_to_reserved_when_a_peak_headroom_moves_pages() {
+    let _one = HISTORY_LOCK.lock();
+    let bfc =
+        BfcAllocator::builder().name("t.move.bfc").memory_limit(1 << 30).peak_headroom(Some(0.0)).build().unwrap();
+    history::start(HistoryOptions { capacity: 1000, backtraces: false }).unwrap();
+    let mib = 1 << 20;
+    let a = bfc.allocate::<u8>(100 * mib).unwrap();
+    let b = bfc.allocate::<u8>(mib).unwrap();
+    // SAFETY: each came from the matching `allocate` call.
+    unsafe { bfc.deallocate(a, 100 * mib) };
+    let c = bfc.allocate::<u8>(200 * mib).unwrap(); // 100 MiB of it moved from `a`'s chunk
+    history::stop();
+    let reserved = bfc.stats().unwrap().bytes_reserved;
+    let h = history::snapshot();
+    let segments: i64 = h
+        .events
+        .iter()
+        .filter(|e| &*e.allocator == "t.move.bfc")
+        .map(|e| match e.action {
+            Action::SegmentAlloc => e.size as i64,
+            Action::SegmentFree => -(e.size as i64),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(reserved, 202 << 20);
+    assert_eq!(segments, reserved as i64, "segment events against reserved");
+    // SAFETY: each came from the matching `allocate` call.
+    unsafe {
+        bfc.deallocate(b, mib);
+        bfc.deallocate(c, 200 * mib);
+    }
+}
+
 #[test]
 fn a_pool_reports_its_inner_calls_as_segments() {
     let _one = HISTORY_LOCK.lock();

@@ -355,7 +355,10 @@ impl State {
         e.pieces.push(bytes);
         self.took(bytes - moved);
         tracing::debug!(at = end, bytes, committed = self.reserved, "bfc: committed");
-        observe::segment(Action::SegmentAlloc, &self.name, end, bytes);
+        if bytes > moved {
+            // The moved part was reported by the move.
+            observe::segment(Action::SegmentAlloc, &self.name, end + moved, bytes - moved);
+        }
         self.add_region(end, bytes, None, true);
         true
     }
