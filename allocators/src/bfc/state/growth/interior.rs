@@ -39,10 +39,44 @@ impl State {
         self.by_address.iter().rev().chain(self.by_size.iter()).filter_map(span).collect()
     }
 
-    /// Decommits the committed parts of free granules, spans in the order
-    /// [`free_spans`](Self::free_spans) gives them and each from its end (first fit takes the
-    /// lowest addresses, so the highest are the last to be committed again), until `want` bytes
-    /// (rounded up to the granule) went or none are left. Returns the bytes decommitted.
+    /// Takes committed free granules out of free chunks, each becoming a hole, until `want`
+    /// bytes went or none are left: spans of at least `min_span` bytes in the order
+    /// [`free_spans`](Self::free_spans) gives them, and the committed pieces of each from its
+    /// end (first fit takes the lowest addresses, so the highest are the last to be used
+    /// again). `pick(piece_start, piece_end, left)` chooses the granule-aligned part of a piece
+    /// to take (`None`: none of it); `give(start, end, taken)` hands that part's memory over
+    /// and returns false (nothing given) to stop. Returns the bytes taken.
+    fn take_free_granules(
+        &mut self,
+        want: usize,
+        min_span: usize,
+        spare: Range<usize>,
+        mut pick: impl FnMut(usize, usize, usize) -> Option<(usize, usize)>,
+        mut give: impl FnMut(usize, usize, usize) -> bool,
+    ) -> usize {
+        let spans = self.free_spans(min_span, spare);
+        let Growth::Expandable(e) = &mut self.growth else { return 0 };
+        let mut taken = 0;
+        'spans: for (lo, hi) in spans {
+            for (pa, pb) in e.committed_in(lo, hi).into_iter().rev() {
+                if taken >= want {
+                    break 'spans;
+                }
+                let Some((a, b)) = pick(pa, pb, want - taken) else { continue };
+                if !give(a, b, taken) {
+                    break 'spans;
+                }
+                e.add_hole(a, b);
+                observe::segment(Action::SegmentFree, &self.name, a, b - a);
+                taken += b - a;
+            }
+        }
+        taken
+    }
+
+    /// Decommits the committed parts of free granules, taken as
+    /// [`take_free_granules`](Self::take_free_granules) takes them, until `want` bytes (rounded
+    /// up to the granule) went or none are left. Returns the bytes decommitted.
     pub(super) fn punch(
         &mut self,
         memory: &dyn ExpandableMemory,
@@ -50,32 +84,19 @@ impl State {
         min_span: usize,
         spare: Range<usize>,
     ) -> usize {
-        let spans = self.free_spans(min_span, spare);
-        let Growth::Expandable(e) = &mut self.growth else { return 0 };
+        let Growth::Expandable(e) = &self.growth else { return 0 };
         let want = want.next_multiple_of(e.granule);
-        let mut punched = 0;
-        for (lo, hi) in spans {
-            for (a, b) in e.committed_in(lo, hi).into_iter().rev() {
-                let n = (b - a).min(want - punched);
-                if n == 0 {
-                    break;
-                }
-                let a = b - n;
-                if let Some(p) = NonNull::new(a as *mut u8) {
-                    // SAFETY: `a..b` is granule-aligned (so are the spans and the holes; `n` is a
-                    // multiple of the granule), committed (inside the committed part, in no
-                    // hole) and inside a free chunk, so nothing uses it; this memory decommits
-                    // any granule-aligned part.
-                    unsafe { memory.decommit(p, n) };
-                }
-                e.add_hole(a, b);
-                observe::segment(Action::SegmentFree, &self.name, a, n);
-                punched += n;
+        let tail_of = |pa: usize, pb: usize, left: usize| Some((pb - (pb - pa).min(left), pb));
+        let decommit = |a: usize, b: usize, _| {
+            if let Some(p) = NonNull::new(a as *mut u8) {
+                // SAFETY: `a..b` is granule-aligned (so are the spans, the holes and `want`),
+                // committed (inside the committed part, in no hole) and inside a free chunk, so
+                // nothing uses it; this memory decommits any granule-aligned part.
+                unsafe { memory.decommit(p, b - a) };
             }
-            if punched >= want {
-                break;
-            }
-        }
+            true
+        };
+        let punched = self.take_free_granules(want, min_span, spare, tail_of, decommit);
         self.reserved -= punched;
         if punched > 0 {
             tracing::debug!(punched, committed = self.reserved, "bfc: decommitted free granules");
@@ -119,9 +140,9 @@ impl State {
     }
 
     /// Moves up to `want` bytes (rounded down to the granule) of committed free granules, taken
-    /// as [`punch`](Self::punch) takes them (spans of at least the trapped span, highest
-    /// first, each from its end; at the same offset within 2 MiB as their destination, pieces
-    /// under 2 MiB skipped), to `to..`, one after the other; what they leave becomes holes.
+    /// as [`take_free_granules`](Self::take_free_granules) takes them (spans of at least the
+    /// trapped span; at the same offset within 2 MiB as their destination, pieces under 2 MiB
+    /// skipped), to `to..`, one after the other; what they leave becomes holes.
     /// Reserved does not change. Stops at the first move the memory refuses. Returns the bytes
     /// moved: `to..to + moved` is committed now.
     ///
@@ -134,52 +155,40 @@ impl State {
         want: usize,
         spare: Range<usize>,
     ) -> usize {
-        let spans = self.free_spans(self.trapped_span(), spare);
-        let Growth::Expandable(e) = &mut self.growth else { return 0 };
+        let Growth::Expandable(e) = &self.growth else { return 0 };
         let want = want / e.granule * e.granule;
         // Same offset modulo `step` keeps granule alignment as well.
         let step = if MOVE_PHASE.is_multiple_of(e.granule) { MOVE_PHASE } else { e.granule };
-        let mut moved = 0;
-        'spans: for (lo, hi) in spans {
-            for (pa, b) in e.committed_in(lo, hi).into_iter().rev() {
-                let left = want - moved;
-                if left == 0 {
-                    break 'spans;
+        // The top `left` bytes of the piece, shifted down so that they start at the same offset
+        // within a page table's span as their destination; if the piece is too short for that,
+        // from its first such address up. Pieces under `step` are not worth a move.
+        let aligned = |pa: usize, pb: usize, left: usize| {
+            let phase = |x: usize| x.wrapping_sub(to + want - left) % step;
+            let top = pb.saturating_sub(left).max(pa);
+            let a = if top - pa >= phase(top) { top - phase(top) } else { pa + (step - phase(pa)) % step };
+            let n = pb.saturating_sub(a).min(left);
+            (n >= left.min(step)).then_some((a, a + n))
+        };
+        let relocate = |a: usize, b: usize, taken: usize| {
+            let (Some(from), Some(dst)) = (NonNull::new(a as *mut u8), NonNull::new((to + taken) as *mut u8)) else {
+                return false;
+            };
+            // SAFETY: `a..b` is committed (inside the committed part, in no hole), granule-aligned
+            // and inside a free chunk that the block being placed does not use (`spare`), so
+            // nothing uses it; `to + taken..` lies in `to..to + want`, which the caller promises
+            // is an uncommitted, granule-aligned part of the reservation, so it cannot overlap
+            // `a..b`, which is committed.
+            match unsafe { memory.relocate(from, dst, b - a) } {
+                Ok(()) => true,
+                Err(error) => {
+                    tracing::debug!(memory = memory.name(), bytes = b - a, %error, "bfc: moving free pages refused");
+                    false
                 }
-                let dst = to + moved;
-                // The top `left` bytes of the piece, shifted down so that they start at the same
-                // offset within a page table's span as `dst`; if the piece is too short for that,
-                // from its first such address up.
-                let phase = |x: usize| x.wrapping_sub(dst) % step;
-                let top = b.saturating_sub(left).max(pa);
-                let a = if top - pa >= phase(top) { top - phase(top) } else { pa + (step - phase(pa)) % step };
-                let n = b.saturating_sub(a).min(left);
-                if n < left.min(step) {
-                    continue;
-                }
-                let b = a + n;
-                let (Some(from), Some(dst)) = (NonNull::new(a as *mut u8), NonNull::new(dst as *mut u8)) else {
-                    break 'spans;
-                };
-                // SAFETY: `a..b` is committed (inside the committed part, in no hole), granule-
-                // aligned and inside a free chunk that the block being placed does not use
-                // (`spare`), so nothing uses it; `dst..dst + n` lies in `to..to + want`, which
-                // the caller promises is an uncommitted, granule-aligned part of the
-                // reservation, so it cannot overlap `a..b`, which is committed.
-                if let Err(error) = unsafe { memory.relocate(from, dst, n) } {
-                    tracing::debug!(memory = memory.name(), bytes = n, %error, "bfc: moving free pages refused");
-                    break 'spans;
-                }
-                e.add_hole(a, b);
-                observe::segment(Action::SegmentFree, &self.name, a, n);
-                observe::segment(Action::SegmentAlloc, &self.name, to + moved, n);
-                moved += n;
             }
-            if moved >= want {
-                break;
-            }
-        }
+        };
+        let moved = self.take_free_granules(want, self.trapped_span(), spare, aligned, relocate);
         if moved > 0 {
+            observe::segment(Action::SegmentAlloc, &self.name, to, moved);
             tracing::debug!(moved, to, "bfc: moved free pages to where a block needs them");
         }
         moved

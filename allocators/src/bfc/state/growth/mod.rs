@@ -311,7 +311,7 @@ impl State {
         if least > available {
             return false;
         }
-        let mut bytes = extra.next_multiple_of(e.growth_granule).min(available).max(least);
+        let bytes = extra.next_multiple_of(e.growth_granule).min(available).max(least);
         // Past the headroom, free pages move to `end..end + bytes` (uncommitted, granule-aligned,
         // inside the reservation: see the commit below) or are given back first. The block takes
         // the free tail (`start`), which must stay.
@@ -326,19 +326,19 @@ impl State {
             }
         }
         let Growth::Expandable(e) = &mut self.growth else { return false };
-        let mut fresh = bytes - moved;
+        // Fresh memory after what was moved: all of it, or on a refusal the least that fits.
+        let (mut fresh, least_fresh) = (bytes - moved, least.saturating_sub(moved));
         while fresh > 0 {
             let Some(at) = NonNull::new((end + moved) as *mut u8) else { return false };
-            // SAFETY: `end + moved..end + bytes` lies inside the reservation (committed + bytes
-            // <= usable_limit <= reserved), starts at a granule boundary (the committed end is
-            // one, every piece being whole granules, and `moved` is whole granules) and is not
+            // SAFETY: `end + moved..end + moved + fresh` lies inside the reservation (committed +
+            // bytes <= usable_limit <= reserved), starts at a granule boundary (the committed end
+            // is one, every piece being whole granules, and `moved` is whole granules) and is not
             // committed yet.
             match unsafe { memory.commit(at, fresh) } {
                 Ok(()) => break,
-                Err(error) if moved + fresh > least.max(moved) => {
+                Err(error) if fresh > least_fresh => {
                     tracing::debug!(bytes, %error, "bfc: commit refused; asking for the least that fits");
-                    fresh = least.saturating_sub(moved);
-                    bytes = moved + fresh;
+                    fresh = least_fresh;
                 }
                 Err(error) => {
                     tracing::warn!(memory = memory.name(), bytes, committed = e.committed, %error, "bfc: commit refused");
@@ -346,18 +346,18 @@ impl State {
                         return false;
                     }
                     // What was moved here stays: it is committed at the end.
-                    bytes = moved;
                     fresh = 0;
                 }
             }
         }
+        let bytes = moved + fresh;
         e.committed += bytes;
         e.pieces.push(bytes);
         self.took(bytes - moved);
         tracing::debug!(at = end, bytes, committed = self.reserved, "bfc: committed");
-        if bytes > moved {
+        if fresh > 0 {
             // The moved part was reported by the move.
-            observe::segment(Action::SegmentAlloc, &self.name, end + moved, bytes - moved);
+            observe::segment(Action::SegmentAlloc, &self.name, end + moved, fresh);
         }
         self.add_region(end, bytes, None, true);
         true
