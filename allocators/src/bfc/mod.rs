@@ -456,13 +456,14 @@ impl BfcBuilder {
     /// Unset (the default): reserved follows the placement, as with PyTorch's expandable
     /// segments. On the recorded GPT-2 training stream `Some(0.04)` takes peak reserved / peak
     /// requested from 1.068 to 1.040; the other streams are unchanged. What it costs is two
-    /// system calls per move, about 220 moves per replay of that stream: with every page of
-    /// every block written (a real workload) the replay takes as long as without it, but the
-    /// allocator's own time per operation, measured without touching the memory, is 3.4-7.6x
-    /// (BENCHMARKS.md). Without moves (memory given back and faulted in again) the written
-    /// replay took 2.2-2.6x as long. Moved pages also cost the process memory mappings (a moved
-    /// range cannot merge with its neighbours while it is committed): on that stream their
-    /// number levels off at about 1,500-2,300, against the system's limit of 65,530.
+    /// system calls per move (pages move in whole 16 MiB units first, a chunk's edges after
+    /// them), about 23 moves per replay of that stream: with every page of every block written
+    /// (a real workload) the replay takes as long as without it, but the allocator's own time
+    /// per operation, measured without touching the memory, is about 2.9x (BENCHMARKS.md).
+    /// Without moves (memory given back and faulted in again) the written replay took 2.2-2.6x
+    /// as long. Moved pages also cost the process memory mappings (a moved range cannot merge
+    /// with its neighbours while it is committed), and each move pays for the mappings in its
+    /// range: on that stream about 75-150 in all, against the system's limit of 65,530.
     ///
     /// ```
     /// use tensormem_allocators::{BfcAllocator, BuildError};

@@ -91,6 +91,19 @@ impl Expanse {
         parts
     }
 
+    /// `x` (an address in the reservation, or past it) rounded down to a multiple of `unit`
+    /// from the base.
+    fn unit_floor(&self, x: usize, unit: usize) -> usize {
+        x - x.saturating_sub(self.base) % unit
+    }
+
+    /// `x` (an address in the reservation, or past it) rounded up to a multiple of `unit` from
+    /// the base (at most `usize::MAX`).
+    fn unit_ceil(&self, x: usize, unit: usize) -> usize {
+        let floor = self.unit_floor(x, unit);
+        if floor == x { x } else { floor.saturating_add(unit) }
+    }
+
     /// Records `a..b` (decommitted) as a hole, merged with holes it touches.
     fn add_hole(&mut self, mut a: usize, mut b: usize) {
         self.hole_bytes += b - a;
@@ -319,7 +332,7 @@ impl State {
         let mut moved = 0;
         if over > 0 {
             if Self::moves_pages(memory) {
-                moved = self.relocate_into(memory, end, over, start..usize::MAX);
+                moved = self.relocate_into(memory, end, over, bytes, start..usize::MAX);
             }
             if moved < over {
                 self.give_back(memory, over - moved, start..usize::MAX);
@@ -371,33 +384,42 @@ impl State {
     /// Commits the holes under `start..end` (a block about to be handed out), granule by
     /// granule. Returns false, with what could be committed kept, when the memory refuses.
     pub(super) fn commit_holes(&mut self, start: usize, end: usize, sub: &dyn SubAllocator) -> bool {
-        let Growth::Expandable(e) = &mut self.growth else { return true };
+        let Growth::Expandable(e) = &self.growth else { return true };
         if e.holes.is_empty() {
             return true;
         }
-        let Some(memory) = sub.expandable() else { return false };
         let (lo, hi) = (start / e.granule * e.granule, end.next_multiple_of(e.granule));
+        // Most blocks lie over no hole: one lookup, nothing allocated.
+        if !self.growth.has_hole_in(lo, hi) {
+            return true;
+        }
+        let Some(memory) = sub.expandable() else { return false };
         let holes = e.holes_in(lo, hi);
-        let bytes = holes.iter().map(|&(a, b)| b.min(hi) - a.max(lo)).sum();
+        // With a peak headroom, the parts of the holes committed widen to whole page-table spans
+        // (within each hole, so within the free chunk that holds the block): no sliver of a hole
+        // is left for the next block to need a move (and a memory mapping) of its own.
+        let unit = if self.options.peak_headroom.is_some() { self.page_table_unit() } else { e.granule };
+        let (wide_lo, wide_hi) = (e.unit_floor(lo, unit), e.unit_ceil(hi, unit));
+        let mut parts: Vec<(usize, usize)> = holes.iter().map(|&(a, b)| (a.max(wide_lo), b.min(wide_hi))).collect();
+        let bytes = parts.iter().map(|&(a, b)| b - a).sum();
         let mut over = self.over_headroom(bytes, self.in_use + (end - start)).min(bytes);
-        let mut parts: Vec<(usize, usize)> = holes.iter().map(|&(a, b)| (a.max(lo), b.min(hi))).collect();
         if over > 0 && Self::moves_pages(memory) {
             // Past the headroom, free pages from elsewhere move into the holes first.
             for part in &mut parts {
-                let want = over.min(part.1 - part.0);
-                let moved = self.relocate_into(memory, part.0, want, lo..hi);
+                let need = over.min(part.1 - part.0);
+                let moved = self.relocate_into(memory, part.0, need, part.1 - part.0, wide_lo..wide_hi);
                 let Growth::Expandable(e) = &mut self.growth else { return true };
                 // Reserved stays: the holes the move left make up for this one's part.
                 e.remove_hole_part(part.0, part.0 + moved);
                 part.0 += moved;
-                over -= moved;
-                if moved < want {
+                over = over.saturating_sub(moved);
+                if moved < need || over == 0 {
                     break;
                 }
             }
         }
         if over > 0 {
-            self.give_back(memory, over, lo..hi);
+            self.give_back(memory, over, wide_lo..wide_hi);
         }
         let Growth::Expandable(e) = &mut self.growth else { return true };
         let (mut got, mut all) = (0, true);
@@ -448,7 +470,7 @@ impl State {
                 if let Some(memory) = sub.expandable() {
                     let gone = self.decommit_tail(memory, free - keep);
                     if interior && memory.decommits_partially() && free - keep > gone {
-                        self.punch(memory, free - keep - gone, 0, 0..0);
+                        self.punch(memory, free - keep - gone, 0, memory.granule(), 0..0);
                     }
                 }
             }
