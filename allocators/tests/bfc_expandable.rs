@@ -276,6 +276,16 @@ fn growth_keeps_free_memory_between_blocks_and_release_cached_gives_it_back() {
     assert_eq!((reserved(&bfc), memory.committed.load(SeqCst)), (0, 0));
 }
 
+/// Frees the `live` blocks, then checks that `release_cached` gives back `held` bytes and leaves
+/// nothing committed, by the stats and by the memory.
+fn free_and_release_all(bfc: &BfcAllocator, memory: &Counting, live: &[(NonNull<u8>, usize)], held: usize) {
+    for &(p, n) in live {
+        free(bfc, p, n);
+    }
+    assert_eq!(bfc.release_cached(), held);
+    assert_eq!((reserved(bfc), memory.committed.load(SeqCst)), (0, 0));
+}
+
 /// A 1 GiB BFC over `Counting` memory with a peak headroom of 0.
 fn headroom_bfc(partial: bool) -> (Arc<Counting>, BfcAllocator) {
     headroom_bfc_over(Counting::new(partial))
@@ -316,11 +326,7 @@ fn a_peak_headroom_gives_back_a_trapped_chunk_before_the_region_grows() {
     free(&bfc, d, 50 * MIB);
     let e = alloc(&bfc, 30 * MIB);
     assert_eq!((e, reserved(&bfc)), (a, 251 * MIB));
-    for (p, n) in [(b, MIB), (c, 200 * MIB), (e, 30 * MIB)] {
-        free(&bfc, p, n);
-    }
-    assert_eq!(bfc.release_cached(), 251 * MIB);
-    assert_eq!((reserved(&bfc), memory.committed.load(SeqCst)), (0, 0));
+    free_and_release_all(&bfc, &memory, &[(b, MIB), (c, 200 * MIB), (e, 30 * MIB)], 251 * MIB);
 }
 
 #[cfg(target_os = "linux")]
@@ -371,11 +377,7 @@ fn a_peak_headroom_moves_a_trapped_chunks_pages_to_where_the_region_grows() {
         (reserved(&bfc), memory.committed.load(SeqCst), memory.moved.load(SeqCst)),
         (251 * MIB, 251 * MIB, 140 * MIB)
     );
-    for (p, n) in [(b, MIB), (d, 50 * MIB), (e, 40 * MIB)] {
-        free(&bfc, p, n);
-    }
-    assert_eq!(bfc.release_cached(), 251 * MIB);
-    assert_eq!((reserved(&bfc), memory.committed.load(SeqCst)), (0, 0));
+    free_and_release_all(&bfc, &memory, &[(b, MIB), (d, 50 * MIB), (e, 40 * MIB)], 251 * MIB);
 }
 
 /// How many of this process's memory mappings overlap `lo..hi`.
@@ -431,9 +433,7 @@ fn pages_moving_back_and_forth_between_two_places_move_in_few_calls() {
     // on). Edges given back and committed fresh instead were a new mapping every step.
     assert!(per_step[2..].iter().all(|&n| (1..=4).contains(&n)), "moves per step: {per_step:?}");
     assert!(mappings[2..].iter().all(|&n| n == mappings[2] && n <= 8), "mappings: {mappings:?}");
-    let held = reserved(&bfc);
-    assert_eq!(bfc.release_cached(), held);
-    assert_eq!((reserved(&bfc), memory.committed.load(SeqCst)), (0, 0));
+    free_and_release_all(&bfc, &memory, &[], reserved(&bfc));
 }
 
 #[cfg(target_os = "linux")]

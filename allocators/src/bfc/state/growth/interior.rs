@@ -113,7 +113,7 @@ impl State {
         spare: Range<usize>,
     ) -> usize {
         let Growth::Expandable(e) = &self.growth else { return 0 };
-        let passes = [unit, e.granule];
+        let granule = e.granule;
         let tail_of = |pa: usize, pb: usize, left: usize| Some((pb - (pb - pa).min(left), pb));
         let decommit = |a: usize, b: usize, _| {
             if let Some(p) = NonNull::new(a as *mut u8) {
@@ -124,13 +124,11 @@ impl State {
             }
             true
         };
-        let mut punched = 0;
-        for (pass, unit) in passes.into_iter().enumerate() {
-            if punched >= want || (pass > 0 && unit == passes[0]) {
-                break;
-            }
-            let left = (want - punched).next_multiple_of(unit);
-            punched += self.take_free_granules(left, min_span, unit, spare.clone(), tail_of, decommit);
+        let first = want.next_multiple_of(unit);
+        let mut punched = self.take_free_granules(first, min_span, unit, spare.clone(), tail_of, decommit);
+        if punched < want && unit > granule {
+            let rest = (want - punched).next_multiple_of(granule);
+            punched += self.take_free_granules(rest, min_span, granule, spare, tail_of, decommit);
         }
         self.reserved -= punched;
         if punched > 0 {
