@@ -4,16 +4,20 @@
 
 #![cfg(feature = "cuda")]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tensormem::allocators::cuda::{CudaAsyncAllocator, CudaDevice, CudaError, CudaHostAllocator, CudaSubAllocator};
 use tensormem::{Allocator, AllocatorExt, BfcAllocator, MemorySpace, TrackingAllocator};
 
-/// Device 0, or `None` after printing why the test skips.
-fn device() -> Option<Arc<CudaDevice>> {
+/// Held by each test while it uses the device: the tests compare the driver's free memory before
+/// and after, which another test's allocations in between would upset.
+static DEVICE_IN_USE: Mutex<()> = Mutex::new(());
+
+/// Device 0 with the device lock held, or `None` after printing why the test skips.
+fn device() -> Option<(Arc<CudaDevice>, MutexGuard<'static, ()>)> {
     let required = std::env::var("TENSORMEM_REQUIRE_CUDA").is_ok_and(|v| v == "1");
     match CudaDevice::open(0) {
-        Ok(d) => Some(d),
+        Ok(d) => Some((d, DEVICE_IN_USE.lock().unwrap_or_else(PoisonError::into_inner))),
         Err(e) => {
             assert!(!required, "TENSORMEM_REQUIRE_CUDA=1 but: {e}");
             eprintln!("skipped: {e}");
@@ -40,7 +44,7 @@ fn without_a_driver_or_device_constructors_fail_cleanly() {
 
 #[test]
 fn a_bfc_over_expandable_device_memory_gives_everything_back() {
-    let Some(dev) = device() else { return };
+    let Some((dev, _in_use)) = device() else { return };
     let (free_before, total) = dev.memory_info().unwrap();
     {
         let bfc = BfcAllocator::builder()
@@ -80,12 +84,30 @@ fn a_bfc_over_expandable_device_memory_gives_everything_back() {
 
 #[test]
 fn async_and_pinned_allocators_work_and_release() {
-    let Some(dev) = device() else { return };
+    let Some((dev, _in_use)) = device() else { return };
     let a = CudaAsyncAllocator::new(dev.clone(), 0).unwrap();
     assert_eq!(a.memory_space(), MemorySpace::Device { ordinal: 0 });
-    let p = a.allocate::<f32>(1 << 20).unwrap();
-    // SAFETY: `p` came from `allocate::<f32>(1 << 20)` on `a`.
-    unsafe { a.deallocate(p, 1 << 20) };
+    let p = a.allocate::<f32>(4 << 20).unwrap();
+    // The pool's own reserved bytes: at least what is held.
+    let held = a.stats().unwrap();
+    assert_eq!(held.bytes_in_use, 16 << 20);
+    assert!(held.bytes_reserved >= 16 << 20 && held.peak_bytes_reserved >= held.bytes_reserved, "{held:?}");
+    // SAFETY: `p` came from `allocate::<f32>(4 << 20)` on `a`.
+    unsafe { a.deallocate(p, 4 << 20) };
+    // Freed memory stays in the pool up to the release threshold; release_cached trims it.
+    let cached = CudaAsyncAllocator::new(dev.clone(), u64::MAX).unwrap();
+    let p = cached.allocate::<u8>(48 << 20).unwrap();
+    // SAFETY: `p` came from `allocate::<u8>(48 << 20)` on `cached`.
+    unsafe { cached.deallocate(p, 48 << 20) };
+    let (free_cached, _) = dev.memory_info().unwrap();
+    let s = cached.stats().unwrap();
+    assert!(s.bytes_in_use == 0 && s.bytes_reserved >= 48 << 20, "{s:?}");
+    assert!(cached.release_cached() >= 48 << 20);
+    let s = cached.stats().unwrap();
+    assert!(s.bytes_reserved == 0 && s.peak_bytes_reserved >= 48 << 20, "{s:?}");
+    assert!(dev.memory_info().unwrap().0 >= free_cached + (48 << 20), "the driver got the memory back");
+    assert!(cached.clear_stats());
+    assert_eq!(cached.stats().unwrap().peak_bytes_reserved, 0);
     let h = CudaHostAllocator::new(dev);
     assert_eq!(h.memory_space(), MemorySpace::HostPinned);
     let q = h.allocate::<u32>(1024).unwrap();
@@ -101,7 +123,7 @@ fn async_and_pinned_allocators_work_and_release() {
 #[test]
 fn tensors_move_between_host_and_device() {
     use tensormem::tensor::{DType, Tensor, TensorError, TensorOptions};
-    let Some(dev) = device() else { return };
+    let Some((dev, _in_use)) = device() else { return };
     let (free_before, total) = dev.memory_info().unwrap();
     {
         let gpu: Arc<dyn Allocator> = Arc::new(
@@ -140,6 +162,92 @@ fn tensors_move_between_host_and_device() {
             .and_then(|t| t.materialize().map(|_| t))
             .unwrap_err();
         assert!(err.to_string().contains("cuda:0-tensors"), "{err}");
+    }
+    let (free_after, _) = dev.memory_info().unwrap();
+    assert!(free_after + (4 << 20) >= free_before, "free before {free_before}, after {free_after}");
+}
+
+/// The value of the sample of `family` whose labels include `label` in a Prometheus text page.
+fn sample(page: &str, family: &str, label: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| l.starts_with(family) && l[family.len()..].starts_with('{') && l.contains(label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn the_registry_routes_to_the_device_and_telemetry_reports_it() {
+    use tensormem::telemetry::AllocatorCollector;
+    use tensormem::{AllocatorAttributes, AllocatorRegistry};
+    let Some((dev, _in_use)) = device() else { return };
+    let (_, total) = dev.memory_info().unwrap();
+    let registry = AllocatorRegistry::global();
+    let gpu = registry.get_by_name("cuda:0").expect("cuda:0 is registered when a device exists");
+    assert_eq!(gpu.memory_space(), MemorySpace::Device { ordinal: 0 });
+    assert_eq!(registry.get_by_name("cuda_async:0").unwrap().memory_space(), MemorySpace::Device { ordinal: 0 });
+    assert_eq!(registry.get_by_name("cuda_host").unwrap().memory_space(), MemorySpace::HostPinned);
+    // Host memory stays the default; pinned memory is chosen by attributes; spaces by name.
+    assert_eq!(registry.get().memory_space(), MemorySpace::Host);
+    let pinned = AllocatorAttributes::new().with_on_host(true).with_gpu_compatible(true);
+    assert_eq!(registry.get_for(&pinned).unwrap().memory_space(), MemorySpace::HostPinned);
+    assert_eq!(registry.get_for(&AllocatorAttributes::new()).unwrap().memory_space(), MemorySpace::Host);
+    assert_eq!(registry.get_for_space(MemorySpace::Device { ordinal: 0 }).unwrap().memory_space(), gpu.memory_space());
+    assert!(registry.get_by_name(&format!("cuda:{}", tensormem::allocators::cuda::device_count())).is_none());
+    // The default limit leaves room for the driver (TensorFlow's default fraction).
+    let limit = gpu.stats().unwrap().bytes_limit.unwrap();
+    assert_eq!(limit, tensormem::AllocConf::default().cuda_limit(total));
+
+    let held = gpu.allocate::<u8>(3 << 20).unwrap();
+    let page = AllocatorCollector::global().render();
+    assert_eq!(sample(&page, "tensormem_device_memory_total_bytes", "device=\"cuda:0\""), Some(total as f64), "{page}");
+    let free = sample(&page, "tensormem_device_memory_free_bytes", "device=\"cuda:0\"").unwrap();
+    assert!(free > 0.0 && free < total as f64, "free {free} of {total}");
+    let in_use = sample(&page, "tensormem_allocator_in_use_bytes", "allocator=\"cuda:0\"").unwrap();
+    assert!(in_use >= (3 << 20) as f64, "{in_use}");
+    assert!(sample(&page, "tensormem_allocator_reserved_bytes", "allocator=\"cuda:0\"").unwrap() >= in_use);
+    // SAFETY: `held` came from `allocate::<u8>(3 MiB)` on `gpu`.
+    unsafe { gpu.deallocate(held, 3 << 20) };
+    assert_eq!(gpu.stats().unwrap().bytes_in_use, 0);
+}
+
+#[test]
+fn the_drivers_out_of_memory_is_a_clear_error_and_cached_memory_goes_back() {
+    use tensormem::allocators::SubAllocator;
+    let Some((dev, _in_use)) = device() else { return };
+    let sub = CudaSubAllocator::new(dev.clone());
+    let granule = sub.expandable().expect("the device supports virtual memory management").granule();
+    assert!(granule.is_power_of_two() && granule >= 4096, "{granule}");
+    let (free_before, total) = dev.memory_info().unwrap();
+    {
+        // A limit above the device's memory: the driver (`cuMemCreate`) is what refuses.
+        let bfc = BfcAllocator::builder()
+            .name("cuda:0-oom")
+            .memory_limit(total * 2)
+            .allow_growth(true)
+            .sub_allocator(Arc::new(sub))
+            .build()
+            .unwrap();
+        let small = bfc.allocate::<u8>(5 << 20).unwrap();
+        let ask = (total + (1 << 30)) as usize;
+        let err = bfc.allocate::<u8>(ask).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("'cuda:0-oom'") && msg.contains("device cuda:0 has"), "{msg}");
+        let (ordinal, _, driver_total) = err.device_memory().expect("the driver's numbers");
+        assert_eq!((ordinal, driver_total >> 10), (0, total >> 10));
+        assert_eq!(err.in_use(), Some(5 << 20));
+        // Nothing changed: the held block is intact and more memory can still be had.
+        assert_eq!(bfc.stats().unwrap().bytes_in_use, 5 << 20);
+        let more = bfc.allocate::<u8>(64 << 20).unwrap();
+        // SAFETY: both came from `bfc` with these sizes.
+        unsafe {
+            bfc.deallocate(more, 64 << 20);
+            bfc.deallocate(small, 5 << 20);
+        }
+        // release_cached gives the device's memory back while the allocator lives.
+        let (free_held, _) = dev.memory_info().unwrap();
+        assert!(bfc.release_cached() > 0);
+        let (free_released, _) = dev.memory_info().unwrap();
+        assert!(free_released > free_held, "held {free_held}, released {free_released}");
+        assert_eq!(bfc.stats().unwrap().bytes_reserved, 0);
     }
     let (free_after, _) = dev.memory_info().unwrap();
     assert!(free_after + (4 << 20) >= free_before, "free before {free_before}, after {free_after}");
