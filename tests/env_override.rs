@@ -15,8 +15,17 @@ fn main() -> ExitCode {
     if std::env::var_os(CHILD).is_some() {
         return child();
     }
-    let registered =
-        if cfg!(all(feature = "jemalloc", not(target_env = "msvc"))) { "pool, jemalloc, cpu" } else { "pool, cpu" };
+    let mut registered =
+        if cfg!(all(feature = "jemalloc", not(target_env = "msvc"))) { "pool, jemalloc, cpu" } else { "pool, cpu" }
+            .to_owned();
+    // On a machine with CUDA devices (feature `cuda`), each one's allocators come last.
+    #[cfg(feature = "cuda")]
+    for n in 0..tensormem::allocators::cuda::device_count() {
+        registered += &format!(", cuda:{n}, cuda_async:{n}");
+        if n == 0 {
+            registered += ", cuda_host";
+        }
+    }
     let unknown = format!(
         "TENSORMEM_ALLOCATOR selects allocator 'tpu', but no allocator of that name is registered (registered: \
          {registered}; can be configured: bfc (configure it with TENSORMEM_ALLOC_CONF=bfc.memory_limit=<size>); \

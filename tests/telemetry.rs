@@ -61,9 +61,13 @@ fn registry() -> Arc<AllocatorRegistry> {
     r
 }
 
-/// The exposition without jemalloc's process-wide figures, which vary from run to run.
+/// The exposition without the process-wide figures of jemalloc and of the CUDA devices (where
+/// there are any), which vary from run to run.
 fn stable(text: &str) -> String {
-    text.lines().filter(|l| !l.contains("tensormem_jemalloc_")).map(|l| format!("{l}\n")).collect()
+    text.lines()
+        .filter(|l| !l.contains("tensormem_jemalloc_") && !l.contains("tensormem_device_memory_"))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
 
 #[test]
