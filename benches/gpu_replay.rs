@@ -2,8 +2,10 @@
 //! the default device BFC (`cuda:N`: expandable `cuMemCreate`/`cuMemMap` memory, need-sized
 //! growth), the BFC over plain `cuMemAlloc` regions (TensorFlow's GPU sub-allocator), and
 //! `cuMemAllocAsync` from a memory pool ([`CudaAsyncAllocator`], CUDA's recommended baseline).
-//! PyTorch's caching allocator on the same streams and the same kind of machine:
-//! `../shared/traces/README.md` (230-334 ns per operation on inference, 353-500 on training).
+//! PyTorch's caching allocator on the same streams: `benches/torch_replay.py`, run in the same
+//! call on the same machine (figures of both in `BENCHMARKS.md`; the H100 that recorded the
+//! streams gave 230-334 ns per operation on inference, 353-500 on training:
+//! `../shared/traces/README.md`).
 //!
 //! ```text
 //! cargo bench --features cuda --bench gpu_replay
