@@ -11,21 +11,24 @@ const CHILD: &str = "TENSORMEM_TEST_CHILD";
 /// the error expected.
 type Case<'a> = (&'a str, Option<&'a str>, Option<&'a str>, Result<&'a str, &'a str>);
 
+/// The registry entries of the machine's CUDA devices (feature `cuda`), listed after the host
+/// allocators: `, cuda:0, cuda_async:0, cuda_host` on a one-device machine, nothing without one.
+fn device_entries() -> String {
+    #[cfg(feature = "cuda")]
+    return (0..tensormem::allocators::cuda::device_count())
+        .map(|n| format!(", cuda:{n}, cuda_async:{n}{}", if n == 0 { ", cuda_host" } else { "" }))
+        .collect();
+    #[cfg(not(feature = "cuda"))]
+    String::new()
+}
+
 fn main() -> ExitCode {
     if std::env::var_os(CHILD).is_some() {
         return child();
     }
-    let mut registered =
-        if cfg!(all(feature = "jemalloc", not(target_env = "msvc"))) { "pool, jemalloc, cpu" } else { "pool, cpu" }
-            .to_owned();
-    // On a machine with CUDA devices (feature `cuda`), each one's allocators come last.
-    #[cfg(feature = "cuda")]
-    for n in 0..tensormem::allocators::cuda::device_count() {
-        registered += &format!(", cuda:{n}, cuda_async:{n}");
-        if n == 0 {
-            registered += ", cuda_host";
-        }
-    }
+    let host =
+        if cfg!(all(feature = "jemalloc", not(target_env = "msvc"))) { "pool, jemalloc, cpu" } else { "pool, cpu" };
+    let registered = format!("{host}{}", device_entries());
     let unknown = format!(
         "TENSORMEM_ALLOCATOR selects allocator 'tpu', but no allocator of that name is registered (registered: \
          {registered}; can be configured: bfc (configure it with TENSORMEM_ALLOC_CONF=bfc.memory_limit=<size>); \
