@@ -57,14 +57,9 @@ impl CudaAsyncAllocator {
         let mut pool: sys::CUmemoryPool = core::ptr::null_mut();
         // SAFETY: valid places and properties; the context is current.
         check("cuMemPoolCreate", ordinal, unsafe { sys::cuMemPoolCreate(&mut pool, &props) })?;
-        let mut threshold = release_threshold;
-        // SAFETY: the attribute takes a u64 through the pointer.
+        // SAFETY: the pool was created above; the release threshold is a u64 attribute.
         let r = unsafe {
-            sys::cuMemPoolSetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&mut threshold as *mut u64).cast(),
-            )
+            set_pool_u64(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, release_threshold)
         };
         let mut stream: sys::CUstream = core::ptr::null_mut();
         let made = check("cuMemPoolSetAttribute", ordinal, r).and_then(|()| {
@@ -173,17 +168,10 @@ unsafe impl Allocator for CudaAsyncAllocator {
     /// Clears the counters and restarts the pool's reserved high-water mark from what it holds.
     fn clear_stats(&self) -> bool {
         self.counters.clear();
-        let mut zero = 0u64;
         if self.device.bind().is_ok() {
-            // SAFETY: the pool is ours and alive; setting the high-water attribute takes a u64
-            // through the pointer, and only 0 is allowed (it resets the mark).
-            unsafe {
-                sys::cuMemPoolSetAttribute(
-                    self.pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
-                    (&mut zero as *mut u64).cast(),
-                )
-            };
+            // SAFETY: the pool is ours and alive; the high-water mark is a u64 attribute, and 0
+            // (the only value allowed) resets it.
+            unsafe { set_pool_u64(self.pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0) };
         }
         true
     }
@@ -194,11 +182,21 @@ impl CudaAsyncAllocator {
     fn pool_bytes(&self, attr: sys::CUmemPool_attribute) -> Option<u64> {
         self.device.bind().ok()?;
         let mut v = 0u64;
-        // SAFETY: the pool is ours and alive; the reserved-memory attributes write a u64 through
-        // the pointer.
+        // SAFETY: the pool is ours and alive; `v` is a valid place for the u64 that the
+        // reserved-memory attributes (the only ones asked for) write.
         let r = unsafe { sys::cuMemPoolGetAttribute(self.pool, attr, (&mut v as *mut u64).cast()) };
         (r == sys::cudaError_enum::CUDA_SUCCESS).then_some(v)
     }
+}
+
+/// Sets a u64-valued attribute of `pool` (`cuMemPoolSetAttribute` takes it through a pointer).
+///
+/// # Safety
+/// `pool` must be a live memory pool and `attr` one of its u64-valued attributes.
+unsafe fn set_pool_u64(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute, value: u64) -> sys::CUresult {
+    let mut v = value;
+    // SAFETY: the caller's promise; `v` lives across the call.
+    unsafe { sys::cuMemPoolSetAttribute(pool, attr, (&mut v as *mut u64).cast()) }
 }
 
 impl Drop for CudaAsyncAllocator {
