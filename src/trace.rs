@@ -406,20 +406,33 @@ impl PreparedTrace {
     /// Replays once and returns the wall time of the replay loop (blocks the trace leaves live are
     /// freed afterwards, outside the timing).
     pub fn run_timed(&self, allocator: &dyn Allocator) -> Duration {
+        self.timed(allocator, Touch::FirstByte)
+    }
+
+    /// As [`run_timed`](Self::run_timed), but writing one byte in every 4 KiB page of every
+    /// block (host memory), as a workload that uses its memory does: the time then includes the
+    /// page faults an allocator causes (memory given back and faulted in again) or saves
+    /// (memory kept, or moved to where it is needed), which a first-byte replay does not see.
+    pub fn run_timed_writing_pages(&self, allocator: &dyn Allocator) -> Duration {
+        self.timed(allocator, Touch::EveryPage)
+    }
+
+    fn timed(&self, allocator: &dyn Allocator, touch: Touch) -> Duration {
         let mut live = vec![None; self.slots];
         let start = Instant::now();
-        self.run(allocator, &mut live, |_, _| {}, |_| {});
+        self.run(allocator, &mut live, touch, |_, _| {}, |_| {});
         let elapsed = start.elapsed();
         free_rest(allocator, &mut live, |_| {});
         elapsed
     }
 
-    /// Runs the operations; `after_alloc(layout, granted)` after each allocation, `on_free(size)`
-    /// after each free of a granted block.
+    /// Runs the operations, writing each granted block as `touch` says; `after_alloc(layout,
+    /// granted)` after each allocation, `on_free(size)` after each free of a granted block.
     fn run(
         &self,
         allocator: &dyn Allocator,
         live: &mut [Option<(NonNull<u8>, Layout)>],
+        touch: Touch,
         mut after_alloc: impl FnMut(Layout, bool),
         mut on_free: impl FnMut(usize),
     ) {
@@ -430,9 +443,15 @@ impl PreparedTrace {
                 Op::Alloc { slot, layout } => match allocator.allocate_raw(layout, &AllocationAttributes::NO_RETRY) {
                     Ok(p) => {
                         if host && layout.size() > 0 {
-                            // SAFETY: `p` is valid for host writes of `layout.size()` > 0 bytes
-                            // (a host memory space, checked above).
-                            unsafe { p.as_ptr().write(1) };
+                            let step = match touch {
+                                Touch::FirstByte => layout.size(),
+                                Touch::EveryPage => PAGE,
+                            };
+                            for at in (0..layout.size()).step_by(step) {
+                                // SAFETY: `p` is valid for host writes of `layout.size()` bytes (a
+                                // host memory space, checked above) and `at` is below that.
+                                unsafe { p.as_ptr().add(at).write(1) };
+                            }
                         }
                         live[slot] = Some((p, layout));
                         after_alloc(layout, true);
@@ -450,6 +469,18 @@ impl PreparedTrace {
         }
     }
 }
+
+/// How a replay writes the blocks it is granted.
+#[derive(Clone, Copy, Debug)]
+enum Touch {
+    /// One byte per block: the allocator's own time, with the pages it lands on touched once.
+    FirstByte,
+    /// One byte per 4 KiB page: what a workload that uses its memory pays in page faults too.
+    EveryPage,
+}
+
+/// The page size the page-writing replay assumes.
+const PAGE: usize = 4096;
 
 fn free_rest(allocator: &dyn Allocator, live: &mut [Option<(NonNull<u8>, Layout)>], mut on_free: impl FnMut(usize)) {
     for (p, layout) in live.iter_mut().filter_map(Option::take) {
@@ -486,6 +517,7 @@ pub fn replay(trace: &AllocationTrace, allocator: &dyn Allocator) -> ReplayRepor
     prepared.run(
         allocator,
         &mut live,
+        Touch::FirstByte,
         |layout, granted| {
             if !granted {
                 report.failed_allocations += 1;

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use tensormem::{
-    AllocationTrace, AllocatorExt, BfcAllocator, SystemAllocator, TRACE_VERSION, TraceError, TraceEvent, TraceRecorder,
-    replay,
+    AllocationTrace, AllocatorExt, BfcAllocator, PreparedTrace, SystemAllocator, TRACE_VERSION, TraceError, TraceEvent,
+    TraceRecorder, replay,
 };
 
 const SHIPPED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/traces/transformer_inference.json");
@@ -184,4 +184,23 @@ fn an_unvalidated_trace_with_duplicate_ids_replays_without_panic_or_leak() {
     let s = tensormem::Allocator::stats(&cpu).unwrap();
     // Three passes (measured, warm-up, timed) of two allocations each.
     assert_eq!((s.bytes_in_use, s.num_allocs, s.num_frees), (0, 6, 6), "nothing leaked, nothing freed twice");
+}
+
+#[test]
+fn the_page_writing_replay_writes_one_byte_in_every_page_of_every_block_and_frees_them() {
+    // One block of 5 pages and 100 bytes, and a one-byte block.
+    let json = r#"{"version":1,"description":"pages","events":[[0,1,20580,256],[1,2,1,1],[2,1],[3,2]]}"#;
+    let prepared = PreparedTrace::new(&AllocationTrace::from_json(json).unwrap());
+    let bfc = BfcAllocator::builder().memory_limit(1 << 20).build().unwrap();
+    let _ = prepared.run_timed_writing_pages(&bfc);
+    let stats = tensormem::Allocator::stats(&bfc).unwrap();
+    assert_eq!((stats.bytes_in_use, stats.num_allocs), (0, 2));
+    // The BFC hands the same fresh (zero-filled) block out again, as the replay left it.
+    let p = bfc.allocate::<u8>(20580).unwrap();
+    // SAFETY: `p` holds 20,580 initialised bytes (fresh pages, then the replay's writes).
+    let bytes = unsafe { core::slice::from_raw_parts(p.as_ptr(), 20580) };
+    let written: Vec<usize> = bytes.iter().enumerate().filter(|(_, b)| **b == 1).map(|(i, _)| i).collect();
+    assert_eq!(written, [0, 4096, 8192, 12288, 16384, 20480]);
+    // SAFETY: freed once with its count.
+    unsafe { bfc.deallocate(p, 20580) };
 }
