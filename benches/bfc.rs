@@ -4,7 +4,10 @@
 //!   `benches/traces/` (the two PyTorch streams, the transformer trace, the KV-cache stress), on
 //!   the default BFC (`memory_limit` + `allow_growth`, nothing else set), TensorFlow's BFC
 //!   (regions doubling from 2 MiB, its split rule, best fit: the BFC before expandable memory),
-//!   the default BFC with `peak_headroom(Some(0.04))` (opt-in), the pool over the system allocator (large requests to its BFC), and jemalloc.
+//!   the default BFC with `peak_headroom(None)` (no headroom: reserved follows the placement), the pool over the system allocator (large requests to its BFC), and jemalloc.
+//! - `replay_written_torch_gpt2_train_varlen/*`: the training stream with every 4 KiB page of
+//!   every block written, on the default BFC, the same without a peak headroom, and
+//!   TensorFlow's BFC: the page faults an allocator causes or saves.
 //! - `pool_hit_pair/*`: a warm pool hit (alloc+free of a cached size) against a
 //!   `JemallocAllocator` pair of the same size.
 //! - `fresh_pages_16MiB/*`: allocate 16 MiB, write every 4 KiB page, free; the system allocator
@@ -46,14 +49,9 @@ fn subjects() -> Vec<(&'static str, Arc<dyn Allocator>)> {
         ("bfc", Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build().unwrap())),
         ("bfc_tensorflow", Arc::new(tensorflow_bfc())),
         (
-            "bfc_headroom_4pct",
+            "bfc_no_headroom",
             Arc::new(
-                BfcAllocator::builder()
-                    .memory_limit(64 << 30)
-                    .allow_growth(true)
-                    .peak_headroom(Some(0.04))
-                    .build()
-                    .unwrap(),
+                BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).peak_headroom(None).build().unwrap(),
             ),
         ),
         ("pool", Arc::new(PoolAllocator::builder(system).build().unwrap())),
@@ -80,6 +78,36 @@ fn replay(c: &mut Criterion) {
         }
         group.finish();
     }
+}
+
+/// The training stream with every 4 KiB page of every block written, as a workload that uses
+/// its memory does: here the page faults an allocator causes or saves count, where the
+/// one-byte replay above sees only the allocator's own work (and the system calls of a peak
+/// headroom's moves). Seconds per replay: ten samples, one replay each.
+fn replay_written(c: &mut Criterion) {
+    let name = "torch_gpt2_train_varlen";
+    let trace = trace(name);
+    let mut group = c.benchmark_group(format!("replay_written_{name}"));
+    group.throughput(Throughput::Elements(trace.len() as u64));
+    group.sample_size(10).warm_up_time(Duration::from_millis(1)).measurement_time(Duration::from_secs(30));
+    let subjects: [(&str, Arc<dyn Allocator>); 3] = [
+        ("bfc", Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build().unwrap())),
+        (
+            "bfc_no_headroom",
+            Arc::new(
+                BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).peak_headroom(None).build().unwrap(),
+            ),
+        ),
+        ("bfc_tensorflow", Arc::new(tensorflow_bfc())),
+    ];
+    for (subject, a) in subjects {
+        // Warm: the first replay grows the allocator and faults its pages in.
+        trace.run_timed_writing_pages(&*a);
+        group.bench_function(BenchmarkId::from_parameter(subject), |b| {
+            b.iter_custom(|iters| (0..iters).map(|_| trace.run_timed_writing_pages(&*a)).sum())
+        });
+    }
+    group.finish();
 }
 
 fn pair(a: &dyn Allocator, layout: Layout) {
@@ -134,6 +162,6 @@ fn fresh_pages(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = replay, pool_hit_pair, fresh_pages
+    targets = replay, replay_written, pool_hit_pair, fresh_pages
 }
 criterion_main!(benches);

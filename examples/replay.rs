@@ -8,9 +8,10 @@
 //! `use/req` is peak in use / peak requested (rounding and unsplit chunks), `resvd/req` peak
 //! reserved / peak requested (all memory taken from the system). The BFC rows: `bfc` is the
 //! default (`memory_limit` + `allow_growth`, nothing else set: expandable, need-sized growth,
-//! 256-byte splits, first fit above 64 KiB); `bfc (headroom 4%)` the same with
-//! `peak_headroom(Some(0.04))` (the pages of large free chunks trapped between live blocks move to
-//! where the region would grow, or are decommitted where they cannot move); `bfc (tensorflow)` is
+//! 256-byte splits, first fit above 64 KiB, and on Linux a 4% peak headroom: the pages of large
+//! free chunks trapped between live blocks move to where the region would grow); `bfc (no headroom)`
+//! the same with `peak_headroom(None)` (reserved follows the placement, as with PyTorch's
+//! expandable segments); `bfc (tensorflow)` is
 //! TensorFlow's allocator (regions doubling from 2 MiB, its split rule, best fit).
 
 use std::sync::Arc;
@@ -40,8 +41,8 @@ fn subjects() -> Result<Subjects, Box<dyn std::error::Error>> {
     v.push(("jemalloc", Arc::new(tensormem::JemallocAllocator::new())));
     v.push(("bfc", Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build()?)));
     v.push((
-        "bfc (headroom 4%)",
-        Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).peak_headroom(Some(0.04)).build()?),
+        "bfc (no headroom)",
+        Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).peak_headroom(None).build()?),
     ));
     v.push((
         "bfc (tensorflow)",

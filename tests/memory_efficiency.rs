@@ -43,40 +43,56 @@ fn gpt2_inference_meets_the_targets_by_default() {
     assert!((tf_reserved - 1.477).abs() < 0.01 && (tf_in_use - 1.296).abs() < 0.01, "{tf:?}");
 }
 
-#[test]
-fn gpt2_training_with_variable_lengths_stays_close_to_what_was_requested() {
-    let t = trace("torch_gpt2_train_varlen");
-    let r = replay(&t, &default_bfc());
-    let (reserved, in_use) = ratios(&r);
-    assert_eq!(r.failed_allocations, 0);
-    assert!(in_use <= 1.02, "peak in use / peak requested {in_use:.3}");
-    // 1.068 measured; PyTorch's expandable segments reach 1.069, its default 1.124. The 1.05
-    // target is not met on this stream by default (see BENCHMARKS.md; a peak headroom meets it
-    // at the price of page faults); this bounds it against regressions.
-    assert!(reserved <= 1.07, "peak reserved / peak requested {reserved:.3}");
-    let tf = replay(&t, &tensorflow_bfc());
-    assert!(ratios(&tf).0 > 1.25, "{tf:?}");
+/// The same without a peak headroom: reserved follows the placement, as with PyTorch's
+/// expandable segments.
+fn no_headroom_bfc() -> BfcAllocator {
+    BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).peak_headroom(None).build().unwrap()
 }
 
 #[test]
-fn a_peak_headroom_brings_gpt2_training_under_the_target_and_leaves_inference_alone() {
-    let with_headroom =
-        || BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).peak_headroom(Some(0.04)).build().unwrap();
+#[cfg(target_os = "linux")]
+fn gpt2_training_with_variable_lengths_meets_the_targets_by_default() {
     let t = trace("torch_gpt2_train_varlen");
-    let bfc = with_headroom();
+    let bfc = default_bfc();
+    assert_eq!(bfc.peak_headroom(), Some(tensormem::allocators::DEFAULT_PEAK_HEADROOM));
     let r = replay(&t, &bfc);
     bfc.check_invariants().unwrap();
     let (reserved, in_use) = ratios(&r);
     assert_eq!(r.failed_allocations, 0);
     assert!(in_use <= 1.02, "peak in use / peak requested {in_use:.3}");
-    // 1.040 measured: the trapped chunks move (or are decommitted) instead of the region growing.
+    // 1.040 measured: the pages of the chunk trapped between live blocks move to where the
+    // region would grow, instead of the region growing (PyTorch: 1.124, expandable 1.069).
     assert!(reserved <= 1.045, "peak reserved / peak requested {reserved:.3}");
-    // Nothing trapped that is worth it on the inference streams: the same as the default.
-    for name in ["torch_gpt2_inference", "kv_cache_stress"] {
+    // Without the headroom, placement alone leaves 1.068 (BENCHMARKS.md: no placement rule
+    // tried does better on this stream).
+    let plain = ratios(&replay(&t, &no_headroom_bfc())).0;
+    assert!(plain > 1.06 && plain < 1.075, "{plain:.3}");
+    let tf = replay(&t, &tensorflow_bfc());
+    assert!(ratios(&tf).0 > 1.25, "{tf:?}");
+}
+
+#[test]
+fn the_default_headroom_leaves_streams_with_nothing_trapped_alone() {
+    // Nothing trapped that is worth a move on the inference streams: the same as without it.
+    for name in ["torch_gpt2_inference", "kv_cache_stress", "transformer_inference"] {
         let t = trace(name);
-        let (plain, headroom) = (ratios(&replay(&t, &default_bfc())).0, ratios(&replay(&t, &with_headroom())).0);
-        assert!((plain - headroom).abs() < 1e-9, "{name}: {plain} vs {headroom}");
+        let (default, plain) = (ratios(&replay(&t, &default_bfc())).0, ratios(&replay(&t, &no_headroom_bfc())).0);
+        assert!((default - plain).abs() < 1e-9, "{name}: {default} vs {plain}");
     }
+}
+
+#[test]
+fn a_peak_headroom_is_off_where_pages_cannot_move_and_can_be_turned_off() {
+    // TensorFlow's regions: nothing to move.
+    assert_eq!(tensorflow_bfc().peak_headroom(), None);
+    assert_eq!(no_headroom_bfc().peak_headroom(), None);
+    let set = BfcAllocator::builder().memory_limit(1 << 30).peak_headroom(Some(0.1)).build().unwrap();
+    assert_eq!(set.peak_headroom(), Some(0.1));
+    // Through the configuration keys as well.
+    let off = AllocConf::parse("bfc.memory_limit=1GiB,bfc.peak_headroom=none").unwrap();
+    assert_eq!(off.build_bfc().unwrap().peak_headroom(), None);
+    let on = AllocConf::parse("bfc.memory_limit=1GiB,bfc.peak_headroom=0.02").unwrap();
+    assert_eq!(on.build_bfc().unwrap().peak_headroom(), Some(0.02));
 }
 
 #[test]

@@ -56,8 +56,8 @@ pub use allocator::{Allocator, AllocatorExt, LiveChunk, dangling};
 pub use attributes::{AllocationAttributes, AllocatorAttributes};
 pub use bfc::{
     BFC_DUMP_ON_OOM_ENV, BfcAllocator, BfcBuilder, BinSummary, ChunkInfo, DEFAULT_FIRST_FIT_ABOVE,
-    DEFAULT_GROWTH_GRANULE, DEFAULT_MAX_INTERNAL_FRAGMENTATION, ExpandableInfo, MIN_ALLOCATION_SIZE, MemoryDump,
-    NUM_BINS, ParseSplitPolicyError, RegionInfo, SplitPolicy,
+    DEFAULT_GROWTH_GRANULE, DEFAULT_MAX_INTERNAL_FRAGMENTATION, DEFAULT_PEAK_HEADROOM, ExpandableInfo,
+    MIN_ALLOCATION_SIZE, MemoryDump, NUM_BINS, ParseSplitPolicyError, RegionInfo, SplitPolicy,
 };
 pub use builder::{AllocatorBuilder, BackendOptions, Fill, FromOptions, JUNK_PATTERN};
 pub use counters::{CounterSnapshot, FLUSH_BYTES, LimitHit, StatsCounters};

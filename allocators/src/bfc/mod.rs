@@ -37,6 +37,11 @@ pub const DEFAULT_GROWTH_GRANULE: u64 = 2 << 20;
 /// (address-ordered first fit); smaller ones the smallest (best fit).
 pub const DEFAULT_FIRST_FIT_ABOVE: u64 = 64 << 10;
 
+/// The peak headroom of a BFC whose [`peak_headroom`](BfcBuilder::peak_headroom) is not set,
+/// over memory that moves pages (host memory on Linux): reserved stays within 4% above the peak
+/// in use, which takes the recorded GPT-2 training stream under the 1.05 target (1.040).
+pub const DEFAULT_PEAK_HEADROOM: f64 = 0.04;
+
 /// Best-fit with coalescing, as TensorFlow's `BFCAllocator`, growing like PyTorch's expandable
 /// segments: chunks of 256-byte multiples, split on allocation and merged with free neighbours on
 /// free, carved from memory taken up to a limit. Free chunks are indexed by size below
@@ -128,6 +133,21 @@ impl BfcAllocator {
     /// taking regions.
     pub fn is_expandable(&self) -> bool {
         self.state.lock().is_expandable()
+    }
+
+    /// The peak headroom in effect (see [`BfcBuilder::peak_headroom`]): what was set, or by
+    /// default [`DEFAULT_PEAK_HEADROOM`] over memory that moves pages and `None` elsewhere.
+    ///
+    /// ```
+    /// use tensormem_allocators::BfcAllocator;
+    /// let off = BfcAllocator::builder().memory_limit(1 << 30).peak_headroom(None).build()?;
+    /// assert_eq!(off.peak_headroom(), None);
+    /// let tf = BfcAllocator::builder().memory_limit(1 << 30).tensorflow_policies().build()?;
+    /// assert_eq!(tf.peak_headroom(), None);
+    /// # Ok::<(), tensormem_allocators::BuildError>(())
+    /// ```
+    pub fn peak_headroom(&self) -> Option<f64> {
+        self.state.lock().peak_headroom()
     }
 
     /// Checks the allocator's internal invariants (chunk lists, handle maps, free-chunk indexes, totals, and
@@ -337,7 +357,8 @@ pub struct BfcBuilder {
     split: SplitPolicy,
     release_threshold: Option<u64>,
     first_fit_above: u64,
-    peak_headroom: Option<f64>,
+    /// `None`: unset (the default for the memory); `Some(None)`: off.
+    peak_headroom: Option<Option<f64>>,
 }
 
 impl Default for BfcBuilder {
@@ -420,7 +441,7 @@ impl BfcBuilder {
     /// ```
     #[must_use]
     pub fn tensorflow_policies(self) -> Self {
-        self.expandable(false).split(SplitPolicy::TensorFlow).first_fit_above(u64::MAX)
+        self.expandable(false).split(SplitPolicy::TensorFlow).first_fit_above(u64::MAX).peak_headroom(None)
     }
 
     /// Requests of at least this many bytes take the lowest-address free chunk that fits
@@ -452,18 +473,20 @@ impl BfcBuilder {
     /// `mremap`) *moves* those pages to where the block needs them, so they stay faulted in and
     /// keep their frames; other memory that decommits any page gives them back and commits
     /// fresh ones. Where a commit can only be unmapped whole (a GPU mapping) it has no effect.
+    /// `None` turns it off: reserved follows the placement, as with PyTorch's expandable
+    /// segments.
     ///
-    /// Unset (the default): reserved follows the placement, as with PyTorch's expandable
-    /// segments. On the recorded GPT-2 training stream `Some(0.04)` takes peak reserved / peak
-    /// requested from 1.068 to 1.040; the other streams are unchanged. What it costs is two
-    /// system calls per move (pages move in whole 16 MiB units first, a chunk's edges after
+    /// Unset (the default): [`DEFAULT_PEAK_HEADROOM`] (4%) over memory that moves pages, none
+    /// over other memory (there it would fault pages in again) or with TensorFlow's regions. On
+    /// the recorded GPT-2 training stream the default takes peak reserved / peak requested from
+    /// 1.068 (no headroom) to 1.040; the other recorded streams do not change. What it costs is
+    /// two system calls per move (pages move in whole 16 MiB units first, a chunk's edges after
     /// them), about 23 moves per replay of that stream: with every page of every block written
     /// (a real workload) the replay takes as long as without it, but the allocator's own time
-    /// per operation, measured without touching the memory, is about 2.9x (BENCHMARKS.md).
-    /// Without moves (memory given back and faulted in again) the written replay took 2.2-2.6x
-    /// as long. Moved pages also cost the process memory mappings (a moved range cannot merge
-    /// with its neighbours while it is committed), and each move pays for the mappings in its
-    /// range: on that stream about 75-150 in all, against the system's limit of 65,530.
+    /// per operation, measured without touching the memory, is about 2-3x (BENCHMARKS.md).
+    /// Moved pages also cost the process memory mappings (a moved range cannot merge with its
+    /// neighbours while it is committed), and each move pays for the mappings in its range: on
+    /// that stream about 75-150 in all, against the system's limit of 65,530.
     ///
     /// ```
     /// use tensormem_allocators::{BfcAllocator, BuildError};
@@ -475,7 +498,7 @@ impl BfcBuilder {
     /// ```
     #[must_use]
     pub fn peak_headroom(mut self, fraction: Option<f64>) -> Self {
-        self.peak_headroom = fraction;
+        self.peak_headroom = Some(fraction);
         self
     }
 
@@ -548,7 +571,7 @@ impl BfcBuilder {
                 reason: "a growth granule of 0 bytes; use at least one page".to_owned(),
             });
         }
-        if let Some(f) = self.peak_headroom
+        if let Some(Some(f)) = self.peak_headroom
             && !(f.is_finite() && f >= 0.0)
         {
             return Err(BuildError::InvalidOption {
@@ -559,13 +582,13 @@ impl BfcBuilder {
         }
         let sub = self.sub.unwrap_or_else(|| Arc::new(OsSubAllocator));
         let memory_limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        let options = Options {
+        let mut options = Options {
             memory_limit,
             split: self.split,
             max_internal_fragmentation: usize::try_from(self.max_internal_fragmentation).unwrap_or(usize::MAX),
             release_threshold: self.release_threshold.map(|t| usize::try_from(t).unwrap_or(usize::MAX)),
             first_fit_above: usize::try_from(self.first_fit_above).unwrap_or(usize::MAX).max(MIN_ALLOCATION_SIZE),
-            peak_headroom: self.peak_headroom,
+            peak_headroom: None,
         };
         let growth_options = GrowthOptions {
             memory_limit,
@@ -587,6 +610,12 @@ impl BfcBuilder {
             // Unset: a limit below one granule keeps TensorFlow's regions.
             (None, Some(m)) if memory_limit < m.granule() => None,
             (_, m) => m,
+        };
+        // Unset: the default headroom where pages move (so nothing is faulted in again), none
+        // where the memory could only give pages back.
+        options.peak_headroom = match self.peak_headroom {
+            Some(set) => set,
+            None => memory.filter(|m| State::moves_pages(*m)).map(|_| DEFAULT_PEAK_HEADROOM),
         };
         let (growth, max_alignment) = match memory {
             Some(m) => {

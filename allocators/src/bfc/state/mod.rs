@@ -192,6 +192,11 @@ impl State {
         self.options.memory_limit
     }
 
+    /// The peak headroom in effect.
+    pub(crate) fn peak_headroom(&self) -> Option<f64> {
+        self.options.peak_headroom
+    }
+
     /// Whether the allocator grows one expandable region.
     pub(crate) fn is_expandable(&self) -> bool {
         matches!(self.growth, Growth::Expandable(_))

@@ -149,7 +149,7 @@ impl State {
 
     /// Whether free pages can move to where a block needs them instead of being given back
     /// and committed again.
-    pub(super) fn moves_pages(memory: &dyn ExpandableMemory) -> bool {
+    pub(crate) fn moves_pages(memory: &dyn ExpandableMemory) -> bool {
         memory.relocates() && memory.decommits_partially()
     }
 

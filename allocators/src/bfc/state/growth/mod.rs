@@ -12,13 +12,14 @@
 //!   `empty_cache` on expandable segments); a hole is committed again when a block is placed
 //!   over it. Only on request: done on every growth or free it cost 75x in time on the training
 //!   stream (page faults and `mprotect` each time a hole is reused), see BENCHMARKS.md.
-//! - **Peak headroom** (opt-in, [`peak_headroom`](crate::BfcBuilder::peak_headroom)): a commit
+//! - **Peak headroom** ([`peak_headroom`](crate::BfcBuilder::peak_headroom); by default 4% over
+//!   memory that relocates, none elsewhere): a commit
 //!   that would lift reserved past the peak in use plus the headroom (and past its high-water
 //!   mark) first takes free memory from elsewhere: large free spans from the highest address
 //!   down (a chunk trapped between live blocks), and the free tail. Memory that
 //!   [relocates](crate::ExpandableMemory::relocates) moves their pages to the addresses being
-//!   committed (nothing is faulted in again; reserved does not change); other memory
-//!   decommits them (the free tail first) and commits fresh pages.
+//!   committed (nothing is faulted in again; reserved does not change); other memory, when a
+//!   headroom is set for it, decommits them (the free tail first) and commits fresh pages.
 
 mod interior;
 
