@@ -380,6 +380,49 @@ fn a_peak_headroom_moves_a_trapped_chunks_pages_to_where_the_region_grows() {
     free_and_release_all(&bfc, &memory, &[(b, MIB), (d, 50 * MIB), (e, 40 * MIB)], 251 * MIB);
 }
 
+#[cfg(target_os = "linux")]
+#[test]
+fn by_default_a_peak_headroom_moves_pages_only_over_memory_that_moves_them() {
+    let build = |memory: &Arc<Counting>, headroom: Option<Option<f64>>| {
+        let b = BfcAllocator::builder().memory_limit(1 << 30).sub_allocator(Arc::new(CountingSub(memory.clone())));
+        match headroom {
+            Some(h) => b.peak_headroom(h),
+            None => b,
+        }
+        .build()
+        .unwrap()
+    };
+    // Unset: 4% over memory that moves pages; none over memory that could only give them back
+    // (to be faulted in again) or unmaps whole pieces only (a GPU mapping).
+    let moving = Counting::with(true, true);
+    assert_eq!(build(&moving, None).peak_headroom(), Some(tensormem_allocators::DEFAULT_PEAK_HEADROOM));
+    assert_eq!(build(&Counting::new(true), None).peak_headroom(), None);
+    assert_eq!(build(&Counting::new(false), None).peak_headroom(), None);
+    assert_eq!(build(&moving, Some(None)).peak_headroom(), None, "turned off");
+
+    // A 100 MiB chunk trapped below a live block while a 200 MiB block needs the region to grow.
+    let trap = |bfc: &BfcAllocator| {
+        let a = alloc(bfc, 100 * MIB);
+        let b = alloc(bfc, MIB);
+        free(bfc, a, 100 * MIB);
+        let c = alloc(bfc, 200 * MIB);
+        let r = reserved(bfc);
+        free(bfc, b, MIB);
+        free(bfc, c, 200 * MIB);
+        r
+    };
+    let off = Counting::with(true, true);
+    assert_eq!(trap(&build(&off, Some(None))), 302 * MIB, "without a headroom the region grows by 200 MiB");
+    assert_eq!(off.moved.load(SeqCst), 0);
+    let on = Counting::with(true, true);
+    let bfc = build(&on, None);
+    let r = trap(&bfc);
+    // 201 MiB in use at the peak: at most 4% above it (whole 2 MiB pieces), the rest moved.
+    assert!(r <= 201 * MIB * 104 / 100 + 2 * MIB && r >= 201 * MIB, "{} MiB", r / MIB);
+    assert!(on.moved.load(SeqCst) >= 90 * MIB, "{} MiB moved", on.moved.load(SeqCst) / MIB);
+    assert_eq!(on.committed.load(SeqCst), r, "committed bytes = what the stats call reserved");
+}
+
 /// How many of this process's memory mappings overlap `lo..hi`.
 #[cfg(target_os = "linux")]
 fn mappings_in(lo: usize, hi: usize) -> usize {

@@ -59,6 +59,11 @@ pub const DEFAULT_PEAK_HEADROOM: f64 = 0.04;
 ///   on Unix). Otherwise, or with [`expandable(false)`](BfcBuilder::expandable), it takes
 ///   TensorFlow's regions: with `allow_growth` the first is min(limit, 2 MiB) and each next one
 ///   doubles; without, one region of the whole limit at the first allocation.
+/// - **Peak headroom.** Over memory that moves pages (host memory on Linux), reserved stays
+///   within [`DEFAULT_PEAK_HEADROOM`] (4%) above the peak in use by default: when a block needs
+///   memory committed past that, the pages of a large free chunk trapped between live blocks
+///   move to it (`mremap`; nothing is faulted in again) instead of more being committed. See
+///   [`BfcBuilder::peak_headroom`] for what it costs and how to turn it off.
 /// - **Allocation** takes, for a request below 64 KiB, the smallest free chunk that holds it at
 ///   its alignment (best fit, the lowest address on a tie, as TensorFlow), and for a larger one
 ///   the lowest-address free chunk that holds it (address-ordered first fit, which keeps large
