@@ -621,6 +621,71 @@ fn release_cached_from_two_threads_while_blocks_live() {
     assert_eq!(reserved(&bfc), 0);
 }
 
+/// The default headroom moves pages while other threads write and read their live blocks: every
+/// page of every live block keeps what its thread wrote, whatever moved around it.
+#[cfg(target_os = "linux")]
+#[test]
+fn pages_moving_under_the_default_headroom_never_touch_live_blocks_of_other_threads() {
+    let memory = Counting::with(true, true);
+    // A limit well above what the threads can hold at once (3 x 3 blocks of at most 129 MiB and
+    // the splits between them): only address space.
+    let bfc = BfcAllocator::builder()
+        .memory_limit(4 << 30)
+        .sub_allocator(Arc::new(CountingSub(memory.clone())))
+        .build()
+        .unwrap();
+    assert!(bfc.peak_headroom().is_some());
+    // Writes `tag` in the first byte of every page of a block (and its last byte); checks it.
+    let fill = |p: NonNull<u8>, n: usize, tag: u8| {
+        for at in (0..n).step_by(4096).chain([n - 1]) {
+            // SAFETY: `p` holds `n` bytes, owned by the calling thread.
+            unsafe { p.as_ptr().add(at).write(tag) };
+        }
+    };
+    let check = |p: NonNull<u8>, n: usize, tag: u8| {
+        for at in (0..n).step_by(4096).chain([n - 1]) {
+            // SAFETY: as above; written by `fill` with `tag`.
+            assert_eq!(unsafe { p.as_ptr().add(at).read() }, tag, "byte {at} of a {n}-byte block");
+        }
+    };
+    std::thread::scope(|s| {
+        for t in 0..3u8 {
+            let (bfc, fill, check) = (&bfc, &fill, &check);
+            s.spawn(move || {
+                // Large blocks (64-128 MiB) that come and go between longer-lived ones, so
+                // that free chunks are trapped and the region would grow.
+                let mut live: Vec<(NonNull<u8>, usize, u8)> = Vec::new();
+                let mut x = 0x9E37_79B9_u32.wrapping_mul(u32::from(t) + 1);
+                for i in 0..60usize {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    let n = (64 + (x as usize % 65)) * MIB + (x as usize % 4096);
+                    let p = alloc(bfc, n);
+                    let tag = t.wrapping_mul(60).wrapping_add(i as u8) | 1;
+                    fill(p, n, tag);
+                    live.push((p, n, tag));
+                    if live.len() > 2 {
+                        let (p, n, tag) = live.remove(x as usize % live.len());
+                        check(p, n, tag);
+                        free(bfc, p, n);
+                    }
+                }
+                for (p, n, tag) in live {
+                    check(p, n, tag);
+                    free(bfc, p, n);
+                }
+            });
+        }
+    });
+    bfc.check_invariants().unwrap();
+    // 84-115 moves in three runs.
+    assert!(memory.moves.load(SeqCst) > 0, "no page moved: the test did not test moves");
+    assert_eq!(memory.committed.load(SeqCst), reserved(&bfc), "committed bytes = what the stats call reserved");
+    bfc.release_cached();
+    assert_eq!((reserved(&bfc), memory.committed.load(SeqCst)), (0, 0));
+}
+
 #[test]
 fn a_commit_the_system_refuses_is_an_oom_naming_the_request_and_the_state_stays_intact() {
     let (memory, bfc) = counting_bfc(1 << 30, true);
