@@ -4,7 +4,8 @@
 //!   `benches/traces/` (the two PyTorch streams, the transformer trace, the KV-cache stress), on
 //!   the default BFC (`memory_limit` + `allow_growth`, nothing else set), TensorFlow's BFC
 //!   (regions doubling from 2 MiB, its split rule, best fit: the BFC before expandable memory),
-//!   the default BFC with `peak_headroom(None)` (no headroom: reserved follows the placement), the pool over the system allocator (large requests to its BFC), and jemalloc.
+//!   the default BFC with `peak_headroom(None)` (no headroom: reserved follows the placement),
+//!   the pool over the system allocator (large requests to its BFC), and jemalloc.
 //! - `replay_written_torch_gpt2_train_varlen/*`: the training stream with every 4 KiB page of
 //!   every block written, on the default BFC, the same without a peak headroom, and
 //!   TensorFlow's BFC: the page faults an allocator causes or saves.
@@ -37,6 +38,16 @@ fn trace(name: &str) -> PreparedTrace {
     PreparedTrace::new(&AllocationTrace::from_json(&json).expect("a valid trace"))
 }
 
+/// The default BFC: a limit and room to grow, nothing else set.
+fn default_bfc() -> BfcAllocator {
+    BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build().unwrap()
+}
+
+/// The default BFC without a peak headroom: reserved follows the placement.
+fn no_headroom_bfc() -> BfcAllocator {
+    BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).peak_headroom(None).build().unwrap()
+}
+
 /// TensorFlow's BFC as it was before expandable memory.
 fn tensorflow_bfc() -> BfcAllocator {
     BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).tensorflow_policies().build().unwrap()
@@ -46,14 +57,9 @@ fn subjects() -> Vec<(&'static str, Arc<dyn Allocator>)> {
     let system: Arc<dyn Allocator> = Arc::new(SystemAllocator::new());
     #[allow(unused_mut)] // jemalloc is pushed only with its feature
     let mut v: Vec<(&'static str, Arc<dyn Allocator>)> = vec![
-        ("bfc", Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build().unwrap())),
+        ("bfc", Arc::new(default_bfc())),
         ("bfc_tensorflow", Arc::new(tensorflow_bfc())),
-        (
-            "bfc_no_headroom",
-            Arc::new(
-                BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).peak_headroom(None).build().unwrap(),
-            ),
-        ),
+        ("bfc_no_headroom", Arc::new(no_headroom_bfc())),
         ("pool", Arc::new(PoolAllocator::builder(system).build().unwrap())),
     ];
     #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
@@ -91,13 +97,8 @@ fn replay_written(c: &mut Criterion) {
     group.throughput(Throughput::Elements(trace.len() as u64));
     group.sample_size(10).warm_up_time(Duration::from_millis(1)).measurement_time(Duration::from_secs(30));
     let subjects: [(&str, Arc<dyn Allocator>); 3] = [
-        ("bfc", Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build().unwrap())),
-        (
-            "bfc_no_headroom",
-            Arc::new(
-                BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).peak_headroom(None).build().unwrap(),
-            ),
-        ),
+        ("bfc", Arc::new(default_bfc())),
+        ("bfc_no_headroom", Arc::new(no_headroom_bfc())),
         ("bfc_tensorflow", Arc::new(tensorflow_bfc())),
     ];
     for (subject, a) in subjects {

@@ -587,14 +587,6 @@ impl BfcBuilder {
         }
         let sub = self.sub.unwrap_or_else(|| Arc::new(OsSubAllocator));
         let memory_limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        let mut options = Options {
-            memory_limit,
-            split: self.split,
-            max_internal_fragmentation: usize::try_from(self.max_internal_fragmentation).unwrap_or(usize::MAX),
-            release_threshold: self.release_threshold.map(|t| usize::try_from(t).unwrap_or(usize::MAX)),
-            first_fit_above: usize::try_from(self.first_fit_above).unwrap_or(usize::MAX).max(MIN_ALLOCATION_SIZE),
-            peak_headroom: None,
-        };
         let growth_options = GrowthOptions {
             memory_limit,
             allow_growth: self.allow_growth,
@@ -616,11 +608,18 @@ impl BfcBuilder {
             (None, Some(m)) if memory_limit < m.granule() => None,
             (_, m) => m,
         };
-        // Unset: the default headroom where pages move (so nothing is faulted in again), none
-        // where the memory could only give pages back.
-        options.peak_headroom = match self.peak_headroom {
-            Some(set) => set,
-            None => memory.filter(|m| State::moves_pages(*m)).map(|_| DEFAULT_PEAK_HEADROOM),
+        let options = Options {
+            memory_limit,
+            split: self.split,
+            max_internal_fragmentation: usize::try_from(self.max_internal_fragmentation).unwrap_or(usize::MAX),
+            release_threshold: self.release_threshold.map(|t| usize::try_from(t).unwrap_or(usize::MAX)),
+            first_fit_above: usize::try_from(self.first_fit_above).unwrap_or(usize::MAX).max(MIN_ALLOCATION_SIZE),
+            // Unset: the default headroom where pages move (so nothing is faulted in again),
+            // none where the memory could only give pages back.
+            peak_headroom: match self.peak_headroom {
+                Some(set) => set,
+                None => memory.filter(|m| State::moves_pages(*m)).map(|_| DEFAULT_PEAK_HEADROOM),
+            },
         };
         let (growth, max_alignment) = match memory {
             Some(m) => {
