@@ -92,6 +92,18 @@ pub unsafe trait ExpandableMemory: Send + Sync + fmt::Debug {
         Err(io::Error::new(io::ErrorKind::Unsupported, "this memory cannot move committed pages"))
     }
 
+    /// How many of the `bytes` at `ptr` have memory behind them now (on a host: pages that were
+    /// touched since they were committed and are resident), if this memory can tell; `None`
+    /// (the default) if it cannot, or if the range is not part of a live reservation.
+    ///
+    /// A caching allocator asks before it [relocates](Self::relocate) free memory: moving pages
+    /// that were never touched saves no page faults, while the move costs system calls (giving
+    /// them back and committing fresh ones costs fewer). Where this answers `None`, it moves.
+    fn resident(&self, ptr: NonNull<u8>, bytes: usize) -> Option<usize> {
+        let _ = (ptr, bytes);
+        None
+    }
+
     /// A short name for messages (`os`, `cuda:0`).
     fn name(&self) -> &str;
 
@@ -215,6 +227,42 @@ unsafe impl ExpandableMemory for OsMemory {
         {
             let _ = (from, to, bytes);
             Err(io::Error::new(io::ErrorKind::Unsupported, "moving pages needs Linux's mremap"))
+        }
+    }
+
+    /// Counts resident pages with `mincore` (Linux; `None` elsewhere, and for a range that is
+    /// not mapped).
+    fn resident(&self, ptr: NonNull<u8>, bytes: usize) -> Option<usize> {
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: `sysconf` reads a constant of the system.
+            let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok().filter(|&p| p > 0)?;
+            // One byte per page, up to 4096 pages a call.
+            let mut pages = [0u8; 4096];
+            let (mut at, end) = (ptr.as_ptr() as usize, (ptr.as_ptr() as usize).checked_add(bytes)?);
+            if !at.is_multiple_of(page) {
+                return None;
+            }
+            let mut resident = 0;
+            while at < end {
+                let len = (end - at).min(pages.len() * page);
+                // SAFETY: `mincore` reads only page tables and writes one byte per page of
+                // `at..at + len` into `pages`: `len.div_ceil(page)` bytes, at most its length.
+                // It dereferences nothing at `at`; an address that is not mapped is an error
+                // (ENOMEM), and `at` is page-aligned as it asks.
+                if unsafe { libc::mincore(at as *mut libc::c_void, len, pages.as_mut_ptr()) } != 0 {
+                    return None;
+                }
+                let touched: usize = pages[..len.div_ceil(page)].iter().map(|&b| usize::from(b & 1)).sum();
+                resident += touched * page;
+                at += len;
+            }
+            Some(resident.min(bytes))
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (ptr, bytes);
+            None
         }
     }
 

@@ -46,6 +46,9 @@ struct Counting {
     moved: AtomicUsize,
     moves: AtomicUsize,
     refuse_moves: AtomicBool,
+    /// Whether it says which pages are resident (`OsMemory::resident`); if not, the BFC moves
+    /// free pages without asking.
+    reports_residency: AtomicBool,
 }
 
 impl Counting {
@@ -64,6 +67,7 @@ impl Counting {
             moved: AtomicUsize::new(0),
             moves: AtomicUsize::new(0),
             refuse_moves: AtomicBool::new(false),
+            reports_residency: AtomicBool::new(false),
         })
     }
 }
@@ -121,6 +125,9 @@ unsafe impl ExpandableMemory for Counting {
         self.moved.fetch_add(bytes, SeqCst);
         self.moves.fetch_add(1, SeqCst);
         Ok(())
+    }
+    fn resident(&self, ptr: NonNull<u8>, bytes: usize) -> Option<usize> {
+        if self.reports_residency.load(SeqCst) { OsMemory.resident(ptr, bytes) } else { None }
     }
     fn name(&self) -> &str {
         "counting"
@@ -378,6 +385,74 @@ fn a_peak_headroom_moves_a_trapped_chunks_pages_to_where_the_region_grows() {
         (251 * MIB, 251 * MIB, 140 * MIB)
     );
     free_and_release_all(&bfc, &memory, &[(b, MIB), (d, 50 * MIB), (e, 40 * MIB)], 251 * MIB);
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_peak_headroom_moves_only_pages_that_were_touched_and_gives_back_the_others() {
+    // The trapped chunk of the test above, its block written whole or only its first byte.
+    let trap = |written: usize| {
+        let memory = Counting::with(true, true);
+        memory.reports_residency.store(true, SeqCst);
+        let (memory, bfc) = headroom_bfc_over(memory);
+        let a = alloc(&bfc, 100 * MIB);
+        // SAFETY: `a` is 100 MiB, just allocated.
+        unsafe { a.as_ptr().write_bytes(0xAB, written) };
+        let b = alloc(&bfc, MIB);
+        free(&bfc, a, 100 * MIB);
+        let c = alloc(&bfc, 200 * MIB);
+        assert_eq!(c.as_ptr() as usize, b.as_ptr() as usize + MIB, "c starts in the free tail");
+        // The same bytes reserved either way, never more.
+        assert_eq!((reserved(&bfc), memory.committed.load(SeqCst)), (202 * MIB, 202 * MIB), "{written} bytes written");
+        assert_eq!(bfc.stats().unwrap().peak_bytes_reserved, 202 << 20);
+        // SAFETY: `c` is 200 MiB, just allocated.
+        let first_moved = unsafe {
+            let first_moved = *c.as_ptr().add(MIB);
+            c.as_ptr().write_bytes(0xCD, 200 * MIB);
+            first_moved
+        };
+        let moved = (memory.moved.load(SeqCst), memory.moves.load(SeqCst));
+        free_and_release_all(&bfc, &memory, &[(b, MIB), (c, 200 * MIB)], 202 * MIB);
+        (moved, first_moved)
+    };
+    // Written: its pages are resident, and they move (in a few calls), bytes and all.
+    let ((moved, moves), first) = trap(100 * MIB);
+    assert_eq!((moved, first), (100 * MIB, 0xAB));
+    assert!((1..=8).contains(&moves), "{moves} moves");
+    // One byte written: one page resident of 25,600. A move would save one page fault, so the
+    // chunk is given back and fresh pages (zeros) committed for `c`, with no move at all.
+    assert_eq!(trap(1), ((0, 0), 0));
+    assert_eq!(trap(0), ((0, 0), 0));
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn os_memory_counts_resident_pages() {
+    let page = 4096;
+    let base = OsMemory.reserve(64 * MIB).unwrap();
+    assert_eq!(OsMemory.resident(base, 64 * MIB), Some(0), "reserved: nothing behind it");
+    // SAFETY: the first 32 MiB of our fresh reservation.
+    unsafe { OsMemory.commit(base, 32 * MIB) }.unwrap();
+    assert_eq!(OsMemory.resident(base, 32 * MIB), Some(0), "committed, not touched yet");
+    // Three pages touched, one of them past the first 4096 pages (one mincore call's worth).
+    for at in [0, 5 * page, 4100 * page] {
+        // SAFETY: inside the committed 32 MiB.
+        unsafe { base.as_ptr().add(at).write(1) };
+    }
+    assert_eq!(OsMemory.resident(base, 32 * MIB), Some(3 * page));
+    assert_eq!(OsMemory.resident(base, 64 * MIB), Some(3 * page));
+    let at = |off: usize| NonNull::new(base.as_ptr().wrapping_add(off)).unwrap();
+    assert_eq!(OsMemory.resident(at(page), 4 * page), Some(0));
+    assert_eq!(OsMemory.resident(at(page), 5 * page), Some(page), "the range's last page");
+    assert_eq!(OsMemory.resident(at(page), page / 2), Some(0), "part of a page");
+    assert_eq!(OsMemory.resident(at(1), page), None, "not page-aligned");
+    assert_eq!(OsMemory.resident(at(0), usize::MAX), None, "past the address space");
+    // SAFETY: the committed 32 MiB, unused.
+    unsafe { OsMemory.decommit(base, 32 * MIB) };
+    assert_eq!(OsMemory.resident(base, 32 * MIB), Some(0), "decommitted");
+    // SAFETY: the whole reservation, released once.
+    unsafe { OsMemory.release(base, 64 * MIB) };
+    assert_eq!(OsMemory.resident(base, 64 * MIB), None, "not mapped any more");
 }
 
 #[cfg(target_os = "linux")]

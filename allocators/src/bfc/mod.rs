@@ -62,8 +62,10 @@ pub const DEFAULT_PEAK_HEADROOM: f64 = 0.04;
 /// - **Peak headroom.** Over memory that moves pages (host memory on Linux), reserved stays
 ///   within [`DEFAULT_PEAK_HEADROOM`] (4%) above the peak in use by default: when a block needs
 ///   memory committed past that, the pages of a large free chunk trapped between live blocks
-///   move to it (`mremap`; nothing is faulted in again) instead of more being committed. See
-///   [`BfcBuilder::peak_headroom`] for what it costs and how to turn it off.
+///   move to it (`mremap`; nothing is faulted in again) instead of more being committed; pages
+///   that were never touched are given back and fresh ones committed instead (moving them would
+///   save no page faults). See [`BfcBuilder::peak_headroom`] for what it costs and how to turn
+///   it off.
 /// - **Allocation** takes, for a request below 64 KiB, the smallest free chunk that holds it at
 ///   its alignment (best fit, the lowest address on a tie, as TensorFlow), and for a larger one
 ///   the lowest-address free chunk that holds it (address-ordered first fit, which keeps large
@@ -476,8 +478,10 @@ impl BfcBuilder {
     /// is typically trapped between live blocks while the region grows for a larger block.
     /// Memory that [relocates](crate::ExpandableMemory::relocates) (host memory on Linux:
     /// `mremap`) *moves* those pages to where the block needs them, so they stay faulted in and
-    /// keep their frames; other memory that decommits any page gives them back and commits
-    /// fresh ones. Where a commit can only be unmapped whole (a GPU mapping) it has no effect.
+    /// keep their frames, where enough of them are resident to be worth the system calls
+    /// ([`ExpandableMemory::resident`](crate::ExpandableMemory::resident): at least 512 KiB of
+    /// a piece, judged from its first 2 MiB); pages that were never touched, and those of other
+    /// memory that decommits any page, are given back and fresh ones committed. Where a commit can only be unmapped whole (a GPU mapping) it has no effect.
     /// `None` turns it off: reserved follows the placement, as with PyTorch's expandable
     /// segments.
     ///
