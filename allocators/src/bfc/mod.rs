@@ -489,10 +489,12 @@ impl BfcBuilder {
     /// over other memory (there it would fault pages in again) or with TensorFlow's regions. On
     /// the recorded GPT-2 training stream the default takes peak reserved / peak requested from
     /// 1.068 (no headroom) to 1.040; the other recorded streams do not change. What it costs is
-    /// two system calls per move (pages move in whole 16 MiB units first, a chunk's edges after
-    /// them), about 23 moves per replay of that stream: with every page of every block written
-    /// (a real workload) the replay takes as long as without it, but the allocator's own time
-    /// per operation, measured without touching the memory, is about 2-3x (BENCHMARKS.md).
+    /// system calls, about 23 times per replay of that stream, where a block needs pages from
+    /// elsewhere. Pages that were written move (whole 16 MiB units first, a chunk's edges after
+    /// them): with every page of every block written (a real workload) the replay takes as long
+    /// as without a headroom. Pages never touched are given back and fresh ones committed
+    /// instead: with one byte written per block the allocator's own time per operation on that
+    /// stream is about 1.3-1.7x TensorFlow's BFC's (1.2-1.3x without a headroom; BENCHMARKS.md).
     /// Moved pages also cost the process memory mappings (a moved range cannot merge with its
     /// neighbours while it is committed), and each move pays for the mappings in its range: on
     /// that stream about 75-150 in all, against the system's limit of 65,530.

@@ -32,16 +32,17 @@ const PAGE_TABLE_SPAN: usize = 2 << 20;
 /// replays, going up and down).
 const MOVE_UNIT: usize = 16 << 20;
 
-/// Free pages move only where their first [`RESIDENCY_SAMPLE`] bytes (one `mincore` call)
-/// suggest at least this many resident bytes in the piece, about as many page faults (128 of
-/// 4 KiB, ~3.2 us each on the 2-core VM) as one move costs in system calls (~0.35 ms). Pages that
-/// were never touched (a workload that writes little of its blocks) are given back instead and
-/// fresh ones committed where the block needs them: the same bytes reserved, without the move
-/// (on the training stream written one byte per block, 2.3x TensorFlow's BFC with every piece
-/// moved, 1.5x without these).
+/// Free pages move only where their first [`RESIDENCY_SAMPLE`] bytes suggest at least this many
+/// resident bytes in the piece: about as many page faults (128 of 4 KiB, ~3.2 us each on the
+/// 2-core VM) as one move costs in system calls (~0.35 ms). Pages that were never touched (a
+/// workload that writes little of its blocks) are given back instead and fresh ones committed
+/// where the block needs them: the same bytes reserved, two cheaper calls instead of the move.
+/// On the training stream written one byte per block, the default BFC went from 2.44x
+/// TensorFlow's BFC's time per replay to 1.34x (processes taking turns, BENCHMARKS.md).
 const RESIDENT_WORTH_A_MOVE: usize = 512 << 10;
 
-/// How much of a piece [`RESIDENT_WORTH_A_MOVE`] looks at.
+/// How much of a piece [`RESIDENT_WORTH_A_MOVE`] looks at: one page table's span, a 512-byte
+/// `mincore` answer. With 16 MiB samples `mincore` took 5% of the replay's time (`perf`).
 const RESIDENCY_SAMPLE: usize = 2 << 20;
 
 impl State {
