@@ -94,7 +94,8 @@ pub unsafe trait ExpandableMemory: Send + Sync + fmt::Debug {
 
     /// How many of the `bytes` at `ptr` have memory behind them now (on a host: pages that were
     /// touched since they were committed and are resident), if this memory can tell; `None`
-    /// (the default) if it cannot, or if the range is not part of a live reservation.
+    /// (the default) if it cannot (host memory: off Linux, or for a range that is not
+    /// page-aligned or not mapped).
     ///
     /// A caching allocator asks before it [relocates](Self::relocate) free memory: moving pages
     /// that were never touched saves no page faults, while the move costs system calls (giving
@@ -231,7 +232,7 @@ unsafe impl ExpandableMemory for OsMemory {
     }
 
     /// Counts resident pages with `mincore` (Linux; `None` elsewhere, and for a range that is
-    /// not mapped).
+    /// not page-aligned or not mapped).
     fn resident(&self, ptr: NonNull<u8>, bytes: usize) -> Option<usize> {
         #[cfg(target_os = "linux")]
         {

@@ -481,9 +481,9 @@ impl BfcBuilder {
     /// keep their frames, where enough of them are resident to be worth the system calls
     /// ([`ExpandableMemory::resident`](crate::ExpandableMemory::resident): at least 512 KiB of
     /// a piece, judged from its first 2 MiB); pages that were never touched, and those of other
-    /// memory that decommits any page, are given back and fresh ones committed. Where a commit can only be unmapped whole (a GPU mapping) it has no effect.
-    /// `None` turns it off: reserved follows the placement, as with PyTorch's expandable
-    /// segments.
+    /// memory that decommits any page, are given back and fresh ones committed. Where a commit
+    /// can only be unmapped whole (a GPU mapping) it has no effect. `None` turns it off:
+    /// reserved follows the placement, as with PyTorch's expandable segments.
     ///
     /// Unset (the default): [`DEFAULT_PEAK_HEADROOM`] (4%) over memory that moves pages, none
     /// over other memory (there it would fault pages in again) or with TensorFlow's regions. On

@@ -425,8 +425,8 @@ impl PoolBuilder {
     /// within 4% of its peak in use, by moving pages); it is made only when the inner allocator
     /// has no byte limit (otherwise large requests go to the inner allocator). A BFC built with
     /// `peak_headroom(None)` here keeps what placement leaves instead, with no page moves (on
-    /// the recorded GPT-2 training stream: 1.075 of the peak requested against 1.040, and 4-5 ms
-    /// per one-byte replay against 23.5 ms, BENCHMARKS.md).
+    /// the recorded GPT-2 training stream: 1.075 of the peak requested against 1.040,
+    /// BENCHMARKS.md).
     #[must_use]
     pub fn large_allocator(mut self, allocator: Arc<dyn Allocator>) -> Self {
         self.large = Some(allocator);
