@@ -398,6 +398,9 @@ fn a_peak_headroom_moves_only_pages_that_were_touched_and_gives_back_the_others(
         let a = alloc(&bfc, 100 * MIB);
         // SAFETY: `a` is 100 MiB, just allocated.
         unsafe { a.as_ptr().write_bytes(0xAB, written) };
+        // What the BFC will sample: one 4 KiB page per byte written, or a 2 MiB one where
+        // transparent huge pages are on for all memory.
+        let sampled = OsMemory.resident(a, 2 * MIB).unwrap();
         let b = alloc(&bfc, MIB);
         free(&bfc, a, 100 * MIB);
         let c = alloc(&bfc, 200 * MIB);
@@ -413,16 +416,24 @@ fn a_peak_headroom_moves_only_pages_that_were_touched_and_gives_back_the_others(
         };
         let moved = (memory.moved.load(SeqCst), memory.moves.load(SeqCst));
         free_and_release_all(&bfc, &memory, &[(b, MIB), (c, 200 * MIB)], 202 * MIB);
-        (moved, first_moved)
+        (moved, first_moved, sampled)
     };
     // Written: its pages are resident, and they move (in a few calls), bytes and all.
-    let ((moved, moves), first) = trap(100 * MIB);
+    let ((moved, moves), first, _) = trap(100 * MIB);
     assert_eq!((moved, first), (100 * MIB, 0xAB));
     assert!((1..=8).contains(&moves), "{moves} moves");
     // One byte written: one page resident of 25,600. A move would save one page fault, so the
     // chunk is given back and fresh pages (zeros) committed for `c`, with no move at all.
-    assert_eq!(trap(1), ((0, 0), 0));
-    assert_eq!(trap(0), ((0, 0), 0));
+    match trap(1) {
+        (moved, first, 4096) => assert_eq!((moved, first), ((0, 0), 0)),
+        // With huge pages for all memory the byte faulted in 2 MiB: the piece sampled there
+        // (whole 16 MiB units from the chunk's start) is worth a move; the rest need not be.
+        (moved, first, sampled) => {
+            assert_eq!((first, sampled), (0xAB, 2 * MIB));
+            assert!((16 * MIB..=100 * MIB).contains(&moved.0), "{} MiB moved", moved.0 / MIB);
+        }
+    }
+    assert_eq!(trap(0), ((0, 0), 0, 0));
 }
 
 #[cfg(target_os = "linux")]
@@ -433,6 +444,10 @@ fn os_memory_counts_resident_pages() {
     assert_eq!(OsMemory.resident(base, 64 * MIB), Some(0), "reserved: nothing behind it");
     // SAFETY: the first 32 MiB of our fresh reservation.
     unsafe { OsMemory.commit(base, 32 * MIB) }.unwrap();
+    // 4 KiB pages even where transparent huge pages are on for all memory (a touch would fault
+    // in 2 MiB there).
+    // SAFETY: advice on our own committed range; it changes no contents.
+    assert_eq!(unsafe { libc::madvise(base.as_ptr().cast(), 32 * MIB, libc::MADV_NOHUGEPAGE) }, 0);
     assert_eq!(OsMemory.resident(base, 32 * MIB), Some(0), "committed, not touched yet");
     // Three pages touched, one of them past the first 4096 pages (one mincore call's worth).
     for at in [0, 5 * page, 4100 * page] {
