@@ -222,12 +222,12 @@ impl State {
 
     /// Whether the pages of free piece `a..a + n` are worth a move rather than being given back
     /// (and fresh ones committed where they are needed): enough of them resident, judged from
-    /// the piece's first [`RESIDENCY_SAMPLE`] bytes, or the memory cannot tell.
+    /// the piece's first [`RESIDENCY_SAMPLE`] bytes, or the memory cannot tell. `n > 0`.
     fn worth_moving(memory: &dyn ExpandableMemory, a: usize, n: usize) -> bool {
         let window = n.min(RESIDENCY_SAMPLE);
         let Some(resident) = NonNull::new(a as *mut u8).and_then(|p| memory.resident(p, window)) else { return true };
-        // Scaled to the piece: resident * n / window, in 128 bits (no overflow).
-        (resident as u128 * n as u128) >= RESIDENT_WORTH_A_MOVE as u128 * window.max(1) as u128
+        // Scaled to the piece: resident * n / window >= the bound, in 128 bits (no overflow).
+        (resident as u128 * n as u128) >= RESIDENT_WORTH_A_MOVE as u128 * window as u128
     }
 
     /// One pass of [`relocate_into`](Self::relocate_into): up to `want` bytes (rounded down to
