@@ -44,11 +44,14 @@ fn env_number(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
+/// The cores this process may run on (read once).
+fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 fn default_threads() -> usize {
-    env_number(NUM_THREADS_ENV)
-        .and_then(|n| usize::try_from(n).ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    env_number(NUM_THREADS_ENV).and_then(|n| usize::try_from(n).ok()).filter(|&n| n > 0).unwrap_or_else(cores)
 }
 
 /// How many threads kernels split their work across (`torch.get_num_threads`): the last
@@ -212,9 +215,8 @@ pub(crate) fn threads_for(work: usize, grain: usize) -> usize {
 fn kernel_pool() -> &'static rayon::ThreadPool {
     static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
     POOL.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         rayon::ThreadPoolBuilder::new()
-            .num_threads(cores.max(num_threads()).max(1))
+            .num_threads(cores().max(num_threads()).max(1))
             .thread_name(|i| format!("tensormem-kernel-{i}"))
             .build()
             .unwrap_or_else(|e| panic!("tensormem: cannot start the kernel threads: {e}"))
@@ -246,7 +248,11 @@ pub(crate) fn for_each_piece(pieces: usize, f: impl Fn(usize) + Sync) {
         // first bump and these pieces would otherwise spin in front of them.
         dispatching();
         f(0);
-        finished.spin_for(pieces - 1);
+        // With more pieces than cores (`set_num_threads` above the machine), a spinning caller
+        // would take a core from a piece still waiting for one.
+        if pieces <= cores() {
+            finished.spin_for(pieces - 1);
+        }
     });
     keep_warm(pieces - 1);
 }
