@@ -11,9 +11,9 @@
 //! So: the parallel part of a kernel runs on [`kernel_pool`], whose workers only ever run kernel
 //! pieces (which take no locks); the calling thread, which holds the locks, runs the first
 //! piece itself and then waits for the others without stealing anything (spinning first, see
-//! [`Finished`], then asleep). A kernel called from
-//! inside a rayon job (a worker of any pool: the user's own parallel region, as
-//! `at::parallel_for` does in PyTorch) runs on that thread alone.
+//! [`Finished`], then asleep). A kernel called from inside a rayon job (a worker of any pool:
+//! the user's own parallel region, as `at::parallel_for` does in PyTorch) runs on that thread
+//! alone.
 //!
 //! The caller working on a piece (rather than handing all of them to the pool and sleeping, as
 //! `ThreadPool::install` does) saves one thread wake-up per kernel; on 16 MB operands the
@@ -21,9 +21,7 @@
 //! the wake-up (tens of microseconds on a VM).
 
 use std::sync::OnceLock;
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::time::{Duration, Instant};
 
 /// The environment variable giving the number of kernel threads at startup.
@@ -107,6 +105,8 @@ fn nanos(d: Duration) -> u64 {
 /// (more on a virtual machine), which a kernel issued shortly after the last one would pay
 /// before its second half can start; spinning burns that thread's core meanwhile.
 /// `Duration::ZERO` turns it off. A spinning thread stops as soon as any kernel hands out work.
+/// The same bound applies to a kernel's calling thread waiting for its pieces to end (when they
+/// are no more than the cores).
 ///
 /// ```
 /// use std::time::Duration;
