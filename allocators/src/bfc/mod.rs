@@ -494,7 +494,7 @@ impl BfcBuilder {
     /// them): with every page of every block written (a real workload) the replay takes as long
     /// as without a headroom. Pages never touched are given back and fresh ones committed
     /// instead: with one byte written per block the allocator's own time per operation on that
-    /// stream is about 1.3-1.7x TensorFlow's BFC's (1.2-1.3x without a headroom; BENCHMARKS.md).
+    /// stream is 1.1-1.7x TensorFlow's BFC's (1.0-1.3x without a headroom; BENCHMARKS.md).
     /// Moved pages also cost the process memory mappings (a moved range cannot merge with its
     /// neighbours while it is committed), and each move pays for the mappings in its range: on
     /// that stream about 75-150 in all, against the system's limit of 65,530.
