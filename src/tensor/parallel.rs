@@ -58,8 +58,11 @@ pub fn num_threads() -> usize {
     match THREADS.load(Relaxed) {
         0 => {
             let n = default_threads();
-            THREADS.store(n, Relaxed);
-            n
+            // Only if still unset: a `set_num_threads` on another thread meanwhile wins.
+            match THREADS.compare_exchange(0, n, Relaxed, Relaxed) {
+                Ok(_) => n,
+                Err(set) => set,
+            }
         }
         n => n,
     }
@@ -88,8 +91,11 @@ pub fn kernel_spin() -> Duration {
     match SPIN_NS.load(Relaxed) {
         u64::MAX => {
             let d = env_number(KERNEL_SPIN_ENV).map_or(DEFAULT_KERNEL_SPIN, Duration::from_micros);
-            SPIN_NS.store(nanos(d), Relaxed);
-            d
+            // Only if still unset: a `set_kernel_spin` on another thread meanwhile wins.
+            match SPIN_NS.compare_exchange(u64::MAX, nanos(d), Relaxed, Relaxed) {
+                Ok(_) => d,
+                Err(set) => Duration::from_nanos(set),
+            }
         }
         n => Duration::from_nanos(n),
     }
