@@ -8,8 +8,8 @@
 //! the same storage: it waits for a lock its own thread holds, forever. The same happens when
 //! every worker of the pool is blocked on a lock held by a thread waiting for that pool.
 //!
-//! So: the parallel part of a kernel runs on [`kernel_pool`], whose workers only ever run kernel
-//! pieces (which take no locks); the calling thread, which holds the locks, runs the first
+//! So: the parallel part of a kernel runs on [`kernel_pool`] (one worker per
+//! [`set_num_threads`] thread), whose workers only ever run kernel pieces (which take no locks); the calling thread, which holds the locks, runs the first
 //! piece itself and then waits for the others without stealing anything (spinning first, see
 //! [`Finished`], then asleep). A kernel called from inside a rayon job (a worker of any pool:
 //! the user's own parallel region, as `at::parallel_for` does in PyTorch) runs on that thread
@@ -20,8 +20,9 @@
 //! difference is lost in the noise (the kernels are memory-bound there), on small ones it is
 //! the wake-up (tens of microseconds on a VM).
 
-use std::sync::OnceLock;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The environment variable giving the number of kernel threads at startup.
@@ -70,6 +71,11 @@ pub fn num_threads() -> usize {
 
 /// Sets how many threads kernels split their work across (`torch.set_num_threads`); 1 runs
 /// every kernel on its calling thread. 0 is taken as 1.
+///
+/// The next parallel kernel starts a pool of exactly `n` kernel threads (as an OpenMP team is
+/// `omp_set_num_threads` strong), so that each kernel's pieces keep running on the same threads
+/// and cores; the previous count's threads end once no kernel uses them. Call it at startup,
+/// not between kernels: starting a pool costs one thread start per thread.
 ///
 /// ```
 /// use tensormem::tensor::{num_threads, set_num_threads};
@@ -127,36 +133,37 @@ pub fn set_kernel_spin(spin: Duration) {
 
 /// Bumped before a kernel hands work to the pool: spinning threads stop when it changes.
 static DISPATCHES: AtomicUsize = AtomicUsize::new(0);
-/// Spin jobs queued or running on the kernel pool.
-static SPINNERS: AtomicUsize = AtomicUsize::new(0);
 
 /// Tells spinning kernel threads that work is coming (call before handing it to the pool).
 fn dispatching() {
     DISPATCHES.fetch_add(1, Relaxed);
 }
 
-/// After a kernel that used `helpers` pool threads: queues a spin job for each of them (up to
-/// the pool's size, counting those still spinning), so that they are awake for the next kernel.
-fn keep_warm(helpers: usize) {
+/// After a kernel that used `helpers` threads of `pool`: queues a spin job for each of them (up
+/// to the pool's size, counting those still spinning), so that they are awake for the next
+/// kernel.
+fn keep_warm(pool: &KernelPool, helpers: usize) {
     let spin = kernel_spin();
     if spin.is_zero() {
         return;
     }
-    let pool = kernel_pool();
-    let want = helpers.min(pool.current_num_threads());
+    // No more spinners than cores (with `set_num_threads` above the machine, more would take
+    // cores from the caller's own work between kernels).
+    let want = helpers.min(pool.threads).min(cores());
     loop {
-        let n = SPINNERS.load(Relaxed);
+        let n = pool.spinners.load(Relaxed);
         if n >= want {
             return;
         }
-        if SPINNERS.compare_exchange(n, n + 1, Relaxed, Relaxed).is_err() {
+        if pool.spinners.compare_exchange(n, n + 1, Relaxed, Relaxed).is_err() {
             continue;
         }
         // Dispatches after this point stop the job, even those before it starts running.
         let seen = DISPATCHES.load(Relaxed);
-        pool.spawn(move || {
+        let spinners = Arc::clone(&pool.spinners);
+        pool.pool.spawn(move || {
             spin_until(spin, || DISPATCHES.load(Relaxed) != seen);
-            SPINNERS.fetch_sub(1, Relaxed);
+            spinners.fetch_sub(1, Relaxed);
         });
     }
 }
@@ -216,17 +223,57 @@ pub(crate) fn threads_for(work: usize, grain: usize) -> usize {
     num_threads()
 }
 
-/// The kernels' own pool, as large as the machine (more kernel threads than cores would only
-/// queue pieces).
-fn kernel_pool() -> &'static rayon::ThreadPool {
-    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(cores().max(num_threads()).max(1))
-            .thread_name(|i| format!("tensormem-kernel-{i}"))
-            .build()
-            .unwrap_or_else(|e| panic!("tensormem: cannot start the kernel threads: {e}"))
+/// A pool of kernel threads, and the spin jobs queued or running on it.
+struct KernelPool {
+    threads: usize,
+    pool: rayon::ThreadPool,
+    spinners: Arc<AtomicUsize>,
+}
+
+/// The pool for the last thread count a kernel asked for.
+static CURRENT_POOL: Mutex<Option<Arc<KernelPool>>> = Mutex::new(None);
+
+thread_local! {
+    /// This thread's copy of [`CURRENT_POOL`], so that a kernel takes no shared lock to find it.
+    static THIS_THREAD_POOL: RefCell<Option<Arc<KernelPool>>> = const { RefCell::new(None) };
+}
+
+/// The kernels' own pool for the current [`num_threads`], with exactly that many workers, as an
+/// OpenMP team is as large as `omp_set_num_threads` says.
+///
+/// One pool of one worker per core would do for the pieces' count, but not for where they run:
+/// at 2 threads on a 16-core machine, each kernel's second piece would go to whichever of the 16
+/// workers woke first, a different core from one call to the next, whose caches hold none of
+/// the kernel's data (`a + b` on 3 MiB at 2 threads took 49-61 µs that way on the lent Xeon,
+/// 27-35 µs on a pool of 2). When the count changes, the next kernel starts a pool of the new
+/// size; the old one's threads end once the kernels running on it have, and every thread that
+/// used it has called a kernel since (or ended).
+fn kernel_pool() -> Arc<KernelPool> {
+    let threads = num_threads();
+    THIS_THREAD_POOL.with_borrow_mut(|mine| match mine {
+        Some(pool) if pool.threads == threads => Arc::clone(pool),
+        _ => {
+            let pool = pool_of(threads);
+            *mine = Some(Arc::clone(&pool));
+            pool
+        }
     })
+}
+
+/// [`CURRENT_POOL`] if it has `threads` workers, else a new pool of `threads` that replaces it.
+fn pool_of(threads: usize) -> Arc<KernelPool> {
+    let mut current = CURRENT_POOL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(pool) = current.as_ref().filter(|p| p.threads == threads) {
+        return Arc::clone(pool);
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("tensormem-kernel-{threads}-{i}"))
+        .build()
+        .unwrap_or_else(|e| panic!("tensormem: cannot start {threads} kernel threads: {e}"));
+    let pool = Arc::new(KernelPool { threads, pool, spinners: Arc::new(AtomicUsize::new(0)) });
+    *current = Some(Arc::clone(&pool));
+    pool
 }
 
 /// Runs `f(0)`, ..., `f(pieces - 1)` in parallel: piece 0 on the calling thread, the others on
@@ -242,8 +289,9 @@ pub(crate) fn for_each_piece(pieces: usize, f: impl Fn(usize) + Sync) {
     debug_assert!(rayon::current_thread_index().is_none(), "a rayon worker would steal foreign jobs");
     let f = &f;
     let finished = &Finished::new();
+    let pool = kernel_pool();
     dispatching();
-    kernel_pool().in_place_scope(|s| {
+    pool.pool.in_place_scope(|s| {
         for p in 1..pieces {
             s.spawn(move |_| {
                 let _ends = EndsJob(finished);
@@ -260,7 +308,7 @@ pub(crate) fn for_each_piece(pieces: usize, f: impl Fn(usize) + Sync) {
             finished.spin_for(pieces - 1);
         }
     });
-    keep_warm(pieces - 1);
+    keep_warm(&pool, pieces - 1);
 }
 
 /// [`for_each_piece`] over `data` cut into `pieces` consecutive parts whose boundaries are
@@ -305,12 +353,13 @@ pub(crate) fn install<R: Send>(op: impl FnOnce() -> R + Send) -> R {
     // `install` with the job queued first and the spinners told after (see `for_each_piece`).
     let mut result = None;
     let slot = &mut result;
+    let pool = kernel_pool();
     dispatching();
-    kernel_pool().in_place_scope(move |s| {
+    pool.pool.in_place_scope(move |s| {
         s.spawn(move |_| *slot = Some(op()));
         dispatching();
     });
-    keep_warm(num_threads().saturating_sub(1));
+    keep_warm(&pool, pool.threads.saturating_sub(1));
     // `in_place_scope` returns only after every job it spawned ran (a panic in `op` resumes here).
     result.expect("the scope ran the job")
 }
@@ -321,13 +370,57 @@ mod tests {
     use std::sync::atomic::AtomicU64;
 
     #[test]
+    fn kernels_run_on_a_pool_of_as_many_threads_as_set_kept_per_count() {
+        let before = num_threads();
+        set_num_threads(3);
+        let three = kernel_pool();
+        assert_eq!((three.threads, three.pool.current_num_threads()), (3, 3));
+        let names = Mutex::new(Vec::new());
+        for_each_piece(3, |p| {
+            if p > 0 {
+                names.lock().unwrap().push(std::thread::current().name().map(str::to_owned));
+            }
+        });
+        let names = names.into_inner().unwrap();
+        assert_eq!(names.len(), 2);
+        assert!(names.iter().all(|n| n.as_deref().is_some_and(|n| n.starts_with("tensormem-kernel-3-"))), "{names:?}");
+        set_num_threads(2);
+        let two = kernel_pool();
+        assert_eq!((two.threads, two.pool.current_num_threads()), (2, 2));
+        assert_eq!(install(rayon::current_num_threads), 2);
+        // Back to 3: a new pool; the first one is not kept for a count no longer set.
+        set_num_threads(3);
+        let again = kernel_pool();
+        assert_eq!(again.threads, 3);
+        assert!(!Arc::ptr_eq(&again, &three));
+        // A kernel holds its pool: one replaced while it runs finishes the kernel's pieces.
+        let old = Arc::downgrade(&three);
+        drop((three, two));
+        let sum = AtomicU64::new(0);
+        for_each_piece(3, |p| {
+            set_num_threads(2);
+            sum.fetch_add(p as u64 + 1, Relaxed);
+        });
+        assert_eq!(sum.load(Relaxed), 6);
+        assert_eq!(kernel_pool().threads, 2);
+        // Once no thread uses it, a replaced pool ends (other tests' threads may hold it a while).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while old.upgrade().is_some() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(old.upgrade().is_none(), "a replaced pool was kept");
+        set_num_threads(before);
+    }
+
+    #[test]
     fn spinning_threads_give_way_to_the_next_kernel_and_the_setting_round_trips() {
         let before = kernel_spin();
         // A spin far longer than the test: a piece queued behind a spinner that did not stop
         // would take that long.
         set_kernel_spin(Duration::from_secs(20));
         assert_eq!(kernel_spin(), Duration::from_secs(20));
-        let pieces = kernel_pool().current_num_threads().max(2);
+        let pool = kernel_pool();
+        let pieces = pool.threads.max(2);
         let start = Instant::now();
         for round in 0..200u64 {
             let sum = AtomicU64::new(0);
@@ -341,15 +434,15 @@ mod tests {
         }
         assert!(start.elapsed() < Duration::from_secs(15), "a kernel waited behind a spinning thread");
         // At most one spinner per pool thread, however many kernels ran.
-        assert!(SPINNERS.load(Relaxed) <= kernel_pool().current_num_threads());
+        assert!(pool.spinners.load(Relaxed) <= pool.threads);
         // Off: spinners stop at the next dispatch and no new ones are queued.
         set_kernel_spin(Duration::ZERO);
         for_each_piece(pieces, |_| {});
         let deadline = Instant::now() + Duration::from_secs(10);
-        while SPINNERS.load(Relaxed) > 0 && Instant::now() < deadline {
+        while pool.spinners.load(Relaxed) > 0 && Instant::now() < deadline {
             std::thread::yield_now();
         }
-        assert_eq!(SPINNERS.load(Relaxed), 0);
+        assert_eq!(pool.spinners.load(Relaxed), 0);
         // A piece that panics ends the caller's spin at once, and the panic reaches the caller.
         set_kernel_spin(Duration::from_secs(20));
         let start = Instant::now();
