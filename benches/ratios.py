@@ -137,7 +137,10 @@ if (root / "add_4M_1t").is_dir():
         print(f"| {g}: control, default / the same op on a second default allocation | {fmt(pair[0][1])} "
               f"| {fmt(pair[1][1])} | 1 but for page placement |")
         print(f"| {g}: default / {base} | {fmt(r(g, 'default', base, 1))} | {fmt(r(g, 'default', base, 2))} | "
-              + {"add_4M": "<= 1.4 (1 thread)", "matmul_512": "<= 1.1"}.get(g, "report") + " |")
+              + {"add_4M": "<= 1.4 (1 thread)", "matmul_512": "<= 1.1 (rows seconds apart)"}.get(g, "report") + " |")
+        beside = [side.get(f"{g}_{t}t/beside_gemm", [None])[0] for t in (1, 2)]
+        if any(v is not None for v in beside):
+            print(f"| {g}: default / gemm_direct, calls side by side | {fmt(beside[0])} | {fmt(beside[1])} | <= 1.1 |")
         for form in ("inplace", "out"):
             if mean(f"{g}_1t", form) is not None:
                 print(f"| {g}: {form} / default | {fmt(r(g, form, 'default', 1))} | {fmt(r(g, form, 'default', 2))} | <= 1.0 |")

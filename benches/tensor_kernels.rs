@@ -14,7 +14,9 @@
 //! 2. 2048x2048 + a 2048 row vector (8 bytes per element; the copy: 4).
 //! 3. `a.t() + b`, 2048x2048 (12 bytes per element), beside `a + b` of the same size.
 //! 4. `sum` of 4M against a read-only pass over the same 16 MB.
-//! 5. `matmul` 512x512x512 against the gemm crate called directly.
+//! 5. `matmul` 512x512x512 against the gemm crate called directly (on a rayon pool of the same
+//!    size), also call by call side by side (`beside_gemm`: the row's time is the default
+//!    calls', and default / gemm of those calls goes to `tensor_side_by_side.json`).
 //! 6. `contiguous()` of a transposed 2048x2048 against a copy of 16 MB.
 //!
 //! 7. `a + b` on 1M elements at 2 threads, each call 200 µs after the last (sleeping, untimed):
@@ -87,18 +89,48 @@ fn bench<R>(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, name: &str, mut f
     });
 }
 
-/// Time in the calls made side by side by each `pool` row ("group/pool"), in ns: the pool
-/// calls, the default calls, and the default calls on a second set of tensors.
-static SIDE_BY_SIDE: Mutex<BTreeMap<String, [f64; 3]>> = Mutex::new(BTreeMap::new());
+/// Time in the calls made side by side by each side-by-side row ("group/row"), in ns, call by
+/// call: for a `pool` row the pool calls, the default calls, and the default calls on a second
+/// set of tensors; for `matmul`'s `beside_gemm` row the default calls and gemm's.
+static SIDE_BY_SIDE: Mutex<BTreeMap<String, Vec<f64>>> = Mutex::new(BTreeMap::new());
+
+/// Benchmarks the row `row`: `calls` in rotating order, one of each per iteration, adding each
+/// call's time to [`SIDE_BY_SIDE`]; the row's own time is that of `calls[0]` alone.
+///
+/// Criterion's rows run seconds apart, on a machine whose speed drifts by more than 5% in that
+/// time (the lent 16-core Xeon: by 30% between two processes); calls side by side see the same
+/// machine.
+fn bench_side_by_side(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, row: &str, calls: &mut [&mut dyn FnMut()]) {
+    let key = format!("{group}/{row}");
+    let n = calls.len();
+    g.bench_function(row, |b| {
+        b.iter_custom(|iters| {
+            let mut spent = vec![Duration::ZERO; n];
+            let faults = minor_faults();
+            for i in 0..iters {
+                for k in 0..n {
+                    let which = (i as usize + k) % n;
+                    let start = Instant::now();
+                    calls[which]();
+                    spent[which] += start.elapsed();
+                }
+            }
+            record_faults(&key, faults, n as u64 * iters);
+            let mut all = SIDE_BY_SIDE.lock().unwrap();
+            let e = all.entry(key.clone()).or_insert_with(|| vec![0.0; n]);
+            for (sum, d) in e.iter_mut().zip(&spent) {
+                *sum += d.as_nanos() as f64;
+            }
+            spent[0]
+        })
+    });
+}
 
 /// Benchmarks `pool` as the `pool` row, each call beside a call of `default` and of
 /// `default_again` (the same op on tensors allocated separately from the same default
-/// allocator), in rotating order, and adds the three calls' times to [`SIDE_BY_SIDE`].
-///
-/// Criterion's rows run seconds apart, on a machine whose speed drifts by more than 5% in that
-/// time; calls side by side see the same machine. `default` / `default_again` is the control:
-/// what the physical pages two allocations happen to get make of a ratio, with no allocator
-/// difference at all. The row's own time is the pool calls' alone.
+/// allocator): see [`bench_side_by_side`]. `default` / `default_again` is the control: what the
+/// physical pages two allocations happen to get make of a ratio, with no allocator difference at
+/// all.
 fn bench_pool_beside<R, S, T>(
     g: &mut BenchmarkGroup<'_, WallTime>,
     group: &str,
@@ -106,32 +138,14 @@ fn bench_pool_beside<R, S, T>(
     mut default_again: impl FnMut() -> S,
     mut pool: impl FnMut() -> T,
 ) {
-    let key = format!("{group}/pool");
-    g.bench_function("pool", |b| {
-        b.iter_custom(|iters| {
-            let mut spent = [Duration::ZERO; 3];
-            let faults = minor_faults();
-            for i in 0..iters {
-                for k in 0..3 {
-                    let which = (i as usize + k) % 3;
-                    let start = Instant::now();
-                    match which {
-                        0 => drop(black_box(pool())),
-                        1 => drop(black_box(default())),
-                        _ => drop(black_box(default_again())),
-                    }
-                    spent[which] += start.elapsed();
-                }
-            }
-            record_faults(&key, faults, 3 * iters);
-            let mut all = SIDE_BY_SIDE.lock().unwrap();
-            let e = all.entry(key.clone()).or_default();
-            for (sum, d) in e.iter_mut().zip(spent) {
-                *sum += d.as_nanos() as f64;
-            }
-            spent[0]
-        })
-    });
+    bench_side_by_side(
+        g,
+        group,
+        "pool",
+        &mut [&mut || drop(black_box(pool())), &mut || drop(black_box(default())), &mut || {
+            drop(black_box(default_again()))
+        }],
+    );
 }
 
 /// A pool for the reference rows: TensorFlow's caching pool over the system allocator.
@@ -300,7 +314,7 @@ fn matmul(c: &mut Criterion) {
         let mut g = group(c, &name, t, 0);
         g.throughput(Throughput::Elements((2 * M * M * M) as u64));
         let tp = rayon_pool(t);
-        bench(&mut g, &name, "gemm_direct", || {
+        let mut gemm_direct = || {
             tp.install(|| {
                 let par = if t > 1 { gemm::Parallelism::Rayon(t) } else { gemm::Parallelism::None };
                 // SAFETY: all three are M x M row-major buffers of f32; dst is separate.
@@ -328,8 +342,15 @@ fn matmul(c: &mut Criterion) {
                     )
                 };
             })
-        });
+        };
+        bench(&mut g, &name, "gemm_direct", &mut gemm_direct);
         bench(&mut g, &name, "default", || a.matmul(&b).unwrap());
+        bench_side_by_side(
+            &mut g,
+            &name,
+            "beside_gemm",
+            &mut [&mut || drop(black_box(a.matmul(&b).unwrap())), &mut gemm_direct],
+        );
         bench_pool_beside(
             &mut g,
             &name,
@@ -388,8 +409,12 @@ fn main() {
     }
     let side = SIDE_BY_SIDE.lock().unwrap();
     if !side.is_empty() {
-        // By "group/pool": default / pool and default / default_again, of the calls side by side.
-        let ratios: BTreeMap<&String, [f64; 2]> = side.iter().map(|(k, [p, d, d2])| (k, [d / p, d / d2])).collect();
+        // By "group/row", of the calls side by side: for "group/pool", default / pool and
+        // default / default_again; for "matmul_512_<t>t/beside_gemm", default / gemm.
+        let ratios: BTreeMap<&String, Vec<f64>> = side
+            .iter()
+            .map(|(k, t)| (k, if k.ends_with("/pool") { vec![t[1] / t[0], t[1] / t[2]] } else { vec![t[0] / t[1]] }))
+            .collect();
         let json = serde_json::to_string_pretty(&ratios).expect("json");
         std::fs::write(dir.join("tensor_side_by_side.json"), json).expect("write tensor_side_by_side.json");
     }
