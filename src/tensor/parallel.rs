@@ -9,11 +9,11 @@
 //! every worker of the pool is blocked on a lock held by a thread waiting for that pool.
 //!
 //! So: the parallel part of a kernel runs on [`kernel_pool`] (one worker per
-//! [`set_num_threads`] thread), whose workers only ever run kernel pieces (which take no locks); the calling thread, which holds the locks, runs the first
-//! piece itself and then waits for the others without stealing anything (spinning first, see
-//! [`Finished`], then asleep). A kernel called from inside a rayon job (a worker of any pool:
-//! the user's own parallel region, as `at::parallel_for` does in PyTorch) runs on that thread
-//! alone.
+//! [`set_num_threads`] thread), whose workers only ever run kernel pieces (which take no
+//! locks); the calling thread, which holds the locks, runs the first piece itself and then
+//! waits for the others without stealing anything (spinning first, see [`Finished`], then
+//! asleep). A kernel called from inside a rayon job (a worker of any pool: the user's own
+//! parallel region, as `at::parallel_for` does in PyTorch) runs on that thread alone.
 //!
 //! The caller working on a piece (rather than handing all of them to the pool and sleeping, as
 //! `ThreadPool::install` does) saves one thread wake-up per kernel; on 16 MB operands the
@@ -72,8 +72,8 @@ pub fn num_threads() -> usize {
 /// Sets how many threads kernels split their work across (`torch.set_num_threads`); 1 runs
 /// every kernel on its calling thread. 0 is taken as 1.
 ///
-/// The next parallel kernel starts a pool of exactly `n` kernel threads (as an OpenMP team is
-/// `omp_set_num_threads` strong), so that each kernel's pieces keep running on the same threads
+/// The next parallel kernel starts a pool of exactly `n` kernel threads (as OpenMP sizes its
+/// team by `omp_set_num_threads`), so that each kernel's pieces keep running on the same threads
 /// and cores; the previous count's threads end once no kernel uses them. Call it at startup,
 /// not between kernels: starting a pool costs one thread start per thread.
 ///
@@ -238,8 +238,8 @@ thread_local! {
     static THIS_THREAD_POOL: RefCell<Option<Arc<KernelPool>>> = const { RefCell::new(None) };
 }
 
-/// The kernels' own pool for the current [`num_threads`], with exactly that many workers, as an
-/// OpenMP team is as large as `omp_set_num_threads` says.
+/// The kernels' own pool for the current [`num_threads`], with exactly that many workers (as
+/// OpenMP sizes its team by `omp_set_num_threads`).
 ///
 /// One pool of one worker per core would do for the pieces' count, but not for where they run:
 /// at 2 threads on a 16-core machine, each kernel's second piece would go to whichever of the 16
@@ -250,14 +250,20 @@ thread_local! {
 /// used it has called a kernel since (or ended).
 fn kernel_pool() -> Arc<KernelPool> {
     let threads = num_threads();
-    THIS_THREAD_POOL.with_borrow_mut(|mine| match mine {
-        Some(pool) if pool.threads == threads => Arc::clone(pool),
-        _ => {
-            let pool = pool_of(threads);
-            *mine = Some(Arc::clone(&pool));
-            pool
-        }
-    })
+    THIS_THREAD_POOL
+        .try_with(|mine| {
+            let mut mine = mine.borrow_mut();
+            match mine.as_ref() {
+                Some(pool) if pool.threads == threads => Arc::clone(pool),
+                _ => {
+                    let pool = pool_of(threads);
+                    *mine = Some(Arc::clone(&pool));
+                    pool
+                }
+            }
+        })
+        // A kernel run by another thread-local's destructor, after this one's.
+        .unwrap_or_else(|_| pool_of(threads))
 }
 
 /// [`CURRENT_POOL`] if it has `threads` workers, else a new pool of `threads` that replaces it.
@@ -370,7 +376,7 @@ mod tests {
     use std::sync::atomic::AtomicU64;
 
     #[test]
-    fn kernels_run_on_a_pool_of_as_many_threads_as_set_kept_per_count() {
+    fn kernels_run_on_a_pool_of_as_many_threads_as_set_and_a_replaced_pool_ends() {
         let before = num_threads();
         set_num_threads(3);
         let three = kernel_pool();
