@@ -144,6 +144,9 @@ if (root / "add_4M_1t").is_dir():
         for form in ("inplace", "out"):
             if mean(f"{g}_1t", form) is not None:
                 print(f"| {g}: {form} / default | {fmt(r(g, form, 'default', 1))} | {fmt(r(g, form, 'default', 2))} | <= 1.0 |")
+        beside = [side.get(f"{g}_{t}t/out_beside", [None])[0] for t in (1, 2)]
+        if any(v is not None for v in beside):
+            print(f"| {g}: out / default, calls side by side | {fmt(beside[0])} | {fmt(beside[1])} | <= 1.0 |")
         one, two = mean(f"{g}_1t", "default"), mean(f"{g}_2t", "default")
         cone, ctwo = mean(f"{g}_1t", base), mean(f"{g}_2t", base)
         if one and two:

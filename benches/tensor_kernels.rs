@@ -5,7 +5,9 @@
 //! Every group has `copy` (the baseline: a plain copy moving the bytes the kernel moves, on a
 //! rayon pool of the same size), `default` (fresh output, default allocator), `pool` (fresh
 //! output from an explicit `PoolAllocator`: the issue's reference), and where PyTorch has them
-//! `inplace` (`a.add_(&b)`) and `out` (`a.add_out(&b, &out)`).
+//! `inplace` (`a.add_(&b)`) and `out` (`a.add_out(&b, &out)`). The `out` groups also have
+//! `out_beside`: `out` and `default` calls in rotation, out / default of those calls written to
+//! `tensor_side_by_side.json`.
 //!
 //! 1. `a + b`, 4M elements: 12 bytes of traffic per element (8 read, 4 written); the copy
 //!    baseline copies 6 bytes per element (6 read, 6 written), the same traffic.
@@ -99,7 +101,8 @@ fn bench<R>(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, name: &str, mut f
 
 /// Time in the calls made side by side by each side-by-side row ("group/row"), in ns, call by
 /// call: for a `pool` row the pool calls, the default calls, and the default calls on a second
-/// set of tensors; for `matmul`'s `beside_gemm` row the default calls and gemm's; for a
+/// set of tensors; for `matmul`'s `beside_gemm` row the default calls and gemm's; for an
+/// `out_beside` row the `out=` calls and the default ones; for a
 /// `scaling` row the default calls at 2 threads and at 1, then the baseline's at 2 and at 1.
 static SIDE_BY_SIDE: Mutex<BTreeMap<String, Vec<f64>>> = Mutex::new(BTreeMap::new());
 
@@ -155,6 +158,13 @@ fn bench_pool_beside<R, S, T>(
             drop(black_box(default_again()))
         }],
     );
+}
+
+/// The `out_beside` row: the `out=` form and the fresh-output form of one op, call by call in
+/// rotation (see [`bench_side_by_side`]), for the issue's "`out=` forms no slower than the
+/// fresh-output form" from the same seconds of the machine. The row's time is the `out=` calls'.
+fn bench_out_beside<R>(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, out: impl Fn(), default: impl Fn() -> R) {
+    bench_side_by_side(g, group, "out_beside", &mut [&mut || out(), &mut || drop(black_box(default()))]);
 }
 
 /// In a 2-thread group, the `scaling` row: the op on the default path at 2 threads and at 1,
@@ -252,6 +262,7 @@ fn add_contiguous(c: &mut Criterion) {
         bench_pool_beside(&mut g, &name, || a.add(&b).unwrap(), || a2.add(&b2).unwrap(), || pa.add(&pb).unwrap());
         bench(&mut g, &name, "inplace", || out.add_(&b).map(|_| ()).unwrap());
         bench(&mut g, &name, "out", || a.add_out(&b, &out).map(|_| ()).unwrap());
+        bench_out_beside(&mut g, &name, || a.add_out(&b, &out).map(|_| ()).unwrap(), || a.add(&b).unwrap());
         if t == 2 {
             bench_scaling_beside(&mut g, &name, || a.add(&b).unwrap(), copier(N4M * 6));
         }
@@ -276,6 +287,7 @@ fn add_cached(c: &mut Criterion) {
         bench_pool_beside(&mut g, &name, || a.add(&b).unwrap(), || a2.add(&b2).unwrap(), || pa.add(&pb).unwrap());
         bench(&mut g, &name, "inplace", || out.add_(&b).map(|_| ()).unwrap());
         bench(&mut g, &name, "out", || a.add_out(&b, &out).map(|_| ()).unwrap());
+        bench_out_beside(&mut g, &name, || a.add_out(&b, &out).map(|_| ()).unwrap(), || a.add(&b).unwrap());
         if t == 2 {
             bench_scaling_beside(&mut g, &name, || a.add(&b).unwrap(), copier(N * 6));
         }
@@ -306,6 +318,7 @@ fn add_broadcast_and_transposed(c: &mut Criterion) {
         bench_pool_beside(&mut g, &name, || a.add(&row).unwrap(), || a2.add(&row2).unwrap(), || pa.add(&prow).unwrap());
         bench(&mut g, &name, "inplace", || out.add_(&row).map(|_| ()).unwrap());
         bench(&mut g, &name, "out", || a.add_out(&row, &out).map(|_| ()).unwrap());
+        bench_out_beside(&mut g, &name, || a.add_out(&row, &out).map(|_| ()).unwrap(), || a.add(&row).unwrap());
         if t == 2 {
             bench_scaling_beside(&mut g, &name, || a.add(&row).unwrap(), copier(SIDE * SIDE * 4));
         }
@@ -318,6 +331,7 @@ fn add_broadcast_and_transposed(c: &mut Criterion) {
         bench(&mut g, &name, "default", || at.add(&b).unwrap());
         bench_pool_beside(&mut g, &name, || at.add(&b).unwrap(), || at2.add(&b2).unwrap(), || pat.add(&pb).unwrap());
         bench(&mut g, &name, "out", || at.add_out(&b, &out).map(|_| ()).unwrap());
+        bench_out_beside(&mut g, &name, || at.add_out(&b, &out).map(|_| ()).unwrap(), || at.add(&b).unwrap());
         if t == 2 {
             bench_scaling_beside(&mut g, &name, || at.add(&b).unwrap(), copier(SIDE * SIDE * 6));
         }
@@ -478,6 +492,7 @@ fn main() {
     if !side.is_empty() {
         // By "group/row", of the calls side by side: for "group/pool", default / pool and
         // default / default_again; for "matmul_512_<t>t/beside_gemm", default / gemm; for
+        // "group/out_beside", out / default; for
         // "group/scaling", the default's 1-thread time / its 2-thread time, and the baseline's.
         let ratios: BTreeMap<&String, Vec<f64>> = side
             .iter()
