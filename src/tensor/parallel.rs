@@ -149,7 +149,7 @@ fn keep_warm(pool: &KernelPool, helpers: usize) {
     }
     // No more spinners than cores (with `set_num_threads` above the machine, more would take
     // cores from the caller's own work between kernels).
-    let want = helpers.min(pool.threads).min(cores());
+    let want = helpers.min(pool.threads()).min(cores());
     loop {
         let n = pool.spinners.load(Relaxed);
         if n >= want {
@@ -225,9 +225,15 @@ pub(crate) fn threads_for(work: usize, grain: usize) -> usize {
 
 /// A pool of kernel threads, and the spin jobs queued or running on it.
 struct KernelPool {
-    threads: usize,
     pool: rayon::ThreadPool,
     spinners: Arc<AtomicUsize>,
+}
+
+impl KernelPool {
+    /// The pool's workers.
+    fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
 }
 
 /// The pool for the last thread count a kernel asked for.
@@ -254,7 +260,7 @@ fn kernel_pool() -> Arc<KernelPool> {
         .try_with(|mine| {
             let mut mine = mine.borrow_mut();
             match mine.as_ref() {
-                Some(pool) if pool.threads == threads => Arc::clone(pool),
+                Some(pool) if pool.threads() == threads => Arc::clone(pool),
                 _ => {
                     let pool = pool_of(threads);
                     *mine = Some(Arc::clone(&pool));
@@ -269,7 +275,7 @@ fn kernel_pool() -> Arc<KernelPool> {
 /// [`CURRENT_POOL`] if it has `threads` workers, else a new pool of `threads` that replaces it.
 fn pool_of(threads: usize) -> Arc<KernelPool> {
     let mut current = CURRENT_POOL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(pool) = current.as_ref().filter(|p| p.threads == threads) {
+    if let Some(pool) = current.as_ref().filter(|p| p.threads() == threads) {
         return Arc::clone(pool);
     }
     let pool = rayon::ThreadPoolBuilder::new()
@@ -277,7 +283,7 @@ fn pool_of(threads: usize) -> Arc<KernelPool> {
         .thread_name(move |i| format!("tensormem-kernel-{threads}-{i}"))
         .build()
         .unwrap_or_else(|e| panic!("tensormem: cannot start {threads} kernel threads: {e}"));
-    let pool = Arc::new(KernelPool { threads, pool, spinners: Arc::new(AtomicUsize::new(0)) });
+    let pool = Arc::new(KernelPool { pool, spinners: Arc::new(AtomicUsize::new(0)) });
     *current = Some(Arc::clone(&pool));
     pool
 }
@@ -365,7 +371,7 @@ pub(crate) fn install<R: Send>(op: impl FnOnce() -> R + Send) -> R {
         s.spawn(move |_| *slot = Some(op()));
         dispatching();
     });
-    keep_warm(&pool, pool.threads.saturating_sub(1));
+    keep_warm(&pool, pool.threads().saturating_sub(1));
     // `in_place_scope` returns only after every job it spawned ran (a panic in `op` resumes here).
     result.expect("the scope ran the job")
 }
@@ -380,7 +386,7 @@ mod tests {
         let before = num_threads();
         set_num_threads(3);
         let three = kernel_pool();
-        assert_eq!((three.threads, three.pool.current_num_threads()), (3, 3));
+        assert_eq!(three.threads(), 3);
         let names = Mutex::new(Vec::new());
         for_each_piece(3, |p| {
             if p > 0 {
@@ -392,12 +398,12 @@ mod tests {
         assert!(names.iter().all(|n| n.as_deref().is_some_and(|n| n.starts_with("tensormem-kernel-3-"))), "{names:?}");
         set_num_threads(2);
         let two = kernel_pool();
-        assert_eq!((two.threads, two.pool.current_num_threads()), (2, 2));
+        assert_eq!(two.threads(), 2);
         assert_eq!(install(rayon::current_num_threads), 2);
         // Back to 3: a new pool; the first one is not kept for a count no longer set.
         set_num_threads(3);
         let again = kernel_pool();
-        assert_eq!(again.threads, 3);
+        assert_eq!(again.threads(), 3);
         assert!(!Arc::ptr_eq(&again, &three));
         // A kernel holds its pool: one replaced while it runs finishes the kernel's pieces.
         let old = Arc::downgrade(&three);
@@ -408,7 +414,7 @@ mod tests {
             sum.fetch_add(p as u64 + 1, Relaxed);
         });
         assert_eq!(sum.load(Relaxed), 6);
-        assert_eq!(kernel_pool().threads, 2);
+        assert_eq!(kernel_pool().threads(), 2);
         // Once no thread uses it, a replaced pool ends (other tests' threads may hold it a while).
         let deadline = Instant::now() + Duration::from_secs(30);
         while old.upgrade().is_some() && Instant::now() < deadline {
@@ -426,7 +432,7 @@ mod tests {
         set_kernel_spin(Duration::from_secs(20));
         assert_eq!(kernel_spin(), Duration::from_secs(20));
         let pool = kernel_pool();
-        let pieces = pool.threads.max(2);
+        let pieces = pool.threads().max(2);
         let start = Instant::now();
         for round in 0..200u64 {
             let sum = AtomicU64::new(0);
@@ -440,7 +446,7 @@ mod tests {
         }
         assert!(start.elapsed() < Duration::from_secs(15), "a kernel waited behind a spinning thread");
         // At most one spinner per pool thread, however many kernels ran.
-        assert!(pool.spinners.load(Relaxed) <= pool.threads);
+        assert!(pool.spinners.load(Relaxed) <= pool.threads());
         // Off: spinners stop at the next dispatch and no new ones are queued.
         set_kernel_spin(Duration::ZERO);
         for_each_piece(pieces, |_| {});
