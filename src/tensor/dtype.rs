@@ -224,7 +224,10 @@ pub trait Element: Copy + Send + Sync + PartialOrd + fmt::Debug + Default + 'sta
     const DTYPE: DType;
     /// The value as `f64` (booleans are 0 and 1).
     fn to_f64(self) -> f64;
-    /// From `f64`, as Rust's `as` does (saturating; NaN gives 0); nonzero is `true`.
+    /// From `f64`, truncating toward zero. `u8`, `i8` and `i16` take the value through `i32`
+    /// and wrap, as PyTorch's conversions do on x86: `-1.0` is 255 as `u8`, `300.0` is 44,
+    /// and a value outside `i32` (or NaN) is 0. `i32` and `i64` saturate, as Rust's `as` does
+    /// (PyTorch leaves those undefined); NaN gives 0. Nonzero is `true`.
     fn from_f64(v: f64) -> Self;
     /// The value as `i64` (floats truncate toward zero, saturating).
     fn to_i64(self) -> i64;
@@ -232,15 +235,22 @@ pub trait Element: Copy + Send + Sync + PartialOrd + fmt::Debug + Default + 'sta
     fn from_i64(v: i64) -> Self;
 }
 
+/// `v` truncated into `i32` as x86's `cvttsd2si` does: outside `i32`, or NaN, it is
+/// `i32::MIN`, whose low bits are 0 (PyTorch's narrow integer conversions go this way).
+#[inline(always)]
+fn via_i32(v: f64) -> i32 {
+    if v.abs() < 2_147_483_648.0 { v as i32 } else { i32::MIN }
+}
+
 macro_rules! prim_element {
-    ($($t:ty => $d:ident),*) => {$(
+    ($($t:ty => $d:ident, |$v:ident| $from_f64:expr);*) => {$(
         impl sealed::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = DType::$d;
             #[inline(always)]
             fn to_f64(self) -> f64 { self as f64 }
             #[inline(always)]
-            fn from_f64(v: f64) -> Self { v as $t }
+            fn from_f64($v: f64) -> Self { $from_f64 }
             #[inline(always)]
             fn to_i64(self) -> i64 { self as i64 }
             #[inline(always)]
@@ -248,7 +258,10 @@ macro_rules! prim_element {
         }
     )*};
 }
-prim_element!(u8 => U8, i8 => I8, i16 => I16, i32 => I32, i64 => I64, f32 => F32, f64 => F64);
+prim_element!(
+    u8 => U8, |v| via_i32(v) as u8; i8 => I8, |v| via_i32(v) as i8; i16 => I16, |v| via_i32(v) as i16;
+    i32 => I32, |v| v as i32; i64 => I64, |v| v as i64; f32 => F32, |v| v as f32; f64 => F64, |v| v
+);
 
 macro_rules! half_element {
     ($($t:ty => $d:ident),*) => {$(

@@ -187,6 +187,20 @@ impl Scalar {
         }
     }
 
+    /// This number as a 0-d tensor of `dtype`, converted as PyTorch converts a Python number:
+    /// an integer exactly, wrapping into a narrower integer dtype as C does (`-1` into `u8` is
+    /// 255, so `x - (-1)` is `x + 1`); a float as [`Element::from_f64`].
+    pub(crate) fn to_tensor(self, op: &'static str, dtype: DType, opts: TensorOptions) -> Result<Tensor> {
+        match_dtype!(dtype, T => {
+            let v = match self {
+                Scalar::Bool(b) => T::from_i64(i64::from(b)),
+                Scalar::Int(i) => T::from_i64(i),
+                Scalar::Float(f) => T::from_f64(f),
+            };
+            Tensor::filled(op, &[], &opts.dtype(dtype), |_| v)
+        }, _ => Err(TensorError::UnsupportedDType { op, dtype, shape: vec![], hint: "a number cannot be quantised alone" }))
+    }
+
     pub(crate) fn as_f64(self) -> f64 {
         match self {
             Scalar::Bool(b) => f64::from(u8::from(b)),
@@ -359,11 +373,7 @@ impl Tensor {
             rhs: s.kind_dtype(),
         })?;
         let dt = if dt.is_integer() && matches!(s, Scalar::Float(_)) { DType::F32 } else { dt };
-        let opts = match self.storage().allocator() {
-            Some(a) => TensorOptions::new().dtype(dt).allocator(a.clone()),
-            None => TensorOptions::new().dtype(dt),
-        };
-        Tensor::scalar(s.as_f64(), opts)
+        s.to_tensor(op, dt, self.options())
     }
 
     /// `value op self` (a number on the left): the number as a 0-d tensor of the operation's
