@@ -82,45 +82,33 @@ impl Tensor {
         self.make_view(op, sizes, strides, offset)
     }
 
-    /// Elements `start, start + step, ...` below `end` of dimension `dim` (Python's
-    /// `t[start:end:step]`; negative `start`/`end` count from the end).
+    /// Elements `start, start + step, ...` below `end` of dimension `dim`: Python's and
+    /// PyTorch's `t[start:end:step]`. A negative bound counts from the end; then both bounds
+    /// are clamped to `0..=size`, and an end at or before the start gives an empty view, so
+    /// `t.slice(0, -100, 100, 1)` is all of a dimension of size 3.
     ///
     /// # Errors
-    /// [`TensorError::ZeroArgument`] for `step == 0`; [`TensorError::RangeOutOfBounds`] unless
-    /// `0 <= start <= end <= size` after wrapping.
+    /// [`TensorError::ZeroArgument`] for `step == 0`; [`TensorError::DimOutOfRange`].
     pub fn slice(&self, dim: isize, start: isize, end: isize, step: usize) -> Result<Tensor> {
         let op = "slice";
         if step == 0 {
             return Err(TensorError::ZeroArgument { op, what: "step", shape: self.sizes().to_vec() });
         }
         let d = self.nonscalar_dim(op, dim)?;
-        let size = self.sizes()[d] as isize;
-        let wrap = |i: isize| if i < 0 { i + size } else { i };
-        let (s, e) = (wrap(start), wrap(end));
-        if s < 0 || e < s || e > size {
-            return Err(TensorError::RangeOutOfBounds {
-                op,
-                dim: d,
-                start,
-                length: end.saturating_sub(start),
-                size: size as usize,
-                shape: self.sizes().to_vec(),
-            });
-        }
+        let size = isize::try_from(self.sizes()[d]).unwrap_or(isize::MAX);
+        let bound = |i: isize| (if i < 0 { i.saturating_add(size) } else { i }).clamp(0, size) as usize;
+        let (s, e) = (bound(start), bound(end));
+        let e = e.max(s);
+        let overflow = || TensorError::SizeOverflow { op, shape: self.sizes().to_vec(), dtype: self.dtype() };
         let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
-        sizes[d] = ((e - s) as usize).div_ceil(step);
-        // `s <= size`: the offset stays inside the storage.
-        let offset = self.storage_offset() + s as usize * strides[d];
+        sizes[d] = (e - s).div_ceil(step);
+        // `s <= size`: inside the parent's elements, or one step past them for an empty view
+        // at the end, which reads nothing.
+        let offset = s.checked_mul(strides[d]).and_then(|o| o.checked_add(self.storage_offset())).ok_or_else(overflow)?;
         // A step past the end only matters when more than one element is taken.
-        strides[d] = if sizes[d] > 1 {
-            strides[d].checked_mul(step).ok_or_else(|| TensorError::SizeOverflow {
-                op,
-                shape: self.sizes().to_vec(),
-                dtype: self.dtype(),
-            })?
-        } else {
-            strides[d]
-        };
+        if sizes[d] > 1 {
+            strides[d] = strides[d].checked_mul(step).ok_or_else(overflow)?;
+        }
         self.make_view(op, sizes, strides, offset)
     }
 
