@@ -116,7 +116,8 @@ fn sizes_strides_and_offsets_are_checked_everywhere() {
     // Slicing with extreme steps and bounds.
     let taken = four.slice(0, 0, 2, usize::MAX).unwrap();
     assert_eq!(taken.to_vec::<f32>().unwrap(), [0.0]);
-    assert!(matches!(four.slice(0, isize::MIN, isize::MAX, 1), Err(TensorError::RangeOutOfBounds { .. })));
+    // Bounds are clamped, as Python and PyTorch clamp them: the extremes take everything.
+    assert_eq!(four.slice(0, isize::MIN, isize::MAX, 1).unwrap().to_vec::<f32>().unwrap(), [0.0, 1.0, 2.0, 3.0]);
     // Indexing into an empty tensor with huge dimensions.
     let huge_empty = Tensor::empty(&[isize::MAX as usize, 0, 5, 2], DType::F32).unwrap();
     assert!(matches!(huge_empty.get::<f32>(&[isize::MAX - 1, 0, 0, 0]), Err(TensorError::IndexOutOfRange { .. })));
@@ -138,4 +139,119 @@ fn work_on_empty_tensors_does_not_depend_on_their_other_dimensions() {
     assert_eq!(wide.add(&wide).unwrap().sizes(), [1 << 31, 0]);
     assert_eq!(wide.sum_dim(0, false).unwrap().sizes(), [0]);
     assert!(start.elapsed() < Duration::from_secs(2), "empty tensors took {:?}", start.elapsed());
+}
+
+// ---- found by differential testing against PyTorch 2.15 (CPU, x86) ----
+
+#[test]
+fn an_integer_number_wraps_into_a_narrow_integer_tensor_as_in_pytorch() {
+    let x = Tensor::from_vec(vec![9u8, 3, 200, 0], &[4], DType::U8).unwrap();
+    // PyTorch: -1 into u8 is 255, 300 is 44; the arithmetic then wraps.
+    assert_eq!(x.sub_scalar(-1).unwrap().to_vec::<u8>().unwrap(), [10, 4, 201, 1]);
+    assert_eq!(x.mul_scalar(-1).unwrap().to_vec::<u8>().unwrap(), [247, 253, 56, 0]);
+    assert_eq!(x.add_scalar(300).unwrap().to_vec::<u8>().unwrap(), [53, 47, 244, 44]);
+    let y = x.clone();
+    y.sub_scalar_(-1).unwrap();
+    assert_eq!(x.to_vec::<u8>().unwrap(), [10, 4, 201, 1]);
+    let mask = Tensor::from_vec(vec![true, false, false, false], &[4], DType::Bool).unwrap();
+    assert_eq!(x.masked_fill(&mask, -1).unwrap().to_vec::<u8>().unwrap(), [255, 4, 201, 1]);
+    // An i64 number is taken exactly, not through f64.
+    let big = (1i64 << 53) + 1;
+    let z = Tensor::zeros(&[1], DType::I64).unwrap();
+    assert_eq!(z.add_scalar(big).unwrap().to_vec::<i64>().unwrap(), [big]);
+    assert_eq!(z.add_scalar(i64::MIN).unwrap().to_vec::<i64>().unwrap(), [i64::MIN]);
+}
+
+#[test]
+fn floats_convert_to_narrow_integers_as_pytorch_does_on_x86() {
+    let v = [255., -129., 128., 200., -200., 300., 1e10, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -1.];
+    let x = Tensor::from_vec(v.to_vec(), &[v.len()], DType::F32).unwrap();
+    // torch.tensor(v).to(torch.int8 / torch.uint8 / torch.int16), PyTorch 2.15 on x86.
+    assert_eq!(x.to_dtype(DType::I8).unwrap().to_vec::<i8>().unwrap(), [-1, 127, -128, -56, 56, 44, 0, 0, 0, 0, -1]);
+    assert_eq!(x.to_dtype(DType::U8).unwrap().to_vec::<u8>().unwrap(), [255, 127, 128, 200, 56, 44, 0, 0, 0, 0, 255]);
+    assert_eq!(
+        x.to_dtype(DType::I16).unwrap().to_vec::<i16>().unwrap(),
+        [255, -129, 128, 200, -200, 300, 0, 0, 0, 0, -1]
+    );
+    // The same conversion in copy_, from f64 and from f16.
+    let out = Tensor::zeros(&[v.len()], DType::U8).unwrap();
+    out.copy_(&x.to_dtype(DType::F64).unwrap()).unwrap();
+    assert_eq!(out.to_vec::<u8>().unwrap(), [255, 127, 128, 200, 56, 44, 0, 0, 0, 0, 255]);
+    let h = Tensor::from_vec(vec![f16::from_f32(-2.0), f16::INFINITY], &[2], DType::F16).unwrap();
+    assert_eq!(h.to_dtype(DType::U8).unwrap().to_vec::<u8>().unwrap(), [254, 0]);
+    // i32 and i64 saturate (PyTorch leaves these undefined).
+    assert_eq!(x.to_dtype(DType::I32).unwrap().get::<i32>(&[7]).unwrap(), i32::MAX);
+    assert_eq!(x.to_dtype(DType::I64).unwrap().get::<i64>(&[8]).unwrap(), i64::MIN);
+}
+
+#[test]
+fn slice_clamps_its_bounds_as_python_and_pytorch_do() {
+    let x = arange(3);
+    assert_eq!(x.slice(0, -100, 100, 1).unwrap().to_vec::<f32>().unwrap(), [0., 1., 2.]);
+    assert_eq!(x.slice(0, -100, 0, 3).unwrap().sizes(), [0]);
+    assert_eq!(x.slice(0, 5, 10, 1).unwrap().sizes(), [0]);
+    assert_eq!(x.slice(0, 2, 1, 1).unwrap().sizes(), [0]);
+    assert_eq!(x.slice(0, -2, 100, 2).unwrap().to_vec::<f32>().unwrap(), [1.]);
+    let empty = Tensor::zeros(&[0, 1], DType::F32).unwrap();
+    assert_eq!(empty.slice(0, 0, 5, 1).unwrap().sizes(), [0, 1]);
+    // A clamped empty view at the end reads nothing and can be written through.
+    let tail = x.slice(0, 3, 3, 1).unwrap();
+    assert_eq!(tail.to_vec::<f32>().unwrap(), Vec::<f32>::new());
+    tail.add_scalar_(1.0).unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), [0., 1., 2.]);
+    // narrow keeps PyTorch's strict check.
+    assert!(matches!(x.narrow(0, 1, 3), Err(TensorError::RangeOutOfBounds { .. })));
+}
+
+#[test]
+fn an_empty_tensor_with_a_stride_0_dimension_can_be_written_in_place() {
+    // PyTorch refuses a stride-0 dimension of size > 1 only when there are elements.
+    let e = Tensor::zeros(&[0, 1], DType::U8).unwrap().expand(&[0, 4]).unwrap();
+    assert_eq!(e.strides()[1], 0);
+    e.mul_scalar_(-1).unwrap();
+    let x = Tensor::zeros(&[1], DType::F32).unwrap().expand(&[4]).unwrap();
+    assert!(matches!(x.add_scalar_(1.0), Err(TensorError::InternalOverlap { .. })));
+}
+
+#[test]
+fn masked_fill_broadcasts_the_tensor_and_the_mask_together() {
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3], DType::F32).unwrap();
+    let mask = Tensor::from_vec(vec![true, false], &[2, 1], DType::Bool).unwrap();
+    let y = x.masked_fill(&mask, 0.5).unwrap();
+    assert_eq!(y.sizes(), [2, 3]);
+    assert_eq!(y.to_vec::<f32>().unwrap(), [0.5, 0.5, 0.5, 1., 2., 3.]);
+    // The in-place form cannot grow `x`.
+    assert!(matches!(x.masked_fill_(&mask, 0.5), Err(TensorError::BadShape { .. })));
+    assert_eq!(x.to_vec::<f32>().unwrap(), [1., 2., 3.]);
+}
+
+#[test]
+fn printing_wraps_rows_and_the_dtype_as_pytorch_does() {
+    // No nonzero finite value: PyTorch's column width stays 1, so 24 per line, and the dtype
+    // goes to a line of its own when it would pass 80 columns.
+    let v: Vec<f16> = (0..40).map(|i| if i % 2 == 0 { f16::INFINITY } else { f16::NEG_INFINITY }).collect();
+    let t = Tensor::from_vec(v, &[40], DType::F16).unwrap();
+    let row = |n: usize| vec!["inf", "-inf"].repeat(n / 2).join(", ");
+    assert_eq!(t.to_string(), format!("tensor([{},\n        {}],\n       dtype=f16)", row(24), row(16)));
+    let i = Tensor::from_vec(vec![i32::MIN, i32::MAX, 5, 7, 1, 2], &[6], DType::I32).unwrap();
+    assert_eq!(
+        i.to_string(),
+        "tensor([-2147483648,  2147483647,           5,           7,           1,\n                  2], dtype=i32)"
+    );
+}
+
+#[test]
+fn softmax_of_a_0_d_tensor_is_its_one_element_row() {
+    let tracker = Arc::new(TrackingAllocator::new(Arc::new(SystemAllocator::new())));
+    let opts = TensorOptions::new().dtype(DType::F16).allocator(tracker.clone());
+    let x = Tensor::full(&[], 3.0, &opts).unwrap();
+    let one = x.softmax(0).unwrap();
+    assert_eq!(one.sizes(), [] as [usize; 0]);
+    assert_eq!(one.item::<f16>().unwrap(), f16::ONE);
+    // The output comes from the input's allocator.
+    drop(x);
+    assert_eq!(tracker.live_chunks().len(), 1);
+    // PyTorch: softmax(tensor(inf)) is nan.
+    let inf = Tensor::full(&[], f64::INFINITY, &opts).unwrap().softmax(-1).unwrap();
+    assert!(inf.item::<f16>().unwrap().is_nan());
 }

@@ -186,20 +186,21 @@ impl fmt::Display for Tensor {
         };
         let cells = format_all(&values);
         // PyTorch's width: floats are aligned to their nonzero finite values (zeros and
-        // non-finite values do not widen the column); integers and bools to every value.
+        // non-finite values do not widen the column, which is at least 1 wide); integers and
+        // bools to every value.
         let width = values
             .iter()
             .zip(&cells)
             .filter(|(v, _)| !matches!(v, Value::F(x) if *x == 0.0 || !x.is_finite()))
             .map(|(_, c)| c.len())
-            .max()
-            .unwrap_or(0);
+            .fold(1, usize::max);
         let mut out = String::from("tensor(");
+        let mut suffixes = Vec::new();
         if t.numel() == 0 {
             out.push_str("[]");
             if t.dim() != 1 {
                 let sizes: Vec<String> = t.sizes().iter().map(|s| s.to_string()).collect();
-                out.push_str(&format!(", size=({})", sizes.join(", ")));
+                suffixes.push(format!("size=({})", sizes.join(", ")));
             }
         } else if t.dim() == 0 {
             out.push_str(&cells[0]);
@@ -214,10 +215,24 @@ impl fmt::Display for Tensor {
             _ => false,
         };
         if !implied {
-            out.push_str(&format!(", dtype={}", self.dtype()));
+            suffixes.push(format!("dtype={}", self.dtype()));
         }
         if !device.is_host_accessible() {
-            out.push_str(&format!(", device='{device}'"));
+            suffixes.push(format!("device='{device}'"));
+        }
+        // PyTorch's `_add_suffixes`: a suffix that would take its line past 80 columns starts a
+        // line of its own, indented under the values. `last` counts as PyTorch's does (the
+        // last line's length plus 2 until a suffix starts a line).
+        let mut last = out.len() - out.rfind('\n').map_or(0, |i| i + 1) + 2;
+        for suffix in suffixes {
+            if last + suffix.len() + 2 > LINE_WIDTH {
+                out.push_str(",\n       ");
+                last = 7 + suffix.len();
+            } else {
+                out.push_str(", ");
+                last += suffix.len() + 2;
+            }
+            out.push_str(&suffix);
         }
         out.push(')');
         f.write_str(&out)

@@ -101,7 +101,8 @@ pub(crate) struct Prepared {
 /// be made.
 pub(crate) fn prepare_into(op: &'static str, out: &Tensor, inputs: &[&Tensor]) -> Result<Prepared> {
     out.check_writable(op)?;
-    if out.sizes().iter().zip(out.strides()).any(|(&s, &st)| s > 1 && st == 0) {
+    // As PyTorch, an empty tensor has no two elements in one place, whatever its strides.
+    if out.numel() > 0 && out.sizes().iter().zip(out.strides()).any(|(&s, &st)| s > 1 && st == 0) {
         return Err(TensorError::InternalOverlap { op, shape: out.sizes().to_vec(), strides: out.strides().to_vec() });
     }
     // Layouts PyTorch accepts but whose elements cannot be shown distinct run on one thread.

@@ -88,8 +88,8 @@ impl Tensor {
         Ok(out)
     }
 
-    /// `value` where `mask` is true, `self` elsewhere (`masked_fill`), `mask` broadcast to
-    /// `self`'s shape; the result keeps `self`'s dtype.
+    /// `value` where `mask` is true, `self` elsewhere (`masked_fill`), `self` and `mask`
+    /// broadcast together as in PyTorch; the result keeps `self`'s dtype.
     ///
     /// ```
     /// use tensormem::tensor::{DType, Tensor};
@@ -107,12 +107,13 @@ impl Tensor {
     /// # Errors
     /// [`TensorError::UnsupportedDType`] for a non-bool mask or a value that cannot be stored
     /// in `self`'s dtype (an infinity into an integer tensor; other values are converted, as in
-    /// PyTorch); [`TensorError::BadShape`] when the mask does not broadcast to `self`'s shape.
+    /// PyTorch); [`TensorError::Broadcast`] when the shapes do not broadcast.
     pub fn masked_fill(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<Tensor> {
         let op = "masked_fill";
         let v = self.fill_value(op, mask, value.into())?;
+        let shape = broadcast_shapes(op, mask.sizes(), self.sizes())?;
         // SAFETY: `run_where` writes every element or fails.
-        let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
+        let out = unsafe { Tensor::output(op, &shape, self.dtype(), self) }?;
         match_dtype!(self.dtype(), T => run_where::<T>(op, &out, mask, &v, self, false)?, _ => {});
         Ok(out)
     }
@@ -120,19 +121,11 @@ impl Tensor {
     /// In-place [`masked_fill`](Self::masked_fill).
     ///
     /// # Errors
-    /// As [`masked_fill`](Self::masked_fill); [`TensorError::ReadOnly`];
-    /// [`TensorError::InternalOverlap`].
+    /// As [`masked_fill`](Self::masked_fill); [`TensorError::BadShape`] when the mask does not
+    /// broadcast to `self`'s shape; [`TensorError::ReadOnly`]; [`TensorError::InternalOverlap`].
     pub fn masked_fill_(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<&Tensor> {
         let op = "masked_fill_";
         let v = self.fill_value(op, mask, value.into())?;
-        let p = prepare_into(op, self, &[mask])?;
-        match_dtype!(self.dtype(), T => run_where::<T>(op, self, &p.inputs[0], &v, self, true)?, _ => {});
-        Ok(self)
-    }
-
-    /// Checks a fill's mask against `self` and makes the value a 0-d tensor of `self`'s dtype.
-    fn fill_value(&self, op: &'static str, mask: &Tensor, value: Scalar) -> Result<Tensor> {
-        bool_condition(op, mask)?;
         let shape = broadcast_shapes(op, mask.sizes(), self.sizes())?;
         if shape != self.sizes() {
             return Err(TensorError::BadShape {
@@ -142,6 +135,14 @@ impl Tensor {
                 reason: "the mask must broadcast to the tensor's shape",
             });
         }
+        let p = prepare_into(op, self, &[mask])?;
+        match_dtype!(self.dtype(), T => run_where::<T>(op, self, &p.inputs[0], &v, self, true)?, _ => {});
+        Ok(self)
+    }
+
+    /// Checks a fill's mask and makes the value a 0-d tensor of `self`'s dtype.
+    fn fill_value(&self, op: &'static str, mask: &Tensor, value: Scalar) -> Result<Tensor> {
+        bool_condition(op, mask)?;
         // As PyTorch, the value is converted to the tensor's dtype; one that cannot be (an
         // infinity or NaN into integers) is refused.
         let unrepresentable = !value.as_f64().is_finite() && !self.dtype().is_floating_point();
@@ -153,6 +154,6 @@ impl Tensor {
                 hint: "the fill value cannot be stored in the tensor's dtype (an infinity or NaN into integers)",
             });
         }
-        Tensor::scalar(value.as_f64(), self.options())
+        value.to_tensor(op, self.dtype(), self.options())
     }
 }

@@ -368,8 +368,9 @@ impl Tensor {
             });
         }
         if self.dim() == 0 {
+            // One element, its own row: 1, or NaN for an infinity or NaN, as in PyTorch.
             self.wrap_dim(op, dim)?;
-            return Tensor::ones(&[], self.dtype());
+            return self.unsqueeze(0)?.softmax(0)?.squeeze_dim(0);
         }
         let d = self.wrap_dim(op, dim)?;
         let x = self.movedim(d as isize, -1)?.contiguous()?;
