@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
-use tensormem::tensor::{DType, Tensor, TensorError, TensorOptions};
+use tensormem::tensor::{DType, Scalar, Tensor, TensorError, TensorOptions};
 use tensormem::{SystemAllocator, TrackingAllocator};
 
 fn arange(n: usize) -> Tensor {
@@ -254,4 +254,36 @@ fn softmax_of_a_0_d_tensor_is_its_one_element_row() {
     // PyTorch: softmax(tensor(inf)) is nan.
     let inf = Tensor::full(&[], f64::INFINITY, &opts).unwrap().softmax(-1).unwrap();
     assert!(inf.item::<f16>().unwrap().is_nan());
+}
+
+#[test]
+fn a_fill_value_the_dtype_cannot_hold_is_refused_as_pytorch_refuses_it() {
+    let full = |v: f64, dt| Tensor::full(&[1], v, dt).map(|t| t.to_dtype(DType::F64).unwrap().item::<f64>().unwrap());
+    // torch.full((1,), v, dtype=...) in PyTorch 2.15.
+    assert_eq!(full(255.9, DType::U8).unwrap(), 255.0);
+    assert_eq!(full(127.9, DType::I8).unwrap(), 127.0);
+    for (v, dt) in [(256.0, DType::U8), (-1.0, DType::U8), (128.0, DType::I8), (-128.9, DType::I8), (1e10, DType::I32)]
+    {
+        assert!(matches!(full(v, dt), Err(TensorError::UnsupportedDType { op: "full", .. })), "{v} into {dt}");
+    }
+    assert!(full(f64::NAN, DType::I64).is_err());
+    assert_eq!(full(-9.223372036854775808e18, DType::I64).unwrap(), -9.223372036854775808e18);
+    assert!(full(9.223372036854775808e18, DType::I64).is_err());
+    assert_eq!(full(70000.0, DType::F16).unwrap(), f64::INFINITY);
+    assert_eq!(full(0.5, DType::Bool).unwrap(), 1.0);
+
+    let x = Tensor::zeros(&[2], DType::U8).unwrap();
+    let m = Tensor::from_vec(vec![true, false], &[2], DType::Bool).unwrap();
+    // The integer -1 wraps into u8, down to -255; the float -1.25 does not.
+    assert_eq!(x.masked_fill(&m, -1).unwrap().to_vec::<u8>().unwrap(), [255, 0]);
+    assert_eq!(x.masked_fill(&m, -255).unwrap().to_vec::<u8>().unwrap(), [1, 0]);
+    assert_eq!(x.masked_fill(&m, 2.5).unwrap().to_vec::<u8>().unwrap(), [2, 0]);
+    for v in [Scalar::Int(300), Scalar::Int(-256), Scalar::Float(-1.25), Scalar::Float(1e10)] {
+        assert!(x.masked_fill(&m, v).is_err(), "{v:?}");
+        assert!(x.masked_fill_(&m, v).is_err(), "{v:?}");
+    }
+    assert_eq!(x.to_vec::<u8>().unwrap(), [0, 0]);
+    let i8s = Tensor::zeros(&[2], DType::I8).unwrap();
+    assert_eq!(i8s.masked_fill(&m, -1.25).unwrap().to_vec::<i8>().unwrap(), [-1, 0]);
+    assert!(i8s.masked_fill(&m, -129).is_err());
 }

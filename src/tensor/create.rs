@@ -8,9 +8,10 @@ use crate::allocators::Allocator;
 
 use super::core::{default_allocator, nbytes_of};
 use super::dtype::{match_dtype, match_float};
+use super::kernels::FILL_HINT;
 use super::options::with_generator;
 use super::shape::{checked_numel, contiguous_strides};
-use super::{DType, Element, Generator, Result, Storage, Tensor, TensorError, TensorOptions};
+use super::{DType, Element, Generator, Result, Scalar, Storage, Tensor, TensorError, TensorOptions};
 
 fn allocator_of(op: &'static str, opts: &TensorOptions) -> Result<Arc<dyn Allocator>> {
     match opts.get_allocator() {
@@ -64,10 +65,15 @@ impl Tensor {
     /// A tensor with every element `value` (converted as `to_dtype` converts).
     ///
     /// # Errors
-    /// As [`empty`](Tensor::empty); [`TensorError::UnsupportedDType`] for quantised dtypes.
+    /// As [`empty`](Tensor::empty); [`TensorError::UnsupportedDType`] for quantised dtypes and
+    /// for a value an integer dtype cannot hold, as `torch.full` refuses it: an infinity or NaN,
+    /// -1.0 into `u8`, 128.0 into `i8` (127.9 is 127).
     pub fn full(sizes: &[usize], value: f64, opts: impl Into<TensorOptions>) -> Result<Tensor> {
         let opts = opts.into();
         let dtype = opts.get_dtype().unwrap_or(DType::F32);
+        if !dtype.is_quantized() && !Scalar::Float(value).fits(dtype) {
+            return Err(TensorError::UnsupportedDType { op: "full", dtype, shape: sizes.to_vec(), hint: FILL_HINT });
+        }
         match_dtype!(dtype, T => {
             let v = T::from_f64(value);
             Tensor::filled("full", sizes, &opts, |_| v)

@@ -104,7 +104,8 @@ impl Tensor {
         sizes[d] = (e - s).div_ceil(step);
         // `s <= size`: inside the parent's elements, or one step past them for an empty view
         // at the end, which reads nothing.
-        let offset = s.checked_mul(strides[d]).and_then(|o| o.checked_add(self.storage_offset())).ok_or_else(overflow)?;
+        let offset =
+            s.checked_mul(strides[d]).and_then(|o| o.checked_add(self.storage_offset())).ok_or_else(overflow)?;
         // A step past the end only matters when more than one element is taken.
         if sizes[d] > 1 {
             strides[d] = strides[d].checked_mul(step).ok_or_else(overflow)?;

@@ -187,6 +187,28 @@ impl Scalar {
         }
     }
 
+    /// Whether this number can fill a tensor of `dtype` by PyTorch's rule for fills (`full`,
+    /// `masked_fill`): a floating-point or bool dtype takes any number (overflowing to an
+    /// infinity); an integer dtype takes a finite float `v` with `lowest <= v < max + 1`
+    /// (truncated toward zero), and an integer from `lowest` to `max`, or for `u8` from `-max`
+    /// (wrapping: -1 fills with 255). Quantised dtypes take none.
+    pub(crate) fn fits(self, dtype: DType) -> bool {
+        let (lo, hi): (i64, i64) = match dtype {
+            DType::U8 => (0, u8::MAX.into()),
+            DType::I8 => (i8::MIN.into(), i8::MAX.into()),
+            DType::I16 => (i16::MIN.into(), i16::MAX.into()),
+            DType::I32 => (i32::MIN.into(), i32::MAX.into()),
+            DType::I64 => (i64::MIN, i64::MAX),
+            d => return !d.is_quantized(),
+        };
+        match self {
+            Scalar::Bool(_) => true,
+            Scalar::Int(i) => (if lo == 0 { -hi } else { lo }) <= i && i <= hi,
+            // `hi as f64 + 1.0` is exact: 2^8, ..., 2^63.
+            Scalar::Float(f) => f >= lo as f64 && f < hi as f64 + 1.0,
+        }
+    }
+
     /// This number as a 0-d tensor of `dtype`, converted as PyTorch converts a Python number:
     /// an integer exactly, wrapping into a narrower integer dtype as C does (`-1` into `u8` is
     /// 255, so `x - (-1)` is `x + 1`); a float as [`Element::from_f64`].
@@ -199,14 +221,6 @@ impl Scalar {
             };
             Tensor::filled(op, &[], &opts.dtype(dtype), |_| v)
         }, _ => Err(TensorError::UnsupportedDType { op, dtype, shape: vec![], hint: "a number cannot be quantised alone" }))
-    }
-
-    pub(crate) fn as_f64(self) -> f64 {
-        match self {
-            Scalar::Bool(b) => f64::from(u8::from(b)),
-            Scalar::Int(i) => i as f64,
-            Scalar::Float(f) => f,
-        }
     }
 }
 

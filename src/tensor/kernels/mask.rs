@@ -9,6 +9,10 @@ use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 use super::elementwise::Scalar;
 use super::loops::{prepare_into, strides_to};
 
+/// The hint of the error for a fill value the tensor's dtype cannot hold.
+pub(crate) const FILL_HINT: &str =
+    "the fill value does not fit the dtype (an infinity or NaN, or a number out of range, into integers)";
+
 fn bool_condition(op: &'static str, c: &Tensor) -> Result<()> {
     if c.dtype() != DType::Bool {
         return Err(TensorError::UnsupportedDType {
@@ -105,9 +109,10 @@ impl Tensor {
     /// ```
     ///
     /// # Errors
-    /// [`TensorError::UnsupportedDType`] for a non-bool mask or a value that cannot be stored
-    /// in `self`'s dtype (an infinity into an integer tensor; other values are converted, as in
-    /// PyTorch); [`TensorError::Broadcast`] when the shapes do not broadcast.
+    /// [`TensorError::UnsupportedDType`] for a non-bool mask or a value `self`'s dtype cannot
+    /// hold, as PyTorch refuses it (an infinity, NaN or 1000 into `i8`, -1.0 into `u8`; the
+    /// integer -1 into `u8` is 255); [`TensorError::Broadcast`] when the shapes do not
+    /// broadcast.
     pub fn masked_fill(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<Tensor> {
         let op = "masked_fill";
         let v = self.fill_value(op, mask, value.into())?;
@@ -143,15 +148,14 @@ impl Tensor {
     /// Checks a fill's mask and makes the value a 0-d tensor of `self`'s dtype.
     fn fill_value(&self, op: &'static str, mask: &Tensor, value: Scalar) -> Result<Tensor> {
         bool_condition(op, mask)?;
-        // As PyTorch, the value is converted to the tensor's dtype; one that cannot be (an
-        // infinity or NaN into integers) is refused.
-        let unrepresentable = !value.as_f64().is_finite() && !self.dtype().is_floating_point();
-        if self.dtype().is_quantized() || unrepresentable {
+        // As PyTorch, the value is converted to the tensor's dtype; one the dtype cannot hold
+        // is refused.
+        if !value.fits(self.dtype()) {
             return Err(TensorError::UnsupportedDType {
                 op,
                 dtype: self.dtype(),
                 shape: self.sizes().to_vec(),
-                hint: "the fill value cannot be stored in the tensor's dtype (an infinity or NaN into integers)",
+                hint: FILL_HINT,
             });
         }
         value.to_tensor(op, self.dtype(), self.options())

@@ -9,6 +9,7 @@ mod norm;
 
 pub(crate) use elementwise::BinaryOp;
 pub use elementwise::Scalar;
+pub(crate) use mask::FILL_HINT;
 mod loops;
 mod matmul;
 mod reduce;
