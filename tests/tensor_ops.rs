@@ -252,8 +252,13 @@ fn layer_norm_and_rms_norm_match_the_formulas() {
     let h = x.to_dtype(DType::BF16).unwrap().rms_norm(&[n], None, None).unwrap();
     assert_eq!(h.dtype(), DType::BF16);
     let hf = h.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
-    let f =
-        x.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap().rms_norm(&[n], None, Some(7.8125e-3)).unwrap();
+    let f = x
+        .to_dtype(DType::BF16)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .rms_norm(&[n], None, Some(f32::EPSILON.into()))
+        .unwrap();
     close(&hf, &f.to_vec::<f32>().unwrap(), 1e-2);
 }
 

@@ -287,3 +287,13 @@ fn a_fill_value_the_dtype_cannot_hold_is_refused_as_pytorch_refuses_it() {
     assert_eq!(i8s.masked_fill(&m, -1.25).unwrap().to_vec::<i8>().unwrap(), [-1, 0]);
     assert!(i8s.masked_fill(&m, -129).is_err());
 }
+
+#[test]
+fn rms_norm_s_default_eps_is_that_of_the_type_it_computes_in() {
+    // F.rms_norm(torch.tensor([1e-3, 2e-3, -1e-3, 5e-4], dtype=torch.float16), [4]) in
+    // PyTorch 2.15: its kernel adds f32's epsilon (1.19e-7), not f16's (9.8e-4).
+    let x = Tensor::from_vec(vec![1e-3f32, 2e-3, -1e-3, 5e-4], &[4], DType::F32).unwrap().to_dtype(DType::F16).unwrap();
+    let y = x.rms_norm(&[4], None, None).unwrap().to_vec::<f16>().unwrap();
+    let want = [0.77099609375f32, 1.5419921875, -0.77099609375, 0.385498046875];
+    assert_eq!(y.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), want);
+}

@@ -203,8 +203,11 @@ impl Tensor {
     }
 
     /// RMS normalisation over the trailing `normalized_shape` dimensions (`F.rms_norm`, as in
-    /// LLaMA): `x / sqrt(mean(x^2) + eps) * weight`; `eps` defaults to the dtype's machine
-    /// epsilon, as in PyTorch.
+    /// LLaMA): `x / sqrt(mean(x^2) + eps) * weight`. `eps` defaults to the machine epsilon of
+    /// the type the kernel computes in, as PyTorch's kernels do: `f64::EPSILON` for `f64`,
+    /// `f32::EPSILON` for `f32`, `f16` and `bf16` (PyTorch's docs name the input's dtype, but
+    /// its kernels take their `opmath` type's epsilon: `F.rms_norm` of an `f16` tensor adds
+    /// 1.19e-7, not 9.8e-4).
     ///
     /// ```
     /// use tensormem::tensor::{DType, Tensor};
@@ -220,12 +223,7 @@ impl Tensor {
     /// # Errors
     /// As [`layer_norm`](Self::layer_norm).
     pub fn rms_norm(&self, normalized_shape: &[usize], weight: Option<&Tensor>, eps: Option<f64>) -> Result<Tensor> {
-        let eps = eps.unwrap_or(match self.dtype() {
-            DType::F16 => 9.765_625e-4,
-            DType::BF16 => 7.812_5e-3,
-            DType::F64 => f64::EPSILON,
-            _ => f64::from(f32::EPSILON),
-        });
+        let eps = eps.unwrap_or(if self.dtype() == DType::F64 { f64::EPSILON } else { f64::from(f32::EPSILON) });
         self.normalize("rms_norm", Kind::Rms, normalized_shape, weight, None, eps)
     }
 }
