@@ -297,3 +297,12 @@ fn rms_norm_s_default_eps_is_that_of_the_type_it_computes_in() {
     let want = [0.77099609375f32, 1.5419921875, -0.77099609375, 0.385498046875];
     assert_eq!(y.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), want);
 }
+
+#[test]
+fn split_of_an_empty_dimension_takes_a_zero_split_size() {
+    let e = Tensor::zeros(&[1, 5, 0], DType::BF16).unwrap();
+    let parts = e.split(0, 2).unwrap();
+    assert_eq!(parts.len(), 1);
+    assert_eq!(parts[0].sizes(), [1, 5, 0]);
+    assert!(matches!(e.split(0, 1), Err(TensorError::ZeroArgument { .. })));
+}

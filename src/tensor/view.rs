@@ -351,18 +351,20 @@ impl Tensor {
         Ok(())
     }
 
-    /// Views along `dim` of `split_size` elements each (the last may be smaller).
+    /// Views along `dim` of `split_size` elements each (the last may be smaller). A dimension
+    /// of size 0 gives the tensor itself, whatever `split_size` (0 included), as in PyTorch.
     ///
     /// # Errors
-    /// [`TensorError::ZeroArgument`] for `split_size == 0`; [`TensorError::DimOutOfRange`].
+    /// [`TensorError::ZeroArgument`] for `split_size == 0` on a non-empty dimension;
+    /// [`TensorError::DimOutOfRange`].
     pub fn split(&self, split_size: usize, dim: isize) -> Result<Vec<Tensor>> {
-        if split_size == 0 {
-            return Err(TensorError::ZeroArgument { op: "split", what: "split_size", shape: self.sizes().to_vec() });
-        }
         let d = self.nonscalar_dim("split", dim)?;
         let size = self.sizes()[d];
         if size == 0 {
             return Ok(vec![self.clone()]);
+        }
+        if split_size == 0 {
+            return Err(TensorError::ZeroArgument { op: "split", what: "split_size", shape: self.sizes().to_vec() });
         }
         self.check_empty_pieces("split", size.div_ceil(split_size))?;
         (0..size)
