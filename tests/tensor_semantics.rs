@@ -307,3 +307,49 @@ fn split_of_an_empty_dimension_takes_a_zero_split_size() {
     assert_eq!(parts[0].sizes(), [1, 5, 0]);
     assert!(matches!(e.split(0, 1), Err(TensorError::ZeroArgument { .. })));
 }
+
+#[test]
+fn half_precision_arithmetic_rounds_numbers_and_alpha_where_pytorch_does() {
+    let h = |v: &[f64]| {
+        Tensor::from_vec(v.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>(), &[v.len()], DType::F16).unwrap()
+    };
+    let vals = |t: &Tensor| t.to_vec::<f16>().unwrap().iter().map(|v| v.to_f64()).collect::<Vec<_>>();
+    // PyTorch 2.15: mul and div keep the number in f32 (3.7, not f16's 3.69921875) ...
+    let x = h(&[1.03125, 1.0625, 1.125, 1.203125]);
+    assert_eq!(vals(&x.mul_scalar(3.7).unwrap()), [3.81640625, 3.931640625, 4.1640625, 4.453125]);
+    assert_eq!(vals(&(&x * 3.7)), [3.81640625, 3.931640625, 4.1640625, 4.453125]);
+    let y = x.clone();
+    y.mul_scalar_(3.7).unwrap();
+    assert_eq!(vals(&x), [3.81640625, 3.931640625, 4.1640625, 4.453125]);
+    let x = h(&[1.015625, 1.0625, 1.09375, 1.140625]);
+    assert_eq!(vals(&x.div_scalar(3.3).unwrap()), [0.307861328125, 0.322021484375, 0.33154296875, 0.345703125]);
+    // ... and `x + alpha * y` rounds alpha to f16, then computes in f32 and rounds once.
+    let (x, y) =
+        (h(&[1.0625, 1.078125, 1.09375, 1.203125]), h(&[0.419921875, 0.39990234375, 0.3798828125, 0.239990234375]));
+    assert_eq!(vals(&x.add_scaled(&y, 3.7).unwrap()), [2.615234375, 2.556640625, 2.498046875, 2.091796875]);
+    assert_eq!(vals(&x.sub_scaled(&y, -3.7).unwrap()), [2.615234375, 2.556640625, 2.498046875, 2.091796875]);
+    // A 0-d float tensor multiplies as a number does (PyTorch reads it as a CPU scalar).
+    let x = h(&[1.03125, 1.0625, 1.125, 1.203125]);
+    let s = Tensor::scalar(3.7, DType::F64).unwrap();
+    assert_eq!(vals(&x.mul(&s).unwrap()), [3.81640625, 3.931640625, 4.1640625, 4.453125]);
+    let out = Tensor::zeros(&[4], DType::F32).unwrap();
+    x.mul_out(&s, &out).unwrap();
+    let out64: Vec<f64> = out.to_vec::<f32>().unwrap().iter().map(|&v| f64::from(v)).collect();
+    assert_eq!(out64, [3.81640625, 3.931640625, 4.1640625, 4.453125]);
+    // add rounds the number to f16 first: 1e-4 - 1e-3 is 1.0002e-4 - f16(1e-3).
+    let x = h(&[1e-4]);
+    assert_eq!(vals(&x.sub_scalar(1e-3).unwrap()), [-0.0009002685546875]);
+}
+
+#[test]
+fn true_division_of_integers_by_a_number_divides_by_that_number() {
+    // torch.tensor([32, 2, 6], dtype=torch.uint8) / -3: the -3 is not wrapped into u8.
+    let x = Tensor::from_vec(vec![32u8, 2, 6], &[3], DType::U8).unwrap();
+    let q = x.div_scalar(-3).unwrap();
+    assert_eq!(q.dtype(), DType::F32);
+    assert_eq!(q.to_vec::<f32>().unwrap(), [32.0 / -3.0, 2.0 / -3.0, -2.0]);
+    let b = Tensor::from_vec(vec![true, false], &[2], DType::Bool).unwrap();
+    assert_eq!(b.div_scalar(2).unwrap().to_vec::<f32>().unwrap(), [0.5, 0.0]);
+    // Comparisons keep PyTorch's wrapped number: u8 < -1 compares with 255.
+    assert_eq!(x.lt_scalar(-1).unwrap().to_vec::<bool>().unwrap(), [true, true, true]);
+}
