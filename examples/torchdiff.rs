@@ -100,19 +100,18 @@ fn run(case: &Value) -> Result<Value, String> {
     let many = |ts: Vec<Tensor>| -> Result<Value, String> {
         Ok(json!({"out": ts.iter().map(desc).collect::<Result<Vec<_>, _>>()?}))
     };
-    // for in-place/out forms: report every input after the op
-    let after = |_: &[Tensor]| -> Result<Value, String> {
-        Ok(json!({"out": bases.iter().map(desc).collect::<Result<Vec<_>, _>>()?}))
-    };
+    // The in-place and out= forms report every input's base after the op.
+    let after =
+        || -> Result<Value, String> { Ok(json!({"out": bases.iter().map(desc).collect::<Result<Vec<_>, _>>()?})) };
     macro_rules! bin {
         ($($n:literal => $f:ident, $f_:ident, $fo:ident, $fs:ident, $fs_:ident;)*) => {
             match op {
                 $(
                     $n => return one(ins[0].$f(&ins[1]).map_err(e)?),
-                    concat!($n, "_") => { ins[0].$f_(&ins[1]).map_err(e)?; return after(&ins); }
-                    concat!($n, "_out") => { ins[0].$fo(&ins[1], &ins[2]).map_err(e)?; return after(&ins); }
+                    concat!($n, "_") => { ins[0].$f_(&ins[1]).map_err(e)?; return after(); }
+                    concat!($n, "_out") => { ins[0].$fo(&ins[1], &ins[2]).map_err(e)?; return after(); }
                     concat!($n, "_scalar") => return one(ins[0].$fs(scalar(&a["s"])).map_err(e)?),
-                    concat!($n, "_scalar_") => { ins[0].$fs_(scalar(&a["s"])).map_err(e)?; return after(&ins); }
+                    concat!($n, "_scalar_") => { ins[0].$fs_(scalar(&a["s"])).map_err(e)?; return after(); }
                 )*
                 _ => {}
             }
@@ -132,7 +131,7 @@ fn run(case: &Value) -> Result<Value, String> {
             match op {
                 $(
                     $n => return one(ins[0].$f(&ins[1]).map_err(e)?),
-                    concat!($n, "_out") => { ins[0].$fo(&ins[1], &ins[2]).map_err(e)?; return after(&ins); }
+                    concat!($n, "_out") => { ins[0].$fo(&ins[1], &ins[2]).map_err(e)?; return after(); }
                     concat!($n, "_scalar") => return one(ins[0].$fs(scalar(&a["s"])).map_err(e)?),
                 )*
                 _ => {}
@@ -152,8 +151,8 @@ fn run(case: &Value) -> Result<Value, String> {
             match op {
                 $(
                     $n => return one(ins[0].$f().map_err(e)?),
-                    concat!($n, "_") => { ins[0].$f_().map_err(e)?; return after(&ins); }
-                    concat!($n, "_out") => { ins[0].$fo(&ins[1]).map_err(e)?; return after(&ins); }
+                    concat!($n, "_") => { ins[0].$f_().map_err(e)?; return after(); }
+                    concat!($n, "_out") => { ins[0].$fo(&ins[1]).map_err(e)?; return after(); }
                 )*
                 _ => {}
             }
@@ -192,12 +191,12 @@ fn run(case: &Value) -> Result<Value, String> {
         "add_scaled" => one(x.add_scaled(&ins[1], a["alpha"].as_f64().unwrap()).map_err(e)?),
         "add_scaled_" => {
             x.add_scaled_(&ins[1], a["alpha"].as_f64().unwrap()).map_err(e)?;
-            after(&ins)
+            after()
         }
         "sub_scaled" => one(x.sub_scaled(&ins[1], a["alpha"].as_f64().unwrap()).map_err(e)?),
         "copy_" => {
             x.copy_(&ins[1]).map_err(e)?;
-            after(&ins)
+            after()
         }
         "sum" => one(x.sum().map_err(e)?),
         "mean" => one(x.mean().map_err(e)?),
@@ -224,7 +223,7 @@ fn run(case: &Value) -> Result<Value, String> {
         "masked_fill" => one(x.masked_fill(&ins[1], scalar(&a["s"])).map_err(e)?),
         "masked_fill_" => {
             x.masked_fill_(&ins[1], scalar(&a["s"])).map_err(e)?;
-            after(&ins)
+            after()
         }
         "chunk" => many(x.chunk(u(&a["n"]), i(&a["dim"])).map_err(e)?),
         "split" => many(x.split(u(&a["n"]), i(&a["dim"])).map_err(e)?),
