@@ -75,7 +75,7 @@ pub enum TensorError {
         /// The tensor's shape.
         shape: Vec<usize>,
     },
-    /// A range (`narrow`, `slice`) that does not fit in its dimension.
+    /// A range (`narrow`) that does not fit in its dimension (`slice` clamps its bounds).
     #[error(
         "{op}: range start {start}, length {length} does not fit in dimension {dim} of size {size} (tensor of shape {shape:?})"
     )]
