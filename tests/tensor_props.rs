@@ -295,7 +295,7 @@ proptest! {
         let got = v.to_dtype(DType::I8).unwrap().to_vec::<i8>().unwrap();
         prop_assert_eq!(got, r.data.iter().map(|&x| x as i8).collect::<Vec<_>>());
         let got = v.to_dtype(DType::F16).unwrap().to_vec::<half::f16>().unwrap();
-        prop_assert_eq!(got, r.data.iter().map(|&x| half::f16::from_f64(x)).collect::<Vec<_>>());
+        prop_assert_eq!(got, r.data.iter().map(|&x| half::f16::from_f32(x as f32)).collect::<Vec<_>>());
     }
 
     #[test]

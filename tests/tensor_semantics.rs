@@ -353,3 +353,27 @@ fn true_division_of_integers_by_a_number_divides_by_that_number() {
     // Comparisons keep PyTorch's wrapped number: u8 < -1 compares with 255.
     assert_eq!(x.lt_scalar(-1).unwrap().to_vec::<bool>().unwrap(), [true, true, true]);
 }
+
+#[test]
+fn conversions_to_half_precision_round_through_f32_as_pytorch_does() {
+    // bf16.mul_(f32): the f32 product 3.5703127 lies just above a bf16 tie and rounds up
+    // (`half`'s own from_f64 rounds it down: half-rs issue 151).
+    let x = Tensor::from_vec(vec![-1.5625f32], &[1], DType::BF16).unwrap();
+    let y = Tensor::from_vec(vec![-2.285f32], &[1], DType::F32).unwrap();
+    x.mul_(&y).unwrap();
+    assert_eq!(x.to_vec::<bf16>().unwrap()[0].to_f64(), 3.578125);
+    // f64 into f16 goes through f32, as torch's .to(torch.float16) does: 1 + 2^-11 + 2^-30
+    // becomes the tie 1 + 2^-11 in f32, then 1.0; 1 + 2^-11 + 2^-20 stays above the tie.
+    let v = Tensor::from_vec(
+        vec![1.0 + 2f64.powi(-11) + 2f64.powi(-30), 1.0 + 2f64.powi(-11) + 2f64.powi(-20)],
+        &[2],
+        DType::F64,
+    )
+    .unwrap();
+    let h = v.to_dtype(DType::F16).unwrap().to_vec::<f16>().unwrap();
+    assert_eq!((h[0].to_f64(), h[1].to_f64()), (1.0, 1.0009765625));
+    let b = v.to_dtype(DType::BF16).unwrap().to_vec::<bf16>().unwrap();
+    assert_eq!((b[0].to_f64(), b[1].to_f64()), (1.0, 1.0));
+    let p = Tensor::from_vec(vec![3.5703126341104507f64], &[1], DType::F64).unwrap();
+    assert_eq!(p.to_dtype(DType::BF16).unwrap().to_vec::<bf16>().unwrap()[0].to_f64(), 3.578125);
+}

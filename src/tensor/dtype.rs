@@ -270,12 +270,16 @@ macro_rules! half_element {
             const DTYPE: DType = DType::$d;
             #[inline(always)]
             fn to_f64(self) -> f64 { self.to_f64() }
+            // Through f32, as PyTorch converts (its `Half` and `BFloat16` are made from a
+            // `float`): `1 + 2^-11 + 2^-30` is 1.0 in f16, not 1.0009765625. This also rounds
+            // every f32 value correctly, which `half`'s own `from_f64` does not (it rounds
+            // values just above a tie down: half-rs issue 151).
             #[inline(always)]
-            fn from_f64(v: f64) -> Self { <$t>::from_f64(v) }
+            fn from_f64(v: f64) -> Self { <$t>::from_f32(v as f32) }
             #[inline(always)]
             fn to_i64(self) -> i64 { self.to_f32() as i64 }
             #[inline(always)]
-            fn from_i64(v: i64) -> Self { <$t>::from_f64(v as f64) }
+            fn from_i64(v: i64) -> Self { <$t>::from_f32(v as f32) }
         }
     )*};
 }
