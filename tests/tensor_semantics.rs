@@ -355,6 +355,39 @@ fn true_division_of_integers_by_a_number_divides_by_that_number() {
 }
 
 #[test]
+fn arange_makes_the_values_and_refusals_of_torch_arange() {
+    let i64s = |s, e, st| Tensor::arange(s, e, st, DType::I64).unwrap().to_vec::<i64>().unwrap();
+    // An integer dtype truncates start and step first, as torch.arange and numpy.arange do.
+    assert_eq!(i64s(0.0, 3.0, 0.5), [0; 6]);
+    assert_eq!(i64s(0.5, 3.7, 1.5), [0, 1, 2]);
+    assert_eq!(i64s(-1.5, 1.5, 0.5), [-1; 6]);
+    assert_eq!(i64s(0.3, -5.0, -2.0), [0, -2, -4]);
+    // The count is ceil((end - start) / step) of the numbers as given.
+    assert_eq!(i64s(0.0, 2.5, 1.0), [0, 1, 2]);
+    // Values wrap into a narrower dtype.
+    let u8s = Tensor::arange(250.0, 260.0, 1.0, DType::U8).unwrap().to_vec::<u8>().unwrap();
+    assert_eq!(u8s, [250, 251, 252, 253, 254, 255, 0, 1, 2, 3]);
+    // Floats: start + i * step, rounded once.
+    let f = Tensor::arange(0.0, 1.0, 0.1, DType::F64).unwrap().to_vec::<f64>().unwrap();
+    assert_eq!(f.len(), 10);
+    assert_eq!(f[3], 3.0 * 0.1);
+    assert_eq!(Tensor::arange(0.1, 0.1, 1.0, DType::F32).unwrap().sizes(), [0]);
+    assert_eq!(Tensor::arange(0.1, 0.1, -1.0, DType::F32).unwrap().sizes(), [0]);
+    // Refused as PyTorch refuses them: a step away from the end, even by less than one step.
+    let bad = |s, e, st, d| match Tensor::arange(s, e, st, d) {
+        Err(TensorError::BadRange { reason, .. }) => reason,
+        other => panic!("expected BadRange, got {other:?}"),
+    };
+    assert_eq!(bad(0.1, 0.001, 1.0, DType::F32), "the step goes away from the end");
+    assert_eq!(bad(-0.3, 0.7, -1.0, DType::I32), "the step goes away from the end");
+    assert_eq!(bad(0.0, 5.0, f64::INFINITY, DType::F32), "start, end and step must be finite");
+    assert_eq!(bad(0.0, f64::NAN, 1.0, DType::F32), "start, end and step must be finite");
+    assert_eq!(bad(1e19, 1e19 + 4096.0, 1024.0, DType::I8), "an integer dtype needs a start and step that fit in i64");
+    assert_eq!(bad(0.0, 10.0, 1e19, DType::I64), "an integer dtype needs a start and step that fit in i64");
+    assert!(matches!(Tensor::arange(0.0, 5.0, 1.0, DType::Bool), Err(TensorError::UnsupportedDType { .. })));
+}
+
+#[test]
 fn conversions_to_half_precision_round_through_f32_as_pytorch_does() {
     // bf16.mul_(f32): the f32 product 3.5703127 lies just above a bf16 tie and rounds up
     // (`half`'s own from_f64 rounds it down: half-rs issue 151).

@@ -89,29 +89,62 @@ impl Tensor {
     }
 
     /// `start, start + step, ...` up to but excluding `end`: `ceil((end - start) / step)`
-    /// elements, each computed as `start + i * step` (no accumulated rounding).
+    /// elements, as `torch.arange` makes them.
+    ///
+    /// - A floating-point dtype holds `start + i * step` computed in `f64` and rounded once (no
+    ///   accumulated rounding; PyTorch's vectorised loop can differ in the last bit).
+    /// - An integer dtype first truncates `start` and `step` toward zero, as PyTorch and NumPy
+    ///   do: `arange(0.0, 3.0, 0.5)` into `i64` is six zeros. The values are computed in `i64`
+    ///   and wrap into a narrower dtype (`arange(250.0, 260.0, 1.0)` into `u8` ends `.., 255, 0,
+    ///   1, 2, 3`).
+    ///
+    /// ```
+    /// use tensormem::tensor::{DType, Tensor};
+    ///
+    /// let x = Tensor::arange(1.0, 2.0, 0.25, DType::F32)?;
+    /// assert_eq!(x.to_vec::<f32>()?, [1.0, 1.25, 1.5, 1.75]);
+    /// let down = Tensor::arange(3.0, 0.0, -1.0, DType::I64)?;
+    /// assert_eq!(down.to_vec::<i64>()?, [3, 2, 1]);
+    /// assert!(Tensor::arange(3.0, 0.0, 1.0, DType::I64).is_err()); // the step goes away from the end
+    /// # Ok::<(), tensormem::tensor::TensorError>(())
+    /// ```
     ///
     /// # Errors
-    /// [`TensorError::ZeroArgument`] for a zero step; [`TensorError::BadShape`] when the step
-    /// goes away from `end` or an argument is not finite.
+    /// [`TensorError::BadRange`] for a zero or non-finite argument, a step going away from
+    /// `end` (`start == end` is an empty range, either way), more than `isize::MAX` elements,
+    /// or, for an integer dtype, a start or step that does not fit in `i64`;
+    /// [`TensorError::UnsupportedDType`] for bool and quantised dtypes.
     pub fn arange(start: f64, end: f64, step: f64, opts: impl Into<TensorOptions>) -> Result<Tensor> {
+        let op = "arange";
         let opts = opts.into();
+        let bad = |reason| TensorError::BadRange { op, start, end, step, reason };
+        if !(start.is_finite() && end.is_finite() && step.is_finite()) {
+            return Err(bad("start, end and step must be finite"));
+        }
         if step == 0.0 {
-            return Err(TensorError::ZeroArgument { op: "arange", what: "step", shape: vec![] });
+            return Err(bad("the step must not be zero"));
+        }
+        if (step > 0.0 && end < start) || (step < 0.0 && end > start) {
+            return Err(bad("the step goes away from the end"));
         }
         let n = ((end - start) / step).ceil();
-        if !n.is_finite() || n < 0.0 || n > isize::MAX as f64 {
-            return Err(TensorError::BadShape {
-                op: "arange",
-                shape: vec![],
-                target: vec![],
-                reason: "start, end and step must be finite, with the step going from start toward end",
-            });
+        if n > isize::MAX as f64 {
+            return Err(bad("more elements than fit in memory"));
         }
         let dtype = opts.get_dtype().unwrap_or(DType::F32);
         let sizes = [n as usize];
-        match_dtype!(dtype, T => Tensor::filled("arange", &sizes, &opts, |i| T::from_f64(start + i as f64 * step)),
-            _ => Err(unsupported("arange", dtype, &sizes)))
+        if dtype.is_integer() {
+            // `i64::MIN as f64` is exact and `-(i64::MIN as f64)` is 2^63, just past `i64::MAX`.
+            let to_i64 = |v: f64| (v.trunc() >= i64::MIN as f64 && v.trunc() < -(i64::MIN as f64)).then(|| v as i64);
+            let (Some(first), Some(by)) = (to_i64(start), to_i64(step)) else {
+                return Err(bad("an integer dtype needs a start and step that fit in i64"));
+            };
+            return match_dtype!(dtype, T => Tensor::filled(op, &sizes, &opts, |i| {
+                T::from_i64(first.wrapping_add(by.wrapping_mul(i as i64)))
+            }), _ => Err(unsupported(op, dtype, &sizes)));
+        }
+        match_float!(dtype, T => Tensor::filled(op, &sizes, &opts, |i| T::from_f64(start + i as f64 * step)),
+            _ => Err(unsupported(op, dtype, &sizes)))
     }
 
     /// Uniform random values in `[0, 1)` (floating dtypes), from the options' seed or the

@@ -387,6 +387,21 @@ pub enum TensorError {
         /// The dtype.
         dtype: DType,
     },
+    /// A range that `arange` cannot make: a zero or non-finite argument, a step that goes away
+    /// from `end`, more elements than fit, or (for an integer dtype) a start or step outside `i64`.
+    #[error("{op}: cannot make the range from {start} to {end} by {step}: {reason}")]
+    BadRange {
+        /// The operation.
+        op: &'static str,
+        /// The first value.
+        start: f64,
+        /// The bound, excluded.
+        end: f64,
+        /// The step.
+        step: f64,
+        /// What is wrong with them.
+        reason: &'static str,
+    },
     /// No default allocator: the global registry is misconfigured.
     #[error("{op}: no allocator: {source}")]
     Registry {
