@@ -270,7 +270,9 @@ fn a_fill_value_the_dtype_cannot_hold_is_refused_as_pytorch_refuses_it() {
     assert_eq!(full(i64::MIN as f64, DType::I64).unwrap(), i64::MIN as f64);
     // i64::MAX as f64 is 2^63, one past the largest i64.
     assert!(full(i64::MAX as f64, DType::I64).is_err());
-    assert_eq!(full(70000.0, DType::F16).unwrap(), f64::INFINITY);
+    // PyTorch refuses this for two elements or more; for one it skips the check (inf).
+    assert!(full(70000.0, DType::F16).is_err());
+    assert_eq!(full(f64::INFINITY, DType::F16).unwrap(), f64::INFINITY);
     assert_eq!(full(0.5, DType::Bool).unwrap(), 1.0);
 
     let x = Tensor::zeros(&[2], DType::U8).unwrap();
@@ -385,6 +387,30 @@ fn arange_makes_the_values_and_refusals_of_torch_arange() {
     assert_eq!(bad(1e19, 1e19 + 4096.0, 1024.0, DType::I8), "an integer dtype needs a start and step that fit in i64");
     assert_eq!(bad(0.0, 10.0, 1e19, DType::I64), "an integer dtype needs a start and step that fit in i64");
     assert!(matches!(Tensor::arange(0.0, 5.0, 1.0, DType::Bool), Err(TensorError::UnsupportedDType { .. })));
+}
+
+#[test]
+fn fills_refuse_a_float_number_beyond_the_dtype_range() {
+    // torch.full([2], 1e39) and masked_fill(.., 70000.0) on f16: "value cannot be converted
+    // to type float without overflow".
+    for (v, d) in [(1e39, DType::F32), (70000.0, DType::F16), (65504.5, DType::F16), (3.4e38, DType::BF16)] {
+        let e = Tensor::full(&[2], v, d);
+        assert!(matches!(e, Err(TensorError::UnsupportedDType { op: "full", .. })), "{v} into {d}: {e:?}");
+        let x = Tensor::zeros(&[2], d).unwrap();
+        let mask = Tensor::from_vec(vec![true, false], &[2], DType::Bool).unwrap();
+        assert!(x.masked_fill(&mask, Scalar::Float(v)).is_err(), "masked_fill {v} into {d}");
+    }
+    let h = Tensor::zeros(&[2], DType::F16).unwrap();
+    let mask = Tensor::from_vec(vec![true, false], &[2], DType::Bool).unwrap();
+    assert!(h.masked_fill(&mask, Scalar::Int(70000)).is_err());
+    assert_eq!(h.masked_fill(&mask, Scalar::Int(-65504)).unwrap().to_vec::<f16>().unwrap()[0], f16::MIN);
+    // The largest finite values, infinities and NaN fill.
+    assert_eq!(Tensor::full(&[2], 65504.0, DType::F16).unwrap().to_vec::<f16>().unwrap()[0], f16::MAX);
+    assert_eq!(Tensor::full(&[2], f64::from(f32::MAX), DType::F32).unwrap().to_vec::<f32>().unwrap()[1], f32::MAX);
+    assert!(Tensor::full(&[2], f64::NEG_INFINITY, DType::F16).unwrap().to_vec::<f16>().unwrap()[0].is_infinite());
+    assert!(Tensor::full(&[2], f64::NAN, DType::BF16).unwrap().to_vec::<bf16>().unwrap()[0].is_nan());
+    assert_eq!(Tensor::full(&[2], 70000.0, DType::BF16).unwrap().to_vec::<bf16>().unwrap()[0].to_f64(), 70144.0);
+    assert_eq!(Tensor::full(&[2], 1e300, DType::F64).unwrap().to_vec::<f64>().unwrap()[0], 1e300);
 }
 
 #[test]

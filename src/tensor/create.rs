@@ -66,8 +66,9 @@ impl Tensor {
     ///
     /// # Errors
     /// As [`empty`](Tensor::empty); [`TensorError::UnsupportedDType`] for quantised dtypes and
-    /// for a value an integer dtype cannot hold, as `torch.full` refuses it: an infinity or NaN,
-    /// -1.0 into `u8`, 128.0 into `i8` (127.9 is 127).
+    /// for a value the dtype cannot hold, as `torch.full` refuses it: an infinity or NaN into
+    /// an integer dtype, -1.0 into `u8`, 128.0 into `i8` (127.9 is 127), 1e39 into `f32`,
+    /// 70000.0 into `f16`.
     pub fn full(sizes: &[usize], value: f64, opts: impl Into<TensorOptions>) -> Result<Tensor> {
         let opts = opts.into();
         let dtype = opts.get_dtype().unwrap_or(DType::F32);

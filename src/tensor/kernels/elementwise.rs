@@ -193,10 +193,17 @@ impl Scalar {
     }
 
     /// Whether this number can fill a tensor of `dtype` by PyTorch's rule for fills (`full`,
-    /// `masked_fill`): a floating-point or bool dtype takes any number (overflowing to an
-    /// infinity); an integer dtype takes a finite float `v` with `lowest <= v < max + 1`
-    /// (truncated toward zero), and an integer from `lowest` to `max`, or for `u8` from `-max`
-    /// (wrapping: -1 fills with 255). Quantised dtypes take none.
+    /// `masked_fill`):
+    /// - bool takes any number;
+    /// - a floating-point dtype takes an infinity, a NaN, and a finite number no larger in
+    ///   magnitude than the dtype's largest (`1e39` does not fill `f32`, `70000` does not fill
+    ///   `f16`; PyTorch skips this check when the tensor has one element, and overflows to an
+    ///   infinity);
+    /// - an integer dtype takes a finite float `v` with `lowest <= v < max + 1` (truncated toward
+    ///   zero), and an integer from `lowest` to `max`, or for `u8` from `-max` (wrapping: -1
+    ///   fills with 255).
+    ///
+    /// Quantised dtypes take none.
     pub(crate) fn fits(self, dtype: DType) -> bool {
         let (lo, hi): (i64, i64) = match dtype {
             DType::U8 => (0, u8::MAX.into()),
@@ -204,6 +211,19 @@ impl Scalar {
             DType::I16 => (i16::MIN.into(), i16::MAX.into()),
             DType::I32 => (i32::MIN.into(), i32::MAX.into()),
             DType::I64 => (i64::MIN, i64::MAX),
+            d if d.is_floating_point() => {
+                let max = match d {
+                    DType::F16 => f64::from(half::f16::MAX),
+                    DType::BF16 => f64::from(half::bf16::MAX),
+                    DType::F32 => f64::from(f32::MAX),
+                    _ => f64::MAX,
+                };
+                return match self {
+                    Scalar::Bool(_) => true,
+                    Scalar::Int(i) => (i as f64).abs() <= max,
+                    Scalar::Float(f) => !f.is_finite() || f.abs() <= max,
+                };
+            }
             d => return !d.is_quantized(),
         };
         match self {

@@ -11,7 +11,7 @@ use super::loops::{prepare_into, strides_to};
 
 /// The hint of the error for a fill value the tensor's dtype cannot hold.
 pub(crate) const FILL_HINT: &str =
-    "the fill value does not fit the dtype (an infinity or NaN, or a number out of range, into integers)";
+    "the fill value does not fit the dtype (a number beyond the dtype's range, or an infinity or NaN into integers)";
 
 fn bool_condition(op: &'static str, c: &Tensor) -> Result<()> {
     if c.dtype() != DType::Bool {
