@@ -414,6 +414,21 @@ fn fills_refuse_a_float_number_beyond_the_dtype_range() {
 }
 
 #[test]
+fn view_strides_match_pytorch_also_on_dimensions_of_size_one() {
+    // t[0:2:2] of a 4-element tensor: stride 2, as in PyTorch, though one element is taken.
+    let x = arange(4);
+    assert_eq!(x.slice(0, 0, 2, 2).unwrap().strides(), [2]);
+    assert_eq!(x.slice(0, 7, 9, 3).unwrap().strides(), [3]);
+    assert_eq!(x.slice(0, 0, 4, usize::MAX).unwrap().strides(), [1]); // stride * step overflows
+    // expand: a new leading dimension of size 1 has a contiguous stride, an expanded one 0.
+    let y = arange(3).view(&[3, 1]).unwrap();
+    assert_eq!(y.expand(&[1, 1, 3, 1]).unwrap().strides(), [3, 3, 1, 1]);
+    assert_eq!(y.expand(&[1, 2, 3, 4]).unwrap().strides(), [0, 0, 1, 0]);
+    assert_eq!(arange(5).broadcast_to(&[1, 5]).unwrap().strides(), [5, 1]);
+    assert_eq!(Tensor::scalar(5.0, DType::F32).unwrap().broadcast_to(&[1, 1]).unwrap().strides(), [0, 0]);
+}
+
+#[test]
 fn conversions_to_half_precision_round_through_f32_as_pytorch_does() {
     // bf16.mul_(f32): the f32 product 3.5703127 lies just above a bf16 tie and rounds up
     // (`half`'s own from_f64 rounds it down: half-rs issue 151).

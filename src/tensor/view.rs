@@ -106,10 +106,13 @@ impl Tensor {
         // at the end, which reads nothing.
         let offset =
             s.checked_mul(strides[d]).and_then(|o| o.checked_add(self.storage_offset())).ok_or_else(overflow)?;
-        // A step past the end only matters when more than one element is taken.
-        if sizes[d] > 1 {
-            strides[d] = strides[d].checked_mul(step).ok_or_else(overflow)?;
-        }
+        // The stride is `stride * step` as in PyTorch, also when one element or none is taken;
+        // then a product past `isize::MAX` reaches nothing and the stride stays as it was.
+        strides[d] = match strides[d].checked_mul(step).filter(|&s| isize::try_from(s).is_ok()) {
+            Some(s) => s,
+            None if sizes[d] <= 1 => strides[d],
+            None => return Err(overflow()),
+        };
         self.make_view(op, sizes, strides, offset)
     }
 
@@ -257,7 +260,7 @@ impl Tensor {
         }
         let strides = broadcast_strides(self.sizes(), self.strides(), &target)
             .ok_or_else(|| bad("only dimensions of size 1 can be expanded"))?;
-        self.make_view(op, target, strides, self.storage_offset())
+        self.make_view(op, target.clone(), lead_strides(&target, strides, lead), self.storage_offset())
     }
 
     /// Broadcasts to `sizes` ([`expand`](Self::expand) without `-1`).
@@ -268,7 +271,8 @@ impl Tensor {
     pub fn broadcast_to(&self, sizes: &[usize]) -> Result<Tensor> {
         let op = "broadcast_to";
         let strides = broadcast_strides_to(op, self.sizes(), self.strides(), sizes)?;
-        self.make_view(op, sizes.to_vec(), strides, self.storage_offset())
+        let lead = sizes.len() - self.dim();
+        self.make_view(op, sizes.to_vec(), lead_strides(sizes, strides, lead), self.storage_offset())
     }
 
     /// The same elements with a new shape, without copying (`-1` infers one size).
@@ -411,4 +415,18 @@ impl Tensor {
         }
         self.wrap_dim(op, dim)
     }
+}
+
+/// The strides of the `lead` new leading dimensions of an `expand` as PyTorch sets them: a new
+/// dimension of size 1 gets the stride a contiguous layout would give it over the dimensions
+/// after it (`[3]` to `[1, 3]` has strides `[3, 1]`), an expanded one 0. Only a size-1
+/// dimension's stride changes, which no element's address depends on.
+fn lead_strides(target: &[usize], mut strides: Vec<usize>, lead: usize) -> Vec<usize> {
+    for d in (0..lead).rev() {
+        if target[d] == 1 {
+            let next = target.get(d + 1).zip(strides.get(d + 1)).map_or(Some(0), |(s, t)| s.checked_mul(*t));
+            strides[d] = next.unwrap_or(0);
+        }
+    }
+    strides
 }
