@@ -57,6 +57,15 @@ fn desc(t: &Tensor) -> Result<Value, String> {
     Ok(json!({"dtype": t.dtype().name(), "sizes": t.sizes(), "values": vals(t)?}))
 }
 
+/// A view's description also gives its layout and whether it shares `base`'s storage.
+fn desc_view(t: &Tensor, base: &Tensor) -> Result<Value, String> {
+    let mut d = desc(t)?;
+    d["strides"] = json!(t.strides());
+    d["offset"] = json!(t.storage_offset());
+    d["shares"] = json!(t.shares_storage(base));
+    Ok(d)
+}
+
 fn scalar(v: &Value) -> Scalar {
     match v["kind"].as_str().unwrap() {
         "bool" => Scalar::Bool(v["v"].as_bool().unwrap()),
@@ -98,8 +107,9 @@ fn run(case: &Value) -> Result<Value, String> {
     let e = |e: tensormem::tensor::TensorError| format!("{e}");
     let one = |t: Tensor| -> Result<Value, String> { Ok(json!({"out": [desc(&t)?]})) };
     let many = |ts: Vec<Tensor>| -> Result<Value, String> {
-        Ok(json!({"out": ts.iter().map(desc).collect::<Result<Vec<_>, _>>()?}))
+        Ok(json!({"out": ts.iter().map(|t| desc_view(t, &bases[0])).collect::<Result<Vec<_>, _>>()?}))
     };
+    let view = |t: Tensor| -> Result<Value, String> { Ok(json!({"out": [desc_view(&t, &bases[0])?]})) };
     // The in-place and out= forms report every input's base after the op.
     let after =
         || -> Result<Value, String> { Ok(json!({"out": bases.iter().map(desc).collect::<Result<Vec<_>, _>>()?})) };
@@ -186,6 +196,9 @@ fn run(case: &Value) -> Result<Value, String> {
         r.map_err(e)?;
         return Ok(json!({"out": [desc(&bases[0])?]}));
     }
+    if let Some(r) = create(op, a) {
+        return r;
+    }
     let x = &ins[0];
     match op {
         "add_scaled" => one(x.add_scaled(&ins[1], a["alpha"].as_f64().unwrap()).map_err(e)?),
@@ -227,27 +240,43 @@ fn run(case: &Value) -> Result<Value, String> {
         }
         "chunk" => many(x.chunk(u(&a["n"]), i(&a["dim"])).map_err(e)?),
         "split" => many(x.split(u(&a["n"]), i(&a["dim"])).map_err(e)?),
-        "narrow" => one(x.narrow(i(&a["dim"]), i(&a["start"]), u(&a["len"])).map_err(e)?),
-        "slice" => one(x.slice(i(&a["dim"]), i(&a["start"]), i(&a["end"]), u(&a["step"])).map_err(e)?),
-        "select" => one(x.select(i(&a["dim"]), i(&a["index"])).map_err(e)?),
-        "transpose" => one(x.transpose(i(&a["d0"]), i(&a["d1"])).map_err(e)?),
-        "permute" => one(x.permute(&is(&a["dims"])).map_err(e)?),
-        "movedim" => one(x.movedim(i(&a["src"]), i(&a["dst"])).map_err(e)?),
-        "reshape" => one(x.reshape(&is(&a["sizes"])).map_err(e)?),
-        "view" => one(x.view(&is(&a["sizes"])).map_err(e)?),
-        "squeeze" => one(x.squeeze().map_err(e)?),
-        "squeeze_dim" => one(x.squeeze_dim(i(&a["dim"])).map_err(e)?),
-        "unsqueeze" => one(x.unsqueeze(i(&a["dim"])).map_err(e)?),
-        "expand" => one(x.expand(&is(&a["sizes"])).map_err(e)?),
-        "broadcast_to" => one(x.broadcast_to(&us(&a["sizes"])).map_err(e)?),
-        "flatten" => one(x.flatten().map_err(e)?),
-        "t" => one(x.t().map_err(e)?),
-        "contiguous" => one(x.contiguous().map_err(e)?),
+        "narrow" => view(x.narrow(i(&a["dim"]), i(&a["start"]), u(&a["len"])).map_err(e)?),
+        "slice" => view(x.slice(i(&a["dim"]), i(&a["start"]), i(&a["end"]), u(&a["step"])).map_err(e)?),
+        "select" => view(x.select(i(&a["dim"]), i(&a["index"])).map_err(e)?),
+        "transpose" => view(x.transpose(i(&a["d0"]), i(&a["d1"])).map_err(e)?),
+        "permute" => view(x.permute(&is(&a["dims"])).map_err(e)?),
+        "movedim" => view(x.movedim(i(&a["src"]), i(&a["dst"])).map_err(e)?),
+        "reshape" => view(x.reshape(&is(&a["sizes"])).map_err(e)?),
+        "view" => view(x.view(&is(&a["sizes"])).map_err(e)?),
+        "squeeze" => view(x.squeeze().map_err(e)?),
+        "squeeze_dim" => view(x.squeeze_dim(i(&a["dim"])).map_err(e)?),
+        "unsqueeze" => view(x.unsqueeze(i(&a["dim"])).map_err(e)?),
+        "expand" => view(x.expand(&is(&a["sizes"])).map_err(e)?),
+        "broadcast_to" => view(x.broadcast_to(&us(&a["sizes"])).map_err(e)?),
+        "flatten" => view(x.flatten().map_err(e)?),
+        "t" => view(x.t().map_err(e)?),
+        "contiguous" => view(x.contiguous().map_err(e)?),
         "to_dtype" => one(x.to_dtype(dtype(a["dtype"].as_str().unwrap())).map_err(e)?),
         "size" => Ok(json!({"size": x.size(i(&a["dim"])).map_err(e)?})),
         "display" => Ok(json!({"text": format!("{x}")})),
         _ => Err(format!("unknown op {op}")),
     }
+}
+
+/// The creation ops, which take no input tensor.
+fn create(op: &str, a: &Value) -> Option<Result<Value, String>> {
+    // "v" comes as a string, for the non-finite values.
+    let f = |k: &str| a[k].as_f64().unwrap_or_else(|| a[k].as_str().unwrap().parse().unwrap());
+    let dt = || dtype(a["dtype"].as_str().unwrap());
+    let t = match op {
+        "arange" => Tensor::arange(f("start"), f("end"), f("step"), dt()),
+        "full" => Tensor::full(&us(&a["sizes"]), f("v"), dt()),
+        "zeros" => Tensor::zeros(&us(&a["sizes"]), dt()),
+        "ones" => Tensor::ones(&us(&a["sizes"]), dt()),
+        "scalar" => Tensor::scalar(f("v"), dt()),
+        _ => return None,
+    };
+    Some(t.map_err(|e| format!("{e}")).and_then(|t| Ok(json!({"out": [desc(&t)?]}))))
 }
 
 fn main() {
