@@ -136,7 +136,7 @@ impl Tensor {
         let sizes = [n as usize];
         if dtype.is_integer() {
             // `i64::MIN as f64` is exact and `-(i64::MIN as f64)` is 2^63, just past `i64::MAX`.
-            let to_i64 = |v: f64| (v.trunc() >= i64::MIN as f64 && v.trunc() < -(i64::MIN as f64)).then(|| v as i64);
+            let to_i64 = |v: f64| (v.trunc() >= i64::MIN as f64 && v.trunc() < -(i64::MIN as f64)).then_some(v as i64);
             let (Some(first), Some(by)) = (to_i64(start), to_i64(step)) else {
                 return Err(bad("an integer dtype needs a start and step that fit in i64"));
             };
