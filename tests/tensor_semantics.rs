@@ -126,6 +126,28 @@ fn sizes_strides_and_offsets_are_checked_everywhere() {
 }
 
 #[test]
+fn views_of_empty_tensors_with_huge_dimensions_compute_their_offsets_checked() {
+    // Found by torchdiff's huge cases, run against a debug build: each of these overflowed.
+    let e = Tensor::zeros(&[1 << 62, 0, 1 << 62, 1 << 40], DType::F64).unwrap();
+    let e = e.as_strided(&[1 << 62, 0, 1 << 62, 1 << 40], &[2, 2, 0, 1], 0).unwrap();
+    // The second chunk starts 2^62 elements in: 2^65 bytes.
+    assert!(matches!(e.chunk(2, 0), Err(TensorError::SizeOverflow { op: "narrow", .. })));
+    assert!(matches!(e.narrow(0, 1 << 61, 1), Err(TensorError::SizeOverflow { .. })));
+    assert!(matches!(e.select(0, (1 << 62) - 1), Err(TensorError::SizeOverflow { .. })));
+    assert!(matches!(e.narrow(0, isize::MIN, 1), Err(TensorError::RangeOutOfBounds { .. })));
+    // Offsets that fit are kept, as PyTorch keeps them, though the view starts past its storage.
+    let small = Tensor::zeros(&[4, 0], DType::F32).unwrap();
+    let past = small.narrow(0, 3, 1).unwrap();
+    assert_eq!((past.sizes(), past.storage_offset()), (&[1, 0][..], 3));
+    assert_eq!(past.to_vec::<f32>().unwrap(), Vec::<f32>::new());
+    assert_eq!(past.add(&past).unwrap().numel(), 0);
+    // cat of empty tensors copies nothing, whatever their other sizes.
+    let q = Tensor::zeros(&[1 << 40, 1 << 32, 0, 1 << 31], DType::BF16).unwrap();
+    assert_eq!(Tensor::cat(&[&q, &q], 0).unwrap().sizes(), [1 << 41, 1 << 32, 0, 1 << 31]);
+    assert_eq!(Tensor::stack(&[&q, &q], 1).unwrap().sizes(), [1 << 40, 2, 1 << 32, 0, 1 << 31]);
+}
+
+#[test]
 fn work_on_empty_tensors_does_not_depend_on_their_other_dimensions() {
     let start = Instant::now();
     let wide = Tensor::zeros(&[1 << 31, 0], DType::F32).unwrap();

@@ -189,11 +189,12 @@ impl Tensor {
     /// The address of element 0 of the view. The storage must be materialised and the dtype
     /// plain (or the offset a whole number of quantised blocks).
     pub(crate) fn data_ptr(&self) -> *mut u8 {
-        let byte_offset = self.offset / self.dtype.block_len() * self.dtype.block_bytes();
-        // Every tensor's layout lies inside its storage (checked where layouts are made), so
-        // this is inside the allocation or one past it when the tensor is empty. Wrapping
-        // arithmetic: a device storage's address is not a host allocation.
-        self.storage.data_ptr().wrapping_add(byte_offset)
+        // Every non-empty tensor's layout lies inside its storage (checked where layouts are
+        // made), so this is inside the allocation. An empty view may start past it (a narrow
+        // of an empty tensor); its address is never read or written, and every view's byte
+        // offset fits `isize` (`make_view`, `as_strided`). Wrapping arithmetic: a device
+        // storage's address is not a host allocation.
+        self.storage.data_ptr().wrapping_add(byte_offset(self.offset, self.dtype).unwrap_or(0))
     }
 
     pub(crate) fn check_type<T: Element>(&self, op: &'static str) -> Result<()> {
@@ -342,4 +343,10 @@ impl core::fmt::Debug for Tensor {
             .field("storage", &self.storage)
             .finish()
     }
+}
+
+/// The byte offset of element `offset` of a storage of `dtype` (whole quantised blocks), when
+/// it fits `isize`.
+pub(crate) fn byte_offset(offset: usize, dtype: DType) -> Option<usize> {
+    (offset / dtype.block_len()).checked_mul(dtype.block_bytes()).filter(|&b| isize::try_from(b).is_ok())
 }

@@ -1,5 +1,6 @@
 //! Views: new sizes/strides/offset over the same storage, no copy.
 
+use super::core::byte_offset;
 use super::shape::{
     broadcast_strides, broadcast_strides_to, checked_numel, extent, infer_size, view_strides, wrap_dim, wrap_index,
     wrap_insert_dim,
@@ -11,7 +12,7 @@ impl Tensor {
     /// `usize`; quantised tensors keep whole blocks (at least one dimension, last stride 1,
     /// everything else a multiple of 32).
     fn make_view(&self, op: &'static str, sizes: Vec<usize>, strides: Vec<usize>, offset: usize) -> Result<Tensor> {
-        if checked_numel(&sizes).is_none() {
+        if checked_numel(&sizes).is_none() || byte_offset(offset, self.dtype()).is_none() {
             return Err(TensorError::SizeOverflow { op, shape: sizes, dtype: self.dtype() });
         }
         if self.dtype().is_quantized() && sizes.is_empty() {
@@ -51,7 +52,7 @@ impl Tensor {
         let d = self.wrap_dim(op, dim)?;
         let i = wrap_index(op, index, d, self.sizes())?;
         let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
-        let offset = self.storage_offset() + i * strides[d];
+        let offset = self.offset_at(op, i, strides[d])?;
         sizes.remove(d);
         strides.remove(d);
         self.make_view(op, sizes, strides, offset)
@@ -65,20 +66,20 @@ impl Tensor {
         let op = "narrow";
         let d = self.nonscalar_dim(op, dim)?;
         let size = self.sizes()[d];
-        let s = if start < 0 { start + size as isize } else { start };
-        if s < 0 || s as usize > size || length > size - s as usize {
+        let s = if start < 0 { size.checked_sub(start.unsigned_abs()) } else { Some(start.unsigned_abs()) };
+        let Some(s) = s.filter(|&s| s <= size && length <= size - s) else {
             return Err(TensorError::RangeOutOfBounds {
                 op,
                 dim: d,
                 start,
-                length: length as isize,
+                length: isize::try_from(length).unwrap_or(isize::MAX),
                 size,
                 shape: self.sizes().to_vec(),
             });
-        }
+        };
         let (mut sizes, strides) = (self.sizes().to_vec(), self.strides().to_vec());
         sizes[d] = length;
-        let offset = self.storage_offset() + s as usize * strides[d];
+        let offset = self.offset_at(op, s, strides[d])?;
         self.make_view(op, sizes, strides, offset)
     }
 
@@ -102,10 +103,7 @@ impl Tensor {
         let overflow = || TensorError::SizeOverflow { op, shape: self.sizes().to_vec(), dtype: self.dtype() };
         let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
         sizes[d] = (e - s).div_ceil(step);
-        // `s <= size`: inside the parent's elements, or one step past them for an empty view
-        // at the end, which reads nothing.
-        let offset =
-            s.checked_mul(strides[d]).and_then(|o| o.checked_add(self.storage_offset())).ok_or_else(overflow)?;
+        let offset = self.offset_at(op, s, strides[d])?;
         // The stride is `stride * step` as in PyTorch, also when one element or none is taken;
         // then a product past `isize::MAX` reaches nothing and the stride stays as it was.
         strides[d] = match strides[d].checked_mul(step).filter(|&s| isize::try_from(s).is_ok()) {
@@ -406,6 +404,16 @@ impl Tensor {
             });
         }
         self.make_view(op, sizes.to_vec(), strides.to_vec(), offset)
+    }
+
+    /// The offset of index `i` along a dimension of stride `stride`. It lies inside the
+    /// storage, or one step past the end, except where a view of an empty tensor starts along
+    /// a dimension of nonzero size (`zeros(&[4, 0]).narrow(0, 3, 1)`, as PyTorch allows): no
+    /// element is ever read there, and a sum past `usize` is an error.
+    fn offset_at(&self, op: &'static str, i: usize, stride: usize) -> Result<usize> {
+        i.checked_mul(stride)
+            .and_then(|o| o.checked_add(self.storage_offset()))
+            .ok_or_else(|| TensorError::SizeOverflow { op, shape: self.sizes().to_vec(), dtype: self.dtype() })
     }
 
     /// `dim` wrapped, for ops that need at least one dimension.

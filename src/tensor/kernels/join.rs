@@ -79,6 +79,9 @@ impl Tensor {
         // SAFETY: the copies below write every element: the narrows are consecutive along `d`
         // and their sizes sum to `total`. On an error, `out` is dropped unread.
         let out = unsafe { Tensor::output(op, &shape, dtype, first) }?;
+        if out.numel() == 0 {
+            return Ok(out); // nothing to copy, whatever the sizes
+        }
         let mut at = 0;
         for &(_, t) in &parts {
             let n = t.sizes()[d];
