@@ -35,7 +35,7 @@ ap.add_argument("--seed", type=int, default=0)
 ap.add_argument("--cases", type=int, default=2000)
 ap.add_argument("--ops", help="only ops whose name starts with one of these (comma-separated)")
 ap.add_argument("--kinds", help="only these generators (comma-separated, e.g. big,alias,display)")
-ap.add_argument("--dump", type=int, help="print case N as JSON (to replay it alone) and stop")
+ap.add_argument("--dump", type=int, help="print case N as JSON (to replay it alone; -1: every case) and stop")
 ap.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "examples", "torchdiff"))
 ARGS = ap.parse_args()
 R = random.Random(ARGS.seed)
@@ -63,6 +63,11 @@ KNOWN = [
     (r"^--- case \d+ arange .*\"(bf16|f16)\".*value \[[1-9][0-9]{7,}\]", "PyTorch's half-precision arange gets elements past index 2^24 wrong (the last of arange(0, 16777221) in bf16 reads 0 or 360448)"),
     (r"^--- case \d+ gelu_?(_out)? .*value \[\d+\] inf vs nan", "gelu(+inf): PyTorch's vectorised f32/f16/bf16 loop gives NaN, its scalar and f64 loops inf, as tensormem does"),
     (r"^--- case \d+ matmul .*\bbf16\[.*value \[\d+\] \S+ vs nan", "bf16 matmul of operands holding infinities: PyTorch's bf16 gemm returns NaN for elements whose exact result is an infinity, or finite (a finite row and column, seen once)"),
+    (r"torch refused \(RuntimeError: (numel: integer multiplication overflow|Stride calculation overflowed|as_strided: Negative strides|Trying to create tensor with negative dimension|Storage size calculation overflowed|invalid shape dimension -|split expects split_size be non-negative|.*SymIntArrayRef expected to contain only concrete integers)", "PyTorch refuses empty tensors whose nonzero sizes multiply, or whose strides grow, past int64 (or wraps into negative sizes and strides); tensormem holds empty tensors of any shape"),
+    (r"^--- case \d+ slice .*\"start\": -9223372036854775808", "a slice start of -2^63: Python's slicing clamps it to 0 (as tensormem does); PyTorch returns an empty view"),
+    (r"^--- case \d+ slice .*\"step\": (1099511627776|9223372036854775807)\}.*out 0: sizes", "a slice step near 2^63: PyTorch's size arithmetic overflows int64 (negative or wrong sizes); tensormem's is exact"),
+    (r"we refused \((select|narrow|chunk|slice): shape .* needs more bytes than fit in memory", "an empty view starting more than isize::MAX bytes into its storage is refused; PyTorch keeps the offset"),
+    (r"we refused \(split: cutting an empty tensor .* views of nothing", "splitting an empty tensor into more than 65536 views is refused (issue 11: chunk built 2^32 views); PyTorch builds them"),
     (r"pow_scalar_? .*\"v\": (0.5|2.0|-1.0|-2.0|3.0|-0.5)\b.*value \[\d+\] \S+ vs ", "pow with these exponents: PyTorch takes sqrt/x*x/1/x shortcuts, which differ from powf at -inf and -0"),
 ]
 
@@ -410,6 +415,82 @@ def gen():
         return {"op": "copy_", "inputs": [tensor_spec(s0, R.choice(dts), False), tensor_spec(bshape(s0), R.choice(dts))], "args": {}}
     if k == "to":
         return {"op": "to_dtype", "inputs": [tensor_spec(rshape(), R.choice(ALL))], "args": {"dtype": R.choice(ALL)}}
+    if k == "huge":
+        # empty tensors with huge dimensions, and extreme arguments: no overflow, no hang
+        big = [2**31, 2**32, 2**40, 2**62, 2**63 - 1]
+        nd = R.randint(1, 4)
+        sizes = [R.choice(big + [0, 1, 2, 3]) for _ in range(nd)]
+        if math.prod(sizes) != 0 or R.random() < 0.2:
+            sizes[R.randrange(nd)] = 0
+        x = {"dtype": R.choice(ALL), "base": [1.0, 2.0], "sizes": sizes, "strides": [R.choice([0, 1, 2]) for _ in sizes], "offset": R.choice([0, 1])}
+        ext = lambda: R.choice(big + [-(2**63), -(2**62), 2**63 - 1, -1, 0, 1, 5])
+        rd = lambda: R.randint(-nd, nd - 1)
+        op = R.choice(["slice", "narrow", "chunk", "split", "select", "expand", "broadcast_to", "reshape", "view", "flatten", "unsqueeze",
+                       "squeeze", "permute", "t", "contiguous", "sum", "sum_dim", "max_dim", "argmax_dim", "softmax", "add", "neg", "to_dtype",
+                       "display", "matmul", "cat", "stack", "index_select", "where", "masked_fill", "layer_norm", "size", "copy_", "mean"])
+        args = {}
+        ins = [x]
+        if op == "slice":
+            args = {"dim": rd(), "start": ext(), "end": ext(), "step": R.choice([1, 2, 2**40, 2**63 - 1])}
+        elif op == "narrow":
+            args = {"dim": rd(), "start": R.choice([0, 1, 2**40, -(2**40), 2**63 - 1]), "len": R.choice([0, 1, 2**40, 2**63 - 1])}
+        elif op in ("chunk", "split"):
+            # few pieces: PyTorch would build billions of views (tensormem refuses more than it can)
+            args = {"n": R.choice([1, 2, 3] if op == "chunk" else [2**40, 2**63 - 1]), "dim": rd()}
+        elif op == "select":
+            args = {"dim": rd(), "index": ext()}
+        elif op in ("expand", "broadcast_to"):
+            tgt = [R.choice([s, s, R.choice(big)]) if s == 1 else s for s in sizes]
+            if R.random() < 0.5:
+                tgt = [R.choice(big + [0, 3])] + tgt
+            args = {"sizes": tgt}
+        elif op in ("reshape", "view"):
+            args = {"sizes": R.choice([[-1], [0, -1], [-1, 0], [0, R.choice(big)], [R.choice(big), 0, R.choice(big)], [2**62, 4, 0]])}
+        elif op == "unsqueeze":
+            args = {"dim": R.randint(-nd - 1, nd)}
+        elif op == "permute":
+            p = list(range(nd))
+            R.shuffle(p)
+            args = {"dims": p}
+        elif op in ("sum_dim", "max_dim", "argmax_dim"):
+            # reduce a dimension other than the empty one when one is left: the output stays empty
+            zeros = [j for j, z in enumerate(sizes) if z == 0]
+            others = [j for j in range(nd) if j != zeros[0]] if len(zeros) == 1 else list(range(nd))
+            args = {"dim": R.choice(others or [0]), "keepdim": R.random() < 0.5}
+        elif op == "softmax":
+            x["dtype"] = R.choice(FLOATS)
+            args = {"dim": rd()}
+        elif op in ("add", "where", "copy_"):
+            y = dict(x, sizes=bshape(sizes), strides=None)
+            y["strides"] = [R.choice([0, 1]) for _ in y["sizes"]]
+            ins = [x, y] if op != "where" else [x, dict(y, dtype="bool"), x]
+        elif op == "masked_fill":
+            ins = [x, dict(x, dtype="bool")]
+            args = {"s": scal()}
+        elif op == "to_dtype":
+            args = {"dtype": R.choice(ALL)}
+        elif op == "matmul":
+            if nd >= 2:
+                sizes[0] = 0  # an empty product: no huge output of zeros
+            y = dict(x, sizes=[sizes[-1], R.choice([0, 2])], strides=[1, 1])
+            x["dtype"] = y["dtype"] = R.choice(FLOATS)
+            ins = [x, y]
+        elif op in ("cat", "stack"):
+            ins = [x, dict(x)]
+            args = {"dim": rd()}
+        elif op == "index_select":
+            ins = [x, {"dtype": "i64", "base": [0.0], "sizes": [R.choice([0, 1])], "strides": [1], "offset": 0}]
+            args = {"dim": rd()}
+        elif op == "layer_norm":
+            # the empty dimension among the rows: PyTorch allocates statistics for every row
+            x["dtype"] = R.choice(FLOATS)
+            sizes[-1] = R.choice([1, 2, 3])
+            sizes[0] = 0
+            x["strides"] = [1] * nd
+            args = {"shape": sizes[-1:], "eps": 1e-5}
+        elif op == "size":
+            args = {"dim": rd()}
+        return {"op": op, "inputs": ins, "args": args}
     if k == "create":
         op = R.choice(["arange", "arange", "arange", "full", "full", "zeros", "ones", "scalar"])
         d = R.choice(ALL)
@@ -419,6 +500,7 @@ def gen():
             a, b = num(), num()
             if R.random() < 0.1:
                 a, b = R.choice([(0, 2**24 + 5), (2**24, 2**24 + 9), (250, 260), (-130, -120), (0.0, 1.0), (1, 1e-9)])
+                st = math.copysign(max(abs(st), 1), st) if abs(b - a) > 1000 else st  # at most ~2^24 elements
             return {"op": op, "inputs": [], "args": {"start": float(a), "end": float(b), "step": float(st), "dtype": d}}
         v = R.choice([0.0, 1.0, -1.0, 2.5, -2.5, 255.0, 256.0, -129.0, 1e10, 70000.0, float("inf"), float("nan"), 3.4e38, 1e300, 0.1])
         sizes = rshape()
@@ -798,7 +880,7 @@ def main():
         cases.append(c)
     enc = lambda c: json.dumps({**c, "inputs": [{**i, "base": [repr(float(v)) for v in i["base"]]} for i in c["inputs"]]})
     if ARGS.dump is not None:
-        print(enc(cases[ARGS.dump]))
+        print("\n".join(enc(c) for c in (cases if ARGS.dump < 0 else [cases[ARGS.dump]])))
         return
     p = subprocess.run([BIN], input="\n".join(enc(c) for c in cases) + "\n", capture_output=True, text=True, timeout=600)
     outs = [json.loads(l) for l in p.stdout.splitlines()]
