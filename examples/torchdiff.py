@@ -7,10 +7,11 @@ shape, or one refusing what the other accepts. Differences that are intended are
 counted apart (KNOWN below, each with its reason).
 
     cargo build --release --all-features --example torchdiff
-    python3 -m venv /tmp/tv && /tmp/tv/bin/pip install torch
+    python3 -m venv /tmp/tv && /tmp/tv/bin/pip install torch safetensors
     /tmp/tv/bin/python examples/torchdiff.py --seed 1 --cases 5000 [--ops add,slice] [--kinds big,alias]
 """
-import argparse, json, math, os, random, re, subprocess, sys, warnings
+import argparse, atexit, itertools, json, math, os, random, re, shutil, subprocess, sys, tempfile, warnings
+import safetensors.torch
 import torch
 
 warnings.filterwarnings("ignore")  # PyTorch's deprecation notes on resized out= tensors
@@ -177,7 +178,7 @@ TUN = {"neg": torch.neg, "abs": torch.abs, "relu": torch.relu, "exp": torch.exp,
 
 def gen():
     kinds = ["big"] * 2 + ["alias"] * 3 + ["bin", "bin_", "bin_out", "bin_s", "bin_s_", "cmp", "cmp_out", "cmp_s", "un", "un_", "un_out", "red", "red_dim",
-             "softmax", "norm", "matmul", "cat", "stack", "index", "where", "mask", "views", "views", "display", "copy", "to", "scaled", "create"]
+             "softmax", "norm", "matmul", "cat", "stack", "index", "where", "mask", "views", "views", "display", "copy", "to", "scaled", "create", "safetensors"]
     k = R.choice(KINDS or kinds)
     dts = FLOATS if R.random() < 0.5 else ALL
     if k == "big":
@@ -491,6 +492,16 @@ def gen():
         elif op == "size":
             args = {"dim": rd()}
         return {"op": op, "inputs": ins, "args": args}
+    if k == "safetensors":
+        # Files written by one side and read by the other: tensormem's save_safetensors read by
+        # the safetensors package, the package's files read through SafeTensors::open.
+        op = R.choice(["st_save", "st_load", "st_load_copy"])
+        names = R.sample(ST_NAMES, R.randint(1, 4))
+        ins = [tensor_spec(rshape(), R.choice(ALL)) for _ in names]
+        path = os.path.join(TMP, f"{next(ST_COUNT)}.safetensors")
+        if op != "st_save":
+            safetensors.torch.save_file({n: torch_in(sp)[1].contiguous().clone() for n, sp in zip(names, ins)}, path, metadata={"format": "pt"})
+        return {"op": op, "inputs": ins, "args": {"path": path, "names": names}}
     if k == "create":
         op = R.choice(["arange", "arange", "arange", "full", "full", "zeros", "ones", "scalar"])
         d = R.choice(ALL)
@@ -626,6 +637,15 @@ def t_run(case):
         return {"out": [torch.full(a["sizes"], float(a["v"]), dtype=TD[a["dtype"]])]}
     if op in ("zeros", "ones"):
         return {"out": [getattr(torch, op)(a["sizes"], dtype=TD[a["dtype"]])]}
+    if op == "st_save":
+        # The package must accept what tensormem wrote, and read back the views' elements.
+        safetensors.torch.save_file({n: t.contiguous().clone() for n, t in zip(a["names"], ins)}, a["path"] + ".ref")
+        back = safetensors.torch.load_file(a["path"])
+        if sorted(back) != sorted(a["names"]):
+            raise AssertionError(f"names {sorted(back)} in the file, {sorted(a['names'])} saved")
+        return {"out": [back[n] for n in a["names"]]}
+    if op.startswith("st_load"):
+        return {"out": [t.contiguous() for t in ins]}
     after = lambda: {"out": bases}
     one = lambda t: {"out": [t]}
     for b in BINOPS:
@@ -799,13 +819,17 @@ def t_run(case):
 
 
 LAST_BASE = None
+TMP = tempfile.mkdtemp(prefix="torchdiff-")
+atexit.register(shutil.rmtree, TMP, True)
+ST_COUNT = itertools.count()
+ST_NAMES = ["w", "model.layers.0.self_attn.q_proj.weight", "lm_head.weight", "", "ü-ñame", "with space", 'quote"d', "a" * 300, "0", "embed_tokens"]
 TOL = {"f16": 2e-3, "bf16": 1.6e-2, "f32": 2e-5, "f64": 1e-9}
 
 
 # Ops both libraries compute with one rounding per element: compared bit for bit.
 # (Not alpha: PyTorch rounds `alpha * y` of halves on its scalar path, for strided or
 # mixed-dtype operands, and not on its vector path.)
-EXACT = re.compile(r"^(alias_)?(add|sub|mul|div)(_scalar)?(_|_out)?$")
+EXACT = re.compile(r"^((alias_)?(add|sub|mul|div)(_scalar)?(_|_out)?|st_save|st_load(_copy)?)$")
 
 
 def close(a, b, dt, op):

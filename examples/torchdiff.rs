@@ -15,7 +15,7 @@
 //! ```
 use serde_json::{Value, json};
 use std::io::{BufRead, Write};
-use tensormem::tensor::{DType, Scalar, Tensor};
+use tensormem::tensor::{DType, SafeTensors, Scalar, Tensor, save_safetensors};
 
 fn dtype(s: &str) -> DType {
     match s {
@@ -199,6 +199,9 @@ fn run(case: &Value) -> Result<Value, String> {
     if let Some(r) = create(op, a) {
         return r;
     }
+    if let Some(r) = files(op, a, &ins) {
+        return r;
+    }
     let x = &ins[0];
     match op {
         "add_scaled" => one(x.add_scaled(&ins[1], a["alpha"].as_f64().unwrap()).map_err(e)?),
@@ -277,6 +280,38 @@ fn create(op: &str, a: &Value) -> Option<Result<Value, String>> {
         _ => return None,
     };
     Some(t.map_err(|e| format!("{e}")).and_then(|t| Ok(json!({"out": [desc(&t)?]}))))
+}
+
+/// The safetensors ops: `st_save` writes the inputs under `names` (the reference reads the file
+/// back); `st_load` reads the reference's file through a mapping, `st_load_copy` into memory.
+fn files(op: &str, a: &Value, ins: &[Tensor]) -> Option<Result<Value, String>> {
+    let e = |e: tensormem::tensor::TensorError| format!("{e}");
+    let names: Vec<&str> = a["names"].as_array()?.iter().map(|n| n.as_str().unwrap()).collect();
+    let path = a["path"].as_str()?;
+    let r = match op {
+        "st_save" => {
+            let list: Vec<(&str, &Tensor)> = names.iter().copied().zip(ins).collect();
+            save_safetensors(path, &list, None).map_err(e).and_then(|()| ins.iter().map(desc).collect())
+        }
+        "st_load" => (|| {
+            // SAFETY: nothing else writes the file while it is open.
+            let file = unsafe { SafeTensors::open(path) }.map_err(e)?;
+            names
+                .iter()
+                .map(|n| {
+                    let t = file.tensor(n).map_err(e)?;
+                    // The checked form agrees with what the plain one found.
+                    file.tensor_checked(n, t.dtype(), t.sizes()).map_err(e)?;
+                    desc(&t)
+                })
+                .collect()
+        })(),
+        "st_load_copy" => {
+            names.iter().map(|n| desc(&Tensor::load_safetensors(path, n, DType::F32).map_err(e)?)).collect()
+        }
+        _ => return None,
+    };
+    Some(r.map(|outs: Vec<Value>| json!({ "out": outs })))
 }
 
 fn main() {
