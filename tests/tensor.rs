@@ -181,6 +181,38 @@ fn quantisation_round_trips_within_half_a_step() {
 }
 
 #[test]
+fn quantisation_matches_the_ggml_reference_bytes_and_keeps_them_in_range_for_tiny_blocks() {
+    // Q8_0 of one block: d = amax / 127 as f16, q = round(x / d) away from zero (ggml's
+    // quantize_row_q8_0_ref; checked bit for bit against gguf-py on random blocks).
+    let x: Vec<f32> = (0..32).map(|i| (i as f32 - 15.5) * 0.25).collect();
+    let q = quantize(DType::Q8_0, &x).unwrap();
+    let d = 3.875f32 / 127.0;
+    assert_eq!(q[..2], half::f16::from_f32(d).to_le_bytes());
+    for (i, &b) in q[2..].iter().enumerate() {
+        assert_eq!(b as i8, (x[i] * (1.0 / d)).round() as i8, "element {i}");
+    }
+    assert_eq!((q[2] as i8, q[33] as i8), (-127, 127));
+    // Q4_0: d = -max / 8, max the first value of largest magnitude (-3.875 here); value j in
+    // byte j's low nibble, j + 16 in its high nibble, offset by 8 and clamped to 15.
+    let q4 = quantize(DType::Q4_0, &x).unwrap();
+    assert_eq!(q4[..2], half::f16::from_f32(3.875 / 8.0).to_le_bytes());
+    assert_eq!((q4[2] & 0x0f, q4[2] >> 4, q4[17] >> 4), (0, 8, 15));
+    // A block of subnormal values: 1 / d overflows to infinity. Every byte stays a valid
+    // quantised value of zero (the f16 scale is 0), not a saturated -128 / 127.
+    for v in [1e-42f32, -3e-41, 7e-45] {
+        let tiny: Vec<f32> = (0..32).map(|i| if i % 3 == 0 { v } else { -v / 2.0 }).collect();
+        let q = quantize(DType::Q8_0, &tiny).unwrap();
+        assert_eq!(q, vec![0u8; 34], "q8_0 of {v:e}");
+        let q = quantize(DType::Q4_0, &tiny).unwrap();
+        assert_eq!(half::f16::from_le_bytes([q[0], q[1]]).to_f32(), 0.0); // +0 or -0
+        assert!(q[2..].iter().all(|&b| b == 0x88), "q4_0 of {v:e}: {q:?}");
+        for dt in [DType::Q8_0, DType::Q4_0] {
+            assert!(dequantize(dt, &quantize(dt, &tiny).unwrap()).unwrap().iter().all(|&y| y == 0.0));
+        }
+    }
+}
+
+#[test]
 fn views_select_the_right_elements_without_copying() {
     let t = arange(24, DType::F32).view(&[2, 3, 4]).unwrap();
     let check = |v: &Tensor, want: &[f32]| {

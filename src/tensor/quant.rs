@@ -71,7 +71,7 @@ pub(crate) fn quantize_into(dtype: DType, values: &[f32], out: &mut [u8]) {
             DType::Q8_0 => {
                 let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let d = amax / 127.0;
-                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let id = inverse(d);
                 block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
                 for (q, v) in block[2..].iter_mut().zip(x) {
                     *q = (v * id).round() as i8 as u8;
@@ -86,7 +86,7 @@ pub(crate) fn quantize_into(dtype: DType, values: &[f32], out: &mut [u8]) {
                     }
                 }
                 let d = max / -8.0;
-                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                let id = inverse(d);
                 block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
                 let half = QUANT_BLOCK / 2;
                 for j in 0..half {
@@ -97,6 +97,14 @@ pub(crate) fn quantize_into(dtype: DType, values: &[f32], out: &mut [u8]) {
             }
         }
     }
+}
+
+/// `1 / d`, as ggml computes it, or 0 when `d` is 0 or so small (subnormal) that its inverse
+/// overflows. There ggml's float-to-int conversion of an infinity is undefined; with 0 every
+/// value is stored as a quantised zero, which its f16 scale (0 at that size) gives back anyway.
+fn inverse(d: f32) -> f32 {
+    let id = 1.0 / d;
+    if id.is_finite() { id } else { 0.0 }
 }
 
 /// Dequantises whole blocks; `out` holds exactly the values of `bytes`.
