@@ -47,7 +47,7 @@ BIN = ARGS.bin
 
 # Differences on purpose: (pattern on the case line + difference, reason).
 KNOWN = [
-    (r"torch refused \(.*(same dtype|expected scalar type|addmv input tensors|dot : expected|mixed dtype)", "tensormem promotes mixed dtypes in matmul and the norms' parameters; PyTorch refuses them"),
+    (r"torch refused \(.*(same dtype|expected scalar type|addmv input tensors|dot : expected|mixed dtype|.bmm. not implemented for 'Bool')", "tensormem promotes mixed dtypes in matmul and the norms' parameters; PyTorch refuses them (a bool operand beside another dtype: a batched product refuses the bool first; tensormem refuses bool @ bool)"),
     (r"torch refused \(.*Found dtype .* but expected", "PyTorch's abs/neg out= need the exact dtype; tensormem casts as other out= forms do"),
     (r"torch refused \(.*alpha must not be a floating point", "add_scaled takes alpha as f64; an integral alpha is taken on integer tensors"),
     (r"torch refused \(.*(Subtraction, the `-` operator, with a bool|Boolean inputs not supported|abs_cpu\" not implemented for 'Bool'|GeluKernelImpl|negative integer powers)", "tensormem computes these (bool-int subtraction, relu/abs of bool, gelu of integers in f32, negative integer powers) where PyTorch refuses"),
