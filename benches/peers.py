@@ -1,0 +1,109 @@
+"""tensormem against PyTorch and numpy on issue 11's workloads, measured in turn.
+
+Each round times every workload in every library (median of CALLS calls, after 3 warm-up
+calls), the libraries in rotating order, so that all of them see the same minutes of a noisy
+machine; the table gives the median over the rounds, in ms, and tensormem / the best peer.
+numpy runs its element-wise kernels on one thread, so it is timed at 1 thread only (its BLAS
+held to one thread too).
+
+    cargo build --release --example peers
+    python3 -m venv /tmp/tv && /tmp/tv/bin/pip install torch numpy
+    /tmp/tv/bin/python benches/peers.py [--rounds 5] [--calls 30]
+"""
+import argparse, os, statistics, subprocess, time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+import numpy as np
+import torch
+
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--rounds", type=int, default=5)
+ap.add_argument("--calls", type=int, default=30)
+ap.add_argument("--threads", default="1,2")
+ap.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "examples", "peers"))
+ARGS = ap.parse_args()
+
+WORKLOADS = [
+    ("add", "a + b, 4M, fresh output"),
+    ("add_", "a += b (in place)"),
+    ("add_out", "a + b into an existing tensor (out=)"),
+    ("bcast", "2048x2048 + row vector"),
+    ("tadd", "a.T + b, 2048x2048"),
+    ("sum", "sum 4M"),
+    ("matmul", "matmul 512^3"),
+]
+
+N = 1 << 22
+g = torch.Generator().manual_seed(0)
+T = {k: torch.rand(s, generator=g) for k, s in
+     {"a": [N], "b": [N], "out": [N], "m": [2048, 2048], "m2": [2048, 2048], "row": [2048], "x": [512, 512], "y": [512, 512]}.items()}
+NP = {k: v.numpy().copy() for k, v in T.items()}
+
+TORCH = {
+    "add": lambda t: t["a"] + t["b"],
+    "add_": lambda t: t["out"].add_(t["b"]),
+    "add_out": lambda t: torch.add(t["a"], t["b"], out=t["out"]),
+    "bcast": lambda t: t["m"] + t["row"],
+    "tadd": lambda t: t["m"].T + t["m2"],
+    "sum": lambda t: t["a"].sum(),
+    "matmul": lambda t: t["x"] @ t["y"],
+}
+NUMPY = {
+    "add": lambda t: t["a"] + t["b"],
+    "add_": lambda t: np.add(t["out"], t["b"], out=t["out"]),
+    "add_out": lambda t: np.add(t["a"], t["b"], out=t["out"]),
+    "bcast": lambda t: t["m"] + t["row"],
+    "tadd": lambda t: t["m"].T + t["m2"],
+    "sum": lambda t: t["a"].sum(),
+    "matmul": lambda t: t["x"] @ t["y"],
+}
+
+
+def median_ms(f, data):
+    for _ in range(3):
+        f(data)
+    times = []
+    for _ in range(ARGS.calls):
+        start = time.perf_counter()
+        f(data)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def main():
+    ours = subprocess.Popen([ARGS.bin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def tensormem(w, threads):
+        ours.stdin.write(f"{w} {threads} {ARGS.calls}\n")
+        ours.stdin.flush()
+        return float(ours.stdout.readline())
+
+    threads = [int(t) for t in ARGS.threads.split(",")]
+    res = {}  # (workload, threads, library) -> [ms per round]
+    for r in range(ARGS.rounds):
+        for t in threads:
+            torch.set_num_threads(t)
+            libs = [("tensormem", lambda w: tensormem(w, t)), ("torch", lambda w: median_ms(TORCH[w], T))]
+            if t == 1:
+                libs.append(("numpy", lambda w: median_ms(NUMPY[w], NP)))
+            libs = libs[r % len(libs):] + libs[:r % len(libs)]
+            for w, _ in WORKLOADS:
+                for name, f in libs:
+                    res.setdefault((w, t, name), []).append(f(w))
+    ours.stdin.close()
+    ours.wait()
+    print(f"median over {ARGS.rounds} rounds of the median of {ARGS.calls} calls, ms; torch {torch.__version__}, numpy {np.__version__}")
+    print()
+    print("| workload | threads | tensormem | torch | numpy | tensormem / best peer |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for w, label in WORKLOADS:
+        for t in threads:
+            m = {lib: statistics.median(v) for (ww, tt, lib), v in res.items() if ww == w and tt == t}
+            peers = {k: v for k, v in m.items() if k != "tensormem"}
+            best = min(peers, key=peers.get)
+            fmt = lambda k: f"{m[k]:.3f}" if k in m else "-"
+            print(f"| {label} | {t} | {fmt('tensormem')} | {fmt('torch')} | {fmt('numpy')} | {m['tensormem'] / peers[best]:.2f} ({best}) |")
+
+
+main()

@@ -1,0 +1,83 @@
+//! The tensormem side of `benches/peers.py`, which times the issue-11 workloads here and in
+//! PyTorch and numpy in turn, so that every library is measured in the same minutes of the
+//! machine.
+//!
+//! Reads commands on stdin, one per line: `WORKLOAD THREADS CALLS`; answers each with the
+//! median time of one call in milliseconds, after 3 warm-up calls. Tensors are made on the path
+//! a user gets by default (no allocator chosen), f32, random values:
+//! `add` (a + b, 4M, fresh output), `add_` (a += b), `add_out` (a + b into an existing tensor),
+//! `bcast` (2048x2048 + a 2048 row), `tadd` (a.t() + b, 2048x2048), `sum` (4M),
+//! `matmul` (512x512 by 512x512).
+//!
+//! ```text
+//! cargo build --release --example peers
+//! python3 benches/peers.py          # with torch and numpy installed
+//! ```
+use std::hint::black_box;
+use std::io::{BufRead, Write};
+use std::time::Instant;
+
+use tensormem::tensor::{DType, Result, Tensor, set_num_threads};
+
+/// The operands, made once.
+struct Data {
+    a: Tensor,
+    b: Tensor,
+    out: Tensor,
+    m: Tensor,
+    m2: Tensor,
+    row: Tensor,
+    x: Tensor,
+    y: Tensor,
+}
+
+fn run(d: &Data, workload: &str) -> Result<()> {
+    match workload {
+        "add" => drop(black_box(d.a.add(&d.b)?)),
+        "add_" => drop(black_box(d.out.add_(&d.b)?)),
+        "add_out" => drop(black_box(d.a.add_out(&d.b, &d.out)?)),
+        "bcast" => drop(black_box(d.m.add(&d.row)?)),
+        "tadd" => drop(black_box(d.m.t()?.add(&d.m2)?)),
+        "sum" => drop(black_box(d.a.sum()?)),
+        "matmul" => drop(black_box(d.x.matmul(&d.y)?)),
+        _ => panic!("unknown workload {workload:?}"),
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let n = 1 << 22;
+    let rand = |sizes: &[usize]| Tensor::rand(sizes, DType::F32);
+    let d = Data {
+        a: rand(&[n])?,
+        b: rand(&[n])?,
+        out: rand(&[n])?,
+        m: rand(&[2048, 2048])?,
+        m2: rand(&[2048, 2048])?,
+        row: rand(&[2048])?,
+        x: rand(&[512, 512])?,
+        y: rand(&[512, 512])?,
+    };
+    let mut stdout = std::io::stdout().lock();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.expect("stdin");
+        let mut words = line.split_whitespace();
+        let (Some(w), Some(t), Some(calls)) = (words.next(), words.next(), words.next()) else {
+            panic!("expected `WORKLOAD THREADS CALLS`, got {line:?}");
+        };
+        set_num_threads(t.parse().expect("THREADS"));
+        for _ in 0..3 {
+            run(&d, w)?;
+        }
+        let mut times: Vec<f64> = (0..calls.parse::<usize>().expect("CALLS"))
+            .map(|_| {
+                let start = Instant::now();
+                run(&d, w).map(|()| start.elapsed().as_secs_f64() * 1e3)
+            })
+            .collect::<Result<_>>()?;
+        times.sort_by(f64::total_cmp);
+        writeln!(stdout, "{}", times[times.len() / 2]).expect("stdout");
+        stdout.flush().expect("stdout");
+    }
+    Ok(())
+}
