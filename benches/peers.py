@@ -32,6 +32,8 @@ WORKLOADS = [
     ("tadd", "a.T + b, 2048x2048"),
     ("sum", "sum 4M"),
     ("matmul", "matmul 512^3"),
+    ("matmul_f16", "matmul 512^3, f16"),
+    ("matmul_bf16", "matmul 512^3, bf16"),
 ]
 
 N = 1 << 22
@@ -39,6 +41,10 @@ g = torch.Generator().manual_seed(0)
 T = {k: torch.rand(s, generator=g) for k, s in
      {"a": [N], "b": [N], "out": [N], "m": [2048, 2048], "m2": [2048, 2048], "row": [2048], "x": [512, 512], "y": [512, 512]}.items()}
 NP = {k: v.numpy().copy() for k, v in T.items()}
+for k in ("x", "y"):
+    T[k + "16"] = T[k].to(torch.float16)
+    T[k + "b"] = T[k].to(torch.bfloat16)
+    NP[k + "16"] = NP[k].astype(np.float16)
 
 TORCH = {
     "add": lambda t: t["a"] + t["b"],
@@ -48,6 +54,8 @@ TORCH = {
     "tadd": lambda t: t["m"].T + t["m2"],
     "sum": lambda t: t["a"].sum(),
     "matmul": lambda t: t["x"] @ t["y"],
+    "matmul_f16": lambda t: t["x16"] @ t["y16"],
+    "matmul_bf16": lambda t: t["xb"] @ t["yb"],
 }
 NUMPY = {
     "add": lambda t: t["a"] + t["b"],
@@ -57,6 +65,7 @@ NUMPY = {
     "tadd": lambda t: t["m"].T + t["m2"],
     "sum": lambda t: t["a"].sum(),
     "matmul": lambda t: t["x"] @ t["y"],
+    "matmul_f16": lambda t: t["x16"] @ t["y16"],
 }
 
 
@@ -90,7 +99,8 @@ def main():
             libs = libs[r % len(libs):] + libs[:r % len(libs)]
             for w, _ in WORKLOADS:
                 for name, f in libs:
-                    res.setdefault((w, t, name), []).append(f(w))
+                    if name != "numpy" or w in NUMPY:  # numpy has no bf16
+                        res.setdefault((w, t, name), []).append(f(w))
     ours.stdin.close()
     ours.wait()
     print(f"median over {ARGS.rounds} rounds of the median of {ARGS.calls} calls, ms; torch {torch.__version__}, numpy {np.__version__}")

@@ -7,7 +7,7 @@
 //! a user gets by default (no allocator chosen), f32, random values:
 //! `add` (a + b, 4M, fresh output), `add_` (a += b), `add_out` (a + b into an existing tensor),
 //! `bcast` (2048x2048 + a 2048 row), `tadd` (a.t() + b, 2048x2048), `sum` (4M),
-//! `matmul` (512x512 by 512x512).
+//! `matmul` (512x512 by 512x512), `matmul_f16` and `matmul_bf16` (the same in half precision).
 //!
 //! ```text
 //! cargo build --release --example peers
@@ -29,6 +29,10 @@ struct Data {
     row: Tensor,
     x: Tensor,
     y: Tensor,
+    x16: Tensor,
+    y16: Tensor,
+    xb: Tensor,
+    yb: Tensor,
 }
 
 fn run(d: &Data, workload: &str) -> Result<()> {
@@ -40,6 +44,8 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "tadd" => drop(black_box(d.m.t()?.add(&d.m2)?)),
         "sum" => drop(black_box(d.a.sum()?)),
         "matmul" => drop(black_box(d.x.matmul(&d.y)?)),
+        "matmul_f16" => drop(black_box(d.x16.matmul(&d.y16)?)),
+        "matmul_bf16" => drop(black_box(d.xb.matmul(&d.yb)?)),
         _ => panic!("unknown workload {workload:?}"),
     }
     Ok(())
@@ -57,6 +63,10 @@ fn main() -> Result<()> {
         row: rand(&[2048])?,
         x: rand(&[512, 512])?,
         y: rand(&[512, 512])?,
+        x16: rand(&[512, 512])?.to_dtype(DType::F16)?,
+        y16: rand(&[512, 512])?.to_dtype(DType::F16)?,
+        xb: rand(&[512, 512])?.to_dtype(DType::BF16)?,
+        yb: rand(&[512, 512])?.to_dtype(DType::BF16)?,
     };
     let mut stdout = std::io::stdout().lock();
     for line in std::io::stdin().lock().lines() {

@@ -4,6 +4,8 @@ use core::fmt;
 
 use half::{bf16, f16};
 
+use super::halfconv::HalfFloat;
+
 /// The element type of a tensor.
 ///
 /// Ten plain types backed by Rust types (see [`Element`]) and two block-quantised types in
@@ -269,17 +271,17 @@ macro_rules! half_element {
         impl Element for $t {
             const DTYPE: DType = DType::$d;
             #[inline(always)]
-            fn to_f64(self) -> f64 { self.to_f64() }
+            fn to_f64(self) -> f64 { self.widen() as f64 }
             // Through f32, as PyTorch converts (its `Half` and `BFloat16` are made from a
             // `float`): `1 + 2^-11 + 2^-30` is 1.0 in f16, not 1.0009765625. This also rounds
             // every f32 value correctly, which `half`'s own `from_f64` does not (it rounds
             // values just above a tie down: half-rs issue 151).
             #[inline(always)]
-            fn from_f64(v: f64) -> Self { <$t>::from_f32(v as f32) }
+            fn from_f64(v: f64) -> Self { <$t as HalfFloat>::narrow(v as f32) }
             #[inline(always)]
-            fn to_i64(self) -> i64 { self.to_f32() as i64 }
+            fn to_i64(self) -> i64 { self.widen() as i64 }
             #[inline(always)]
-            fn from_i64(v: i64) -> Self { <$t>::from_f32(v as f32) }
+            fn from_i64(v: i64) -> Self { <$t as HalfFloat>::narrow(v as f32) }
         }
     )*};
 }

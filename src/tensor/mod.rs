@@ -38,6 +38,7 @@ mod create;
 mod display;
 mod dtype;
 mod error;
+mod halfconv;
 mod iter;
 mod kernels;
 mod like;

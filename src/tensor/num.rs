@@ -4,6 +4,7 @@
 use half::{bf16, f16};
 
 use super::Element;
+use super::halfconv::HalfFloat;
 
 /// Arithmetic shared by every numeric element type.
 pub(crate) trait Num: Element {
@@ -131,6 +132,9 @@ macro_rules! float_fns {
 }
 float_fns!(f32 => libm::erff, f64 => libm::erf);
 
+// The arithmetic converts with `HalfFloat` (inlined, so the loops vectorise); the functions that
+// call out to `powf`, `exp`, `tanh`, `erf` run one element at a time anyway, and there `half`'s
+// own conversions (one F16C instruction where the CPU has it) are faster. Both round alike.
 macro_rules! half_num {
     ($($t:ty),*) => {$(
         impl Num for $t {
@@ -138,25 +142,25 @@ macro_rules! half_num {
             const ONE: Self = <$t>::ONE;
             const LOWEST: Self = <$t>::NEG_INFINITY;
             const HIGHEST: Self = <$t>::INFINITY;
-            #[inline(always)] fn add(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() + o.to_f32()) }
-            #[inline(always)] fn sub(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() - o.to_f32()) }
-            #[inline(always)] fn mul(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() * o.to_f32()) }
+            #[inline(always)] fn add(self, o: Self) -> Self { <$t as HalfFloat>::narrow(self.widen() + o.widen()) }
+            #[inline(always)] fn sub(self, o: Self) -> Self { <$t as HalfFloat>::narrow(self.widen() - o.widen()) }
+            #[inline(always)] fn mul(self, o: Self) -> Self { <$t as HalfFloat>::narrow(self.widen() * o.widen()) }
             #[inline] fn pow(self, o: Self) -> Self { <$t>::from_f32(self.to_f32().powf(o.to_f32())) }
             #[inline(always)] fn maximum(self, o: Self) -> Self {
-                <$t>::from_f32(Num::maximum(self.to_f32(), o.to_f32()))
+                <$t as HalfFloat>::narrow(Num::maximum(self.widen(), o.widen()))
             }
             #[inline(always)] fn minimum(self, o: Self) -> Self {
-                <$t>::from_f32(Num::minimum(self.to_f32(), o.to_f32()))
+                <$t as HalfFloat>::narrow(Num::minimum(self.widen(), o.widen()))
             }
             #[inline(always)] fn neg(self) -> Self { -self }
-            #[inline(always)] fn abs(self) -> Self { <$t>::from_f32(self.to_f32().abs()) }
+            #[inline(always)] fn abs(self) -> Self { <$t as HalfFloat>::narrow(self.widen().abs()) }
             #[inline(always)] fn is_nan(self) -> bool { <$t>::is_nan(self) }
         }
         impl Float for $t {
-            #[inline(always)] fn div(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() / o.to_f32()) }
+            #[inline(always)] fn div(self, o: Self) -> Self { <$t as HalfFloat>::narrow(self.widen() / o.widen()) }
             #[inline] fn exp(self) -> Self { <$t>::from_f32(self.to_f32().exp()) }
             #[inline] fn ln(self) -> Self { <$t>::from_f32(self.to_f32().ln()) }
-            #[inline] fn sqrt(self) -> Self { <$t>::from_f32(self.to_f32().sqrt()) }
+            #[inline] fn sqrt(self) -> Self { <$t as HalfFloat>::narrow(self.widen().sqrt()) }
             #[inline] fn tanh(self) -> Self { <$t>::from_f32(self.to_f32().tanh()) }
             #[inline] fn sigmoid(self) -> Self { <$t>::from_f32(Float::sigmoid(self.to_f32())) }
             #[inline] fn gelu(self) -> Self { <$t>::from_f32(Float::gelu(self.to_f32())) }

@@ -21,6 +21,7 @@
 //! first, and `alpha` is rounded to it before `x + alpha * y` is computed in `f32`.
 
 use crate::tensor::dtype::{match_dtype, match_float, match_numeric};
+use crate::tensor::halfconv::HalfFloat;
 use crate::tensor::num::{Float, Num};
 use crate::tensor::shape::broadcast_shapes;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError, TensorOptions};
@@ -296,8 +297,8 @@ fn half_opmath_operand(kind: Binary, ct: DType, a: &Tensor, b: &Tensor) -> Resul
 /// `f32` number: one rounding, after computing in `f32`.
 fn launch_half_scalar(op: &'static str, kind: Binary, s: f32, out: &Tensor, a: &Tensor, dest: Dest) -> Result<()> {
     match_half!(a.dtype(), T => match kind {
-        Binary::Mul => run_unary(op, out, a, dest, move |x: T| T::from_f32(x.to_f32() * s)),
-        _ => run_unary(op, out, a, dest, move |x: T| T::from_f32(x.to_f32() / s)),
+        Binary::Mul => run_unary(op, out, a, dest, move |x: T| T::narrow(x.widen() * s)),
+        _ => run_unary(op, out, a, dest, move |x: T| T::narrow(x.widen() / s)),
     })
 }
 
@@ -332,8 +333,8 @@ fn launch_binary(
         // rest in f32, rounded once (the general path rounds `alpha * y` first).
         let alpha = if kind == Binary::Sub { -alpha } else { alpha };
         return match_half!(ct, T => {
-            let al = T::from_f64(alpha).to_f32();
-            run_binary(op, out, a, b, dest, move |x: T, y: T| T::from_f32(x.to_f32() + y.to_f32() * al))
+            let al = <T as Element>::from_f64(alpha).widen();
+            run_binary(op, out, a, b, dest, move |x: T, y: T| T::narrow(x.widen() + y.widen() * al))
         });
     }
     match_numeric!(ct, T => {

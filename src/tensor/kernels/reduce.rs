@@ -9,6 +9,7 @@
 //! way, float results differ only in rounding.
 
 use crate::tensor::dtype::{match_float, match_numeric};
+use crate::tensor::halfconv::HalfFloat;
 use crate::tensor::iter::GRAIN;
 use crate::tensor::num::{Float, Num};
 use crate::tensor::storage::lock_storages;
@@ -72,7 +73,7 @@ macro_rules! half_sum {
             fn sum_slice(x: &[$t]) -> f64 {
                 let mut buf = [0f32; BLOCK];
                 x.chunks(BLOCK).map(|c| {
-                    for (b, v) in buf.iter_mut().zip(c) { *b = v.to_f32(); }
+                    for (b, v) in buf.iter_mut().zip(c) { *b = v.widen(); }
                     lanes_f32(&buf[..c.len()])
                 }).sum()
             }
