@@ -1,6 +1,8 @@
 //! `matmul`: `torch.matmul`'s shapes (dot, matrix-vector, matrix, batched with broadcast
-//! batch dimensions) on the `gemm` crate for f32, f64 and f16 (bf16 through f32), and a
-//! cache-friendly loop for integers.
+//! batch dimensions) on the `gemm` crate for f32 and f64, and a cache-friendly loop for
+//! integers. f16 and bf16 are computed in f32 and rounded once, as PyTorch accumulates them:
+//! gemm's own f16 path runs its AVX2 kernels only, and converting around its AVX-512 f32
+//! kernels is 20-25% faster (BENCHMARKS.md, "Half precision").
 
 use crate::tensor::core::for_each_offset;
 use crate::tensor::dtype::match_numeric;
@@ -85,7 +87,7 @@ impl Tensor {
             t.expand(&s)
         };
         let (a, b) = (expand(&a, n, k)?, expand(&b, k, m)?);
-        let compute = if dt == DType::BF16 { DType::F32 } else { dt };
+        let compute = if matches!(dt, DType::BF16 | DType::F16) { DType::F32 } else { dt };
         let (a, b) = (a.to_dtype(compute)?, b.to_dtype(compute)?);
         let mut out_shape = batch.clone();
         out_shape.extend([n, m]);
