@@ -473,3 +473,71 @@ fn conversions_to_half_precision_round_through_f32_as_pytorch_does() {
     let p = Tensor::from_vec(vec![3.5703126341104507f64], &[1], DType::F64).unwrap();
     assert_eq!(p.to_dtype(DType::BF16).unwrap().to_vec::<bf16>().unwrap()[0].to_f64(), 3.578125);
 }
+
+/// Every f16 and bf16 value through each loop the kernels pick (contiguous, broadcast number,
+/// strided, in place, in place strided, mixed with f32, casts contiguous and strided), which
+/// run vectorised for the CPU's widest vector extension: each result must be the f32 result
+/// rounded once, as the `half` crate rounds it (NaN for NaN).
+#[test]
+fn half_precision_kernels_round_every_value_once_in_every_loop() {
+    fn check<H: tensormem::tensor::Element>(
+        dt: DType,
+        from_bits: fn(u16) -> H,
+        to_f32: fn(H) -> f32,
+        from_f32: fn(f32) -> H,
+    ) {
+        const N: usize = 1 << 16;
+        let a: Vec<H> = (0..N).map(|i| from_bits(i as u16)).collect();
+        let b: Vec<H> = (0..N).map(|i| from_bits((i as u16).wrapping_mul(40_503) ^ 0x1234)).collect();
+        let (ta, tb) = (Tensor::from_slice(&a, &[N], dt).unwrap(), Tensor::from_slice(&b, &[N], dt).unwrap());
+        let same = |got: &[H], want: &dyn Fn(usize) -> f32, what: &str| {
+            assert_eq!(got.len(), N / 2usize.pow(u32::from(what.contains("strided"))), "{dt:?} {what}: length");
+            for (i, &g) in got.iter().enumerate() {
+                let (g, w) = (to_f32(g), to_f32(from_f32(want(i))));
+                assert!(
+                    (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
+                    "{dt:?} {what}, element {i}: {g:e} ({:#010x}), expected {w:e}",
+                    g.to_bits()
+                );
+            }
+        };
+        let (fa, fb) = (|i: usize| to_f32(a[i]), |i: usize| to_f32(b[i]));
+        same(&ta.add(&tb).unwrap().to_vec::<H>().unwrap(), &|i| fa(i) + fb(i), "add");
+        same(&ta.mul(&tb).unwrap().to_vec::<H>().unwrap(), &|i| fa(i) * fb(i), "mul");
+        same(&ta.sub_scalar(1.5).unwrap().to_vec::<H>().unwrap(), &|i| fa(i) - 1.5, "sub number");
+        let inplace = Tensor::from_slice(&a, &[N], dt).unwrap();
+        inplace.add_(&tb).unwrap();
+        same(&inplace.to_vec::<H>().unwrap(), &|i| fa(i) + fb(i), "add_");
+        // Every other element of each, in the two orders: runs with a stride of 2 elements.
+        let (sa, sb) = (ta.slice(0, 0, N as isize, 2).unwrap(), tb.slice(0, 1, N as isize, 2).unwrap());
+        same(&sa.add(&sb).unwrap().to_vec::<H>().unwrap(), &|i| fa(2 * i) + fb(2 * i + 1), "strided add");
+        let copy = Tensor::from_slice(&a, &[N], dt).unwrap();
+        copy.slice(0, 0, N as isize, 2).unwrap().mul_(&sb).unwrap();
+        let got = copy.to_vec::<H>().unwrap();
+        let evens: Vec<H> = got.iter().step_by(2).copied().collect();
+        same(&evens, &|i| fa(2 * i) * fb(2 * i + 1), "strided mul_");
+        let odd_kept = got.iter().zip(&a).skip(1).step_by(2).all(|(x, y)| to_f32(*x).to_bits() == to_f32(*y).to_bits());
+        assert!(odd_kept, "{dt:?} strided mul_ wrote elements outside its view");
+        // Mixed with f32 (computes in f32), and casts both ways, contiguous and strided.
+        let wide = tb.to_dtype(DType::F32).unwrap();
+        let mixed = ta.add(&wide).unwrap();
+        assert_eq!(mixed.dtype(), DType::F32);
+        let m = mixed.to_vec::<f32>().unwrap();
+        let exact = |got: f32, want: f32| (got.is_nan() && want.is_nan()) || got.to_bits() == want.to_bits();
+        assert!((0..N).all(|i| exact(m[i], fa(i) + fb(i))), "{dt:?} + f32");
+        let halves_in_place = Tensor::from_slice(&a, &[N], dt).unwrap();
+        halves_in_place.add_(&wide).unwrap();
+        same(&halves_in_place.to_vec::<H>().unwrap(), &|i| fa(i) + fb(i), "add_ of f32");
+        let widened = ta.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        assert!((0..N).all(|i| exact(widened[i], fa(i))), "{dt:?} cast to f32");
+        let strided_wide = sa.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        assert!((0..N / 2).all(|i| exact(strided_wide[i], fa(2 * i))), "{dt:?} strided cast to f32");
+        let floats: Vec<f32> = (0..N as u32).map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761))).collect();
+        let tf = Tensor::from_slice(&floats, &[N], DType::F32).unwrap();
+        same(&tf.to_dtype(dt).unwrap().to_vec::<H>().unwrap(), &|i| floats[i], "cast from f32");
+        let narrowed = tf.slice(0, 1, N as isize, 2).unwrap().to_dtype(dt).unwrap();
+        same(&narrowed.to_vec::<H>().unwrap(), &|i| floats[2 * i + 1], "strided cast from f32");
+    }
+    check(DType::F16, f16::from_bits, f16::to_f32, f16::from_f32);
+    check(DType::BF16, bf16::from_bits, bf16::to_f32, bf16::from_f32);
+}

@@ -3,6 +3,7 @@
 mod cast;
 mod elementwise;
 mod index;
+mod isa;
 mod join;
 mod mask;
 mod norm;
