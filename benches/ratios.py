@@ -163,6 +163,25 @@ if (root / "add_4M_1t").is_dir():
         d = {k: v for k, v in faults.items() if k.endswith("/default") or k.endswith("/inplace") or k.endswith("/out")}
         print(f"| page faults per call, most of any default / inplace / out row | {max(d.values(), default=0):.1f} | | 0 |")
 
+# --- benches/tensor_kernels.rs, group half_256K_1t ----------------------------------------
+if (root / "half_256K_1t").is_dir():
+    side_path = root / "tensor_side_by_side.json"
+    side = json.loads(side_path.read_text()) if side_path.exists() else {}
+    subs = ["copy", "f32_add", "f16_add", "bf16_add", "f16_add_f32", "f16_strided_add", "f16_to_f32",
+            "f32_to_f16", "bf16_to_f32", "f32_to_bf16", "f16_sum", "bf16_sum"]
+    f32_add = mean("half_256K_1t", "f32_add")
+    print()
+    print("| half precision, 256K elements, 1 thread | µs | / f32 add |")
+    print("|---|---:|---:|")
+    for s_ in subs:
+        m = mean("half_256K_1t", s_)
+        if m is not None:
+            print(f"| {s_} | {m / 1e3:.1f} | {'-' if not f32_add else f'{m / f32_add:.2f}'} |")
+    beside = side.get("half_256K_1t/f16_beside_f32")
+    if beside:
+        print(f"| f16 add / f32 add, calls side by side | | {beside[0]:.2f} |")
+    print()
+
 # --- benches/observe.rs --------------------------------------------------------------------
 if (root / "observe_pair_64B").is_dir():
     print()

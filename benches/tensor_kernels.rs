@@ -21,7 +21,10 @@
 //!    calls', and default / gemm of those calls goes to `tensor_side_by_side.json`).
 //! 6. `contiguous()` of a transposed 2048x2048 against a copy of 16 MB.
 //!
-//! 7. `a + b` on 1M elements at 2 threads, each call 200 µs after the last (sleeping, untimed):
+//! 7. Half precision (`half_256K_1t`): f16 and bf16 adds, casts and sums of 256K elements
+//!    beside the f32 add of the same elements, at 1 thread.
+//!
+//! 8. `a + b` on 1M elements at 2 threads, each call 200 µs after the last (sleeping, untimed):
 //!    a kernel issued shortly after another, as in a model's forward pass, with the kernel
 //!    threads spinning between kernels (`spin_1ms`, the default) and sleeping at once
 //!    (`spin_0`), against the same calls back to back (`back_to_back`).
@@ -443,6 +446,40 @@ fn matmul(c: &mut Criterion) {
     }
 }
 
+/// Half precision on 256K elements at 1 thread (cache-resident): the f16 and bf16 add, casts and
+/// sum against the f32 add of the same elements and a copy of the f16 add's bytes, with the
+/// f16 and f32 adds also side by side (`f16_beside_f32`: f16 / f32 of those calls).
+fn half_precision(c: &mut Criterion) {
+    const N: usize = 256 << 10;
+    let name = "half_256K_1t";
+    let a = Tensor::rand(&[N], default_opts(11)).unwrap();
+    let b = Tensor::rand(&[N], default_opts(12)).unwrap();
+    let (ah, bh) = (a.to_dtype(DType::F16).unwrap(), b.to_dtype(DType::F16).unwrap());
+    let (ab, bb) = (a.to_dtype(DType::BF16).unwrap(), b.to_dtype(DType::BF16).unwrap());
+    let mut g = group(c, name, 1, N * 6);
+    copy_baseline(&mut g, name, 1, N * 3);
+    bench(&mut g, name, "f32_add", || a.add(&b).unwrap());
+    bench(&mut g, name, "f16_add", || ah.add(&bh).unwrap());
+    bench(&mut g, name, "bf16_add", || ab.add(&bb).unwrap());
+    bench(&mut g, name, "f16_add_f32", || ah.add(&b).unwrap());
+    bench(&mut g, name, "f16_strided_add", || {
+        ah.slice(0, 0, N as isize, 2).unwrap().add(&bh.slice(0, 1, N as isize, 2).unwrap()).unwrap()
+    });
+    bench(&mut g, name, "f16_to_f32", || ah.to_dtype(DType::F32).unwrap());
+    bench(&mut g, name, "f32_to_f16", || a.to_dtype(DType::F16).unwrap());
+    bench(&mut g, name, "bf16_to_f32", || ab.to_dtype(DType::F32).unwrap());
+    bench(&mut g, name, "f32_to_bf16", || a.to_dtype(DType::BF16).unwrap());
+    bench(&mut g, name, "f16_sum", || ah.sum().unwrap());
+    bench(&mut g, name, "bf16_sum", || ab.sum().unwrap());
+    bench_side_by_side(
+        &mut g,
+        name,
+        "f16_beside_f32",
+        &mut [&mut || drop(black_box(ah.add(&bh).unwrap())), &mut || drop(black_box(a.add(&b).unwrap()))],
+    );
+    g.finish();
+}
+
 /// Kernels 200 µs apart: whether the second thread is awake when the next kernel comes.
 fn after_a_gap(c: &mut Criterion) {
     const N: usize = 1 << 20;
@@ -475,7 +512,16 @@ fn after_a_gap(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, add_contiguous, add_cached, add_broadcast_and_transposed, sum, matmul, after_a_gap);
+criterion_group!(
+    benches,
+    add_contiguous,
+    add_cached,
+    add_broadcast_and_transposed,
+    sum,
+    matmul,
+    half_precision,
+    after_a_gap
+);
 
 fn main() {
     eprintln!("default allocator: {}", AllocatorRegistry::global().get().name());
