@@ -518,6 +518,21 @@ fn half_precision_kernels_round_every_value_once_in_every_loop() {
         same(&evens, &|i| fa(2 * i) * fb(2 * i + 1), "strided mul_");
         let odd_kept = got.iter().zip(&a).skip(1).step_by(2).all(|(x, y)| to_f32(*x).to_bits() == to_f32(*y).to_bits());
         assert!(odd_kept, "{dt:?} strided mul_ wrote elements outside its view");
+        // A float number multiplies in f32 (PyTorch's opmath); an f32 `out=` tensor receives the
+        // half result (rounded), not the f32 sum.
+        same(&ta.mul_scalar(0.1).unwrap().to_vec::<H>().unwrap(), &|i| fa(i) * 0.1, "mul by 0.1");
+        let wide_out = Tensor::zeros(&[N], DType::F32).unwrap();
+        ta.add_out(&tb, &wide_out).unwrap();
+        let w = wide_out.to_vec::<f32>().unwrap();
+        let rounded = |v: f32| to_f32(from_f32(v));
+        let half_sum_in_f32 =
+            (0..N).all(|i| (w[i].is_nan() && rounded(fa(i) + fb(i)).is_nan()) || w[i] == rounded(fa(i) + fb(i)));
+        assert!(half_sum_in_f32, "{dt:?} add_out into an f32 tensor must receive the rounded sums");
+        // An integer operand is rounded to the half type first: 2049 is 2048 in f16 (and bf16).
+        let ints = Tensor::from_slice(&[2049i32, 2049], &[2], DType::I32).unwrap();
+        let ones = Tensor::from_slice(&[from_f32(1.0), from_f32(0.0)], &[2], dt).unwrap();
+        let sum: Vec<f32> = ones.add(&ints).unwrap().to_vec::<H>().unwrap().into_iter().map(to_f32).collect();
+        assert_eq!(sum, [rounded(rounded(2049.0) + 1.0), rounded(2049.0)], "{dt:?} + i32");
         // Mixed with f32 (computes in f32), and casts both ways, contiguous and strided.
         let wide = tb.to_dtype(DType::F32).unwrap();
         let mixed = ta.add(&wide).unwrap();

@@ -27,6 +27,7 @@ use crate::tensor::shape::broadcast_shapes;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError, TensorOptions};
 
 use super::cast::cast_into;
+use super::isa;
 use super::loops::{Dest, run_binary, run_unary};
 
 /// The binary arithmetic operations.
@@ -296,6 +297,13 @@ fn half_opmath_operand(kind: Binary, ct: DType, a: &Tensor, b: &Tensor) -> Resul
 /// `a op s` into `out` (`a` itself for the in-place form), for a half-precision `a` and an
 /// `f32` number: one rounding, after computing in `f32`.
 fn launch_half_scalar(op: &'static str, kind: Binary, s: f32, out: &Tensor, a: &Tensor, dest: Dest) -> Result<()> {
+    if a.dtype() == DType::F16 && out.dtype() == DType::F16 && isa::has_f16c() {
+        // In f32 between F16C's conversions, as in `launch_binary`.
+        return match kind {
+            Binary::Mul => run_unary(op, out, a, dest, move |x: f32| x * s),
+            _ => run_unary(op, out, a, dest, move |x: f32| x / s),
+        };
+    }
     match_half!(a.dtype(), T => match kind {
         Binary::Mul => run_unary(op, out, a, dest, move |x: T| T::narrow(x.widen() * s)),
         _ => run_unary(op, out, a, dest, move |x: T| T::narrow(x.widen() / s)),
@@ -336,6 +344,13 @@ fn launch_binary(
             let al = <T as Element>::from_f64(alpha).widen();
             run_binary(op, out, a, b, dest, move |x: T, y: T| T::narrow(x.widen() + y.widen() * al))
         });
+    }
+    if [ct, a.dtype(), b.dtype(), out.dtype()] == [DType::F16; 4] && isa::has_f16c() {
+        // Every f16 op widens its operands, computes in f32 and rounds once: the f32 kernel
+        // between F16C's conversions (the converting blocks) gives the same values, faster.
+        // (Only all-f16: another input dtype is rounded to f16 first, another output dtype
+        // receives the f16 result.)
+        return launch_binary(op, kind, alpha, DType::F32, out, a, b, dest);
     }
     match_numeric!(ct, T => {
         let al: T = <T as Element>::from_f64(alpha);

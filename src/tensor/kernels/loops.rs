@@ -18,7 +18,8 @@
 //! extension (see [`isa`](super::isa)): their per-element conversions are arithmetic the
 //! compiler vectorises, 16 lanes at a time with AVX-512. Strided runs of halves go through the
 //! converting blocks (gathered, computed vectorised, scattered), and so do strided casts that
-//! round to halves or widen f16.
+//! round to halves or widen f16. Those blocks load and store f16 with F16C's conversions, and
+//! arithmetic on f16 tensors runs there as the f32 kernel.
 //!
 //! An existing output is refused, as in PyTorch, when it is read-only, has a dimension of
 //! stride 0 (several elements at one address), or partially overlaps an input when both are
@@ -40,7 +41,7 @@ use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
 use half::f16;
 
-use super::isa::{Isa, for_types, is_half, vectorised};
+use super::isa::{self, Isa, for_types, is_half, vectorised};
 
 /// Elements per block of the converting loops.
 const BLOCK: usize = 128;
@@ -170,6 +171,16 @@ type StoreFn<O> = unsafe fn(*mut u8, usize, &[O]);
 /// `src + i * stride` for `i < dst.len()` are valid, aligned values of `S`.
 unsafe fn load<S: Element, T: Element>(src: *const u8, stride: usize, dst: &mut [T]) {
     if stride == size_of::<S>() {
+        if TypeId::of::<S>() == TypeId::of::<f16>() && TypeId::of::<T>() == TypeId::of::<f32>() && isa::has_f16c() {
+            // SAFETY: the function's contract, with unit stride; `S` is `f16` and `T` is `f32`.
+            let (src, dst) = unsafe {
+                (
+                    slice::from_raw_parts(src.cast::<f16>(), dst.len()),
+                    slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<f32>(), dst.len()),
+                )
+            };
+            return isa::widen_f16(src, dst);
+        }
         // SAFETY: the function's contract, with unit stride: one slice of valid values.
         let src = unsafe { slice::from_raw_parts(src.cast::<S>(), dst.len()) };
         return vectorised!(for_types::<S, T>(), {
@@ -189,6 +200,16 @@ unsafe fn load<S: Element, T: Element>(src: *const u8, stride: usize, dst: &mut 
 /// `dst + i * stride` for `i < src.len()` are valid for writes of an `D`, aligned.
 unsafe fn store<O: Element, D: Element>(dst: *mut u8, stride: usize, src: &[O]) {
     if stride == size_of::<D>() {
+        if TypeId::of::<O>() == TypeId::of::<f32>() && TypeId::of::<D>() == TypeId::of::<f16>() && isa::has_f16c() {
+            // SAFETY: the function's contract, with unit stride; `O` is `f32` and `D` is `f16`.
+            let (src, dst) = unsafe {
+                (
+                    slice::from_raw_parts(src.as_ptr().cast::<f32>(), src.len()),
+                    slice::from_raw_parts_mut(dst.cast::<MaybeUninit<f16>>(), src.len()),
+                )
+            };
+            return isa::narrow_f16(src, dst);
+        }
         // SAFETY: the function's contract, with unit stride: one slice of writable values.
         let dst = unsafe { slice::from_raw_parts_mut(dst.cast::<MaybeUninit<D>>(), src.len()) };
         return vectorised!(for_types::<O, D>(), {

@@ -87,7 +87,20 @@ macro_rules! half_sum {
         }
     )*};
 }
-half_sum!(half::f16, half::bf16);
+half_sum!(half::bf16);
+impl SumAcc for half::f16 {
+    type Acc = f64;
+    fn sum_slice(x: &[half::f16]) -> f64 {
+        // Widened with F16C where the CPU has it.
+        let mut buf = [0f32; BLOCK];
+        x.chunks(BLOCK)
+            .map(|c| {
+                isa::widen_f16(c, &mut buf);
+                lanes_f32(&buf[..c.len()])
+            })
+            .sum()
+    }
+}
 macro_rules! int_sum {
     ($($t:ty),*) => {$(
         impl SumAcc for $t {
