@@ -8,7 +8,7 @@ held to one thread too).
 
     cargo build --release --example peers
     python3 -m venv /tmp/tv && /tmp/tv/bin/pip install torch numpy
-    /tmp/tv/bin/python benches/peers.py [--rounds 5] [--calls 30]
+    /tmp/tv/bin/python benches/peers.py [--rounds 5] [--calls 30] [--workloads add_f16,sum_f16]
 """
 import argparse, os, statistics, subprocess, time
 
@@ -21,6 +21,7 @@ ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--rounds", type=int, default=5)
 ap.add_argument("--calls", type=int, default=30)
 ap.add_argument("--threads", default="1,2")
+ap.add_argument("--workloads", default="", help="only these workloads (comma-separated names, e.g. add_f16,sum_f16)")
 ap.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "examples", "peers"))
 ARGS = ap.parse_args()
 
@@ -34,7 +35,12 @@ WORKLOADS = [
     ("matmul", "matmul 512^3"),
     ("matmul_f16", "matmul 512^3, f16"),
     ("matmul_bf16", "matmul 512^3, bf16"),
+    ("add_f16", "a + b, 4M, f16"),
+    ("add_bf16", "a + b, 4M, bf16"),
+    ("sum_f16", "sum 4M, f16"),
 ]
+if ARGS.workloads:
+    WORKLOADS = [w for w in WORKLOADS if w[0] in ARGS.workloads.split(",")]
 
 N = 1 << 22
 g = torch.Generator().manual_seed(0)
@@ -44,6 +50,9 @@ NP = {k: v.numpy().copy() for k, v in T.items()}
 for k in ("x", "y"):
     T[k + "16"] = T[k].to(torch.float16)
     T[k + "b"] = T[k].to(torch.bfloat16)
+    NP[k + "16"] = NP[k].astype(np.float16)
+for k in ("a", "b"):
+    T[k + "16"], T[k + "b"] = T[k].to(torch.float16), T[k].to(torch.bfloat16)
     NP[k + "16"] = NP[k].astype(np.float16)
 
 TORCH = {
@@ -56,6 +65,9 @@ TORCH = {
     "matmul": lambda t: t["x"] @ t["y"],
     "matmul_f16": lambda t: t["x16"] @ t["y16"],
     "matmul_bf16": lambda t: t["xb"] @ t["yb"],
+    "add_f16": lambda t: t["a16"] + t["b16"],
+    "add_bf16": lambda t: t["ab"] + t["bb"],
+    "sum_f16": lambda t: t["a16"].sum(),
 }
 NUMPY = {
     "add": lambda t: t["a"] + t["b"],
@@ -66,6 +78,8 @@ NUMPY = {
     "sum": lambda t: t["a"].sum(),
     "matmul": lambda t: t["x"] @ t["y"],
     "matmul_f16": lambda t: t["x16"] @ t["y16"],
+    "add_f16": lambda t: t["a16"] + t["b16"],
+    "sum_f16": lambda t: t["a16"].sum(),
 }
 
 

@@ -7,7 +7,8 @@
 //! a user gets by default (no allocator chosen), f32, random values:
 //! `add` (a + b, 4M, fresh output), `add_` (a += b), `add_out` (a + b into an existing tensor),
 //! `bcast` (2048x2048 + a 2048 row), `tadd` (a.t() + b, 2048x2048), `sum` (4M),
-//! `matmul` (512x512 by 512x512), `matmul_f16` and `matmul_bf16` (the same in half precision).
+//! `matmul` (512x512 by 512x512), `matmul_f16` and `matmul_bf16` (the same in half precision),
+//! `add_f16`, `add_bf16` and `sum_f16` (the 4M add and sum in half precision).
 //!
 //! ```text
 //! cargo build --release --example peers
@@ -33,6 +34,10 @@ struct Data {
     y16: Tensor,
     xb: Tensor,
     yb: Tensor,
+    a16: Tensor,
+    b16: Tensor,
+    ab: Tensor,
+    bb: Tensor,
 }
 
 fn run(d: &Data, workload: &str) -> Result<()> {
@@ -46,6 +51,9 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "matmul" => drop(black_box(d.x.matmul(&d.y)?)),
         "matmul_f16" => drop(black_box(d.x16.matmul(&d.y16)?)),
         "matmul_bf16" => drop(black_box(d.xb.matmul(&d.yb)?)),
+        "add_f16" => drop(black_box(d.a16.add(&d.b16)?)),
+        "add_bf16" => drop(black_box(d.ab.add(&d.bb)?)),
+        "sum_f16" => drop(black_box(d.a16.sum()?)),
         _ => panic!("unknown workload {workload:?}"),
     }
     Ok(())
@@ -67,6 +75,10 @@ fn main() -> Result<()> {
         y16: rand(&[512, 512])?.to_dtype(DType::F16)?,
         xb: rand(&[512, 512])?.to_dtype(DType::BF16)?,
         yb: rand(&[512, 512])?.to_dtype(DType::BF16)?,
+        a16: rand(&[n])?.to_dtype(DType::F16)?,
+        b16: rand(&[n])?.to_dtype(DType::F16)?,
+        ab: rand(&[n])?.to_dtype(DType::BF16)?,
+        bb: rand(&[n])?.to_dtype(DType::BF16)?,
     };
     let mut stdout = std::io::stdout().lock();
     for line in std::io::stdin().lock().lines() {
