@@ -124,37 +124,40 @@ pub(crate) fn has_f16c() -> bool {
     detected() != Isa::Baseline
 }
 
-/// `dst[i] = src[i]` as f32 (exact), for `i < min(src.len(), dst.len())`: 8 at a time with
-/// F16C's `vcvtph2ps` where the CPU has it.
+/// `dst[i] = src[i]` as f32 (exact), for `i < min(src.len(), dst.len())`: 16 or 8 at a time
+/// with `vcvtph2ps` where the CPU has it (AVX-512, F16C).
 pub(crate) fn widen_f16(src: &[f16], dst: &mut [f32]) {
     let n = src.len().min(dst.len());
-    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    match detected() {
+    let done = match detected() {
         // SAFETY: the CPU has AVX-512 F.
-        Isa::Avx512 => done = unsafe { widen_f16_avx512(&src[..n], &mut dst[..n]) },
+        Isa::Avx512 => unsafe { widen_f16_avx512(&src[..n], &mut dst[..n]) },
         // SAFETY: the CPU has F16C and AVX.
-        Isa::Avx2 => done = unsafe { widen_f16c(&src[..n], &mut dst[..n]) },
-        Isa::Baseline => {}
-    }
+        Isa::Avx2 => unsafe { widen_f16c(&src[..n], &mut dst[..n]) },
+        Isa::Baseline => 0,
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
     for (d, s) in dst[done..n].iter_mut().zip(&src[done..n]) {
         *d = s.widen();
     }
 }
 
 /// `dst[i] = src[i]` rounded to f16 (to nearest, ties to even; NaN stays NaN), for
-/// `i < min(src.len(), dst.len())`: 8 at a time with F16C's `vcvtps2ph` where the CPU has it.
+/// `i < min(src.len(), dst.len())`: 16 or 8 at a time with `vcvtps2ph` where the CPU has it
+/// (AVX-512, F16C).
 pub(crate) fn narrow_f16(src: &[f32], dst: &mut [MaybeUninit<f16>]) {
     let n = src.len().min(dst.len());
-    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    match detected() {
+    let done = match detected() {
         // SAFETY: the CPU has AVX-512 F.
-        Isa::Avx512 => done = unsafe { narrow_f16_avx512(&src[..n], &mut dst[..n]) },
+        Isa::Avx512 => unsafe { narrow_f16_avx512(&src[..n], &mut dst[..n]) },
         // SAFETY: the CPU has F16C and AVX.
-        Isa::Avx2 => done = unsafe { narrow_f16c(&src[..n], &mut dst[..n]) },
-        Isa::Baseline => {}
-    }
+        Isa::Avx2 => unsafe { narrow_f16c(&src[..n], &mut dst[..n]) },
+        Isa::Baseline => 0,
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = 0;
     for (d, &s) in dst[done..n].iter_mut().zip(&src[done..n]) {
         d.write(f16::narrow(s));
     }
