@@ -518,6 +518,46 @@ fn half_precision_kernels_round_every_value_once_in_every_loop() {
         same(&evens, &|i| fa(2 * i) * fb(2 * i + 1), "strided mul_");
         let odd_kept = got.iter().zip(&a).skip(1).step_by(2).all(|(x, y)| to_f32(*x).to_bits() == to_f32(*y).to_bits());
         assert!(odd_kept, "{dt:?} strided mul_ wrote elements outside its view");
+        // Functions of one operand: each widens, computes in f32 and rounds once.
+        same(&ta.neg().unwrap().to_vec::<H>().unwrap(), &|i| -fa(i), "neg");
+        same(
+            &ta.relu().unwrap().to_vec::<H>().unwrap(),
+            &|i| if fa(i) > 0.0 || fa(i).is_nan() { fa(i) } else { 0.0 },
+            "relu",
+        );
+        same(&ta.exp().unwrap().to_vec::<H>().unwrap(), &|i| fa(i).exp(), "exp");
+        same(&ta.sigmoid().unwrap().to_vec::<H>().unwrap(), &|i| 1.0 / (1.0 + (-fa(i)).exp()), "sigmoid");
+        let relu_in_place = Tensor::from_slice(&a, &[N], dt).unwrap();
+        relu_in_place.relu_().unwrap();
+        same(
+            &relu_in_place.to_vec::<H>().unwrap(),
+            &|i| if fa(i) > 0.0 || fa(i).is_nan() { fa(i) } else { 0.0 },
+            "relu_",
+        );
+        // `a + alpha * b`: alpha rounded to the dtype (0.3 is 0.2998... in f16), the rest in f32.
+        let al = to_f32(from_f32(0.3));
+        same(&ta.add_scaled(&tb, 0.3).unwrap().to_vec::<H>().unwrap(), &|i| fa(i) + fb(i) * al, "add_scaled");
+        // One value broadcast against every element, as either operand, and in place.
+        let one = Tensor::from_slice(&[b[7]], &[1], dt).unwrap();
+        same(&ta.sub(&one).unwrap().to_vec::<H>().unwrap(), &|i| fa(i) - fb(7), "sub broadcast value");
+        same(&one.sub(&ta).unwrap().to_vec::<H>().unwrap(), &|i| fb(7) - fa(i), "broadcast value sub");
+        let scaled = Tensor::from_slice(&a, &[N], dt).unwrap();
+        scaled.mul_(&one).unwrap();
+        same(&scaled.to_vec::<H>().unwrap(), &|i| fa(i) * fb(7), "mul_ broadcast value");
+        // Contiguous runs starting at an odd element, of lengths that are no multiple of 8.
+        for (start, len) in [(3usize, 1usize), (5, 37), (1, N - 11)] {
+            let va = ta.slice(0, start as isize, (start + len) as isize, 1).unwrap();
+            let vb = tb.slice(0, 0, len as isize, 1).unwrap();
+            let got = va.add(&vb).unwrap().to_vec::<H>().unwrap();
+            assert_eq!(got.len(), len, "{dt:?} offset add: length");
+            for (i, &g) in got.iter().enumerate() {
+                let (g, w) = (to_f32(g), to_f32(from_f32(fa(start + i) + fb(i))));
+                assert!(
+                    (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
+                    "{dt:?} offset add at {start}, element {i}"
+                );
+            }
+        }
         // A float number multiplies in f32 (PyTorch's opmath); an f32 `out=` tensor receives the
         // half result (rounded), not the f32 sum.
         same(&ta.mul_scalar(0.1).unwrap().to_vec::<H>().unwrap(), &|i| fa(i) * 0.1, "mul by 0.1");

@@ -27,7 +27,7 @@ use crate::tensor::shape::broadcast_shapes;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError, TensorOptions};
 
 use super::cast::cast_into;
-use super::isa;
+use super::f16c;
 use super::loops::{Dest, run_binary, run_unary};
 
 /// The binary arithmetic operations.
@@ -297,7 +297,7 @@ fn half_opmath_operand(kind: Binary, ct: DType, a: &Tensor, b: &Tensor) -> Resul
 /// `a op s` into `out` (`a` itself for the in-place form), for a half-precision `a` and an
 /// `f32` number: one rounding, after computing in `f32`.
 fn launch_half_scalar(op: &'static str, kind: Binary, s: f32, out: &Tensor, a: &Tensor, dest: Dest) -> Result<()> {
-    if a.dtype() == DType::F16 && out.dtype() == DType::F16 && isa::has_f16c() {
+    if a.dtype() == DType::F16 && out.dtype() == DType::F16 && f16c::has_f16c() {
         // In f32 between F16C's conversions, as in `launch_binary`.
         return match kind {
             Binary::Mul => run_unary(op, out, a, dest, move |x: f32| x * s),
@@ -340,12 +340,17 @@ fn launch_binary(
         // `x + alpha * y` of halves as PyTorch computes it: alpha rounded to the dtype, the
         // rest in f32, rounded once (the general path rounds `alpha * y` first).
         let alpha = if kind == Binary::Sub { -alpha } else { alpha };
+        if [ct, a.dtype(), b.dtype(), out.dtype()] == [DType::F16; 4] && f16c::has_f16c() {
+            // In f32 between F16C's conversions, as below.
+            let al = <half::f16 as Element>::from_f64(alpha).widen();
+            return run_binary(op, out, a, b, dest, move |x: f32, y: f32| x + y * al);
+        }
         return match_half!(ct, T => {
             let al = <T as Element>::from_f64(alpha).widen();
             run_binary(op, out, a, b, dest, move |x: T, y: T| T::narrow(x.widen() + y.widen() * al))
         });
     }
-    if [ct, a.dtype(), b.dtype(), out.dtype()] == [DType::F16; 4] && isa::has_f16c() {
+    if [ct, a.dtype(), b.dtype(), out.dtype()] == [DType::F16; 4] && f16c::has_f16c() {
         // Every f16 op widens its operands, computes in f32 and rounds once: the f32 kernel
         // between F16C's conversions (the converting blocks) gives the same values, faster.
         // (Only all-f16: another input dtype is rounded to f16 first, another output dtype
@@ -389,6 +394,11 @@ fn launch_compare(
 }
 
 fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tensor, dest: Dest) -> Result<()> {
+    if [ct, a.dtype(), out.dtype()] == [DType::F16; 3] && f16c::has_f16c() {
+        // The f32 kernel between F16C's conversions, as in `launch_binary`: every f16 function
+        // widens, computes in f32 and rounds once.
+        return launch_unary(op, kind, DType::F32, out, a, dest);
+    }
     if kind.is_float_only() {
         return match_float!(ct, T => match kind {
             Unary::Exp => run_unary(op, out, a, dest, |x: T| Float::exp(x)),

@@ -11,19 +11,18 @@
 //! machine, but for which NaN a NaN result is (the compiler may swap the operands of an
 //! addition, and F16C keeps some payload bits).
 //!
-//! f16 also has conversion instructions on these CPUs (F16C's `vcvtph2ps` / `vcvtps2ph`, 16
-//! lanes with AVX-512): [`widen_f16`] and [`narrow_f16`] use them, for the converting blocks'
-//! loads and stores and the f16 sum, and arithmetic on f16 tensors runs as the f32 kernel
-//! between them (the same values: every f16 op widens, computes in f32 and rounds once).
+//! f16 also has conversion instructions on these CPUs (F16C's `vcvtph2ps` / `vcvtps2ph`):
+//! [`f16c`](super::f16c) uses them, and arithmetic on f16 tensors runs as the f32 kernel between
+//! them (the same values: every f16 op widens, computes in f32 and rounds once).
 //!
 //! f32 and integer loops keep the baseline build: they move memory more than they compute.
 
 use core::any::TypeId;
-use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU8, Ordering};
 
 use half::{bf16, f16};
 
+#[cfg(test)]
 use crate::tensor::halfconv::HalfFloat;
 
 /// The vector extensions a loop can be compiled for.
@@ -117,133 +116,6 @@ macro_rules! vectorised {
 }
 pub(crate) use vectorised;
 
-/// Whether f16 converts with F16C's instructions here ([`widen_f16`], [`narrow_f16`]): every
-/// [`Isa`] above the baseline has them.
-#[inline(always)]
-pub(crate) fn has_f16c() -> bool {
-    detected() != Isa::Baseline
-}
-
-/// `dst[i] = src[i]` as f32 (exact), for `i < min(src.len(), dst.len())`: 16 or 8 at a time
-/// with `vcvtph2ps` where the CPU has it (AVX-512, F16C).
-pub(crate) fn widen_f16(src: &[f16], dst: &mut [f32]) {
-    let n = src.len().min(dst.len());
-    #[cfg(target_arch = "x86_64")]
-    let done = match detected() {
-        // SAFETY: the CPU has AVX-512 F.
-        Isa::Avx512 => unsafe { widen_f16_avx512(&src[..n], &mut dst[..n]) },
-        // SAFETY: the CPU has F16C and AVX.
-        Isa::Avx2 => unsafe { widen_f16c(&src[..n], &mut dst[..n]) },
-        Isa::Baseline => 0,
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let done = 0;
-    for (d, s) in dst[done..n].iter_mut().zip(&src[done..n]) {
-        *d = s.widen();
-    }
-}
-
-/// `dst[i] = src[i]` rounded to f16 (to nearest, ties to even; NaN stays NaN), for
-/// `i < min(src.len(), dst.len())`: 16 or 8 at a time with `vcvtps2ph` where the CPU has it
-/// (AVX-512, F16C).
-pub(crate) fn narrow_f16(src: &[f32], dst: &mut [MaybeUninit<f16>]) {
-    let n = src.len().min(dst.len());
-    #[cfg(target_arch = "x86_64")]
-    let done = match detected() {
-        // SAFETY: the CPU has AVX-512 F.
-        Isa::Avx512 => unsafe { narrow_f16_avx512(&src[..n], &mut dst[..n]) },
-        // SAFETY: the CPU has F16C and AVX.
-        Isa::Avx2 => unsafe { narrow_f16c(&src[..n], &mut dst[..n]) },
-        Isa::Baseline => 0,
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let done = 0;
-    for (d, &s) in dst[done..n].iter_mut().zip(&src[done..n]) {
-        d.write(f16::narrow(s));
-    }
-}
-
-/// Widens the whole groups of 8 of `src` into `dst` (of the same length); returns how many.
-///
-/// # Safety
-/// The CPU must have F16C and AVX.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,f16c")]
-unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) -> usize {
-    use core::arch::x86_64::{_mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
-    let whole = src.len().min(dst.len()) / 8 * 8;
-    for i in (0..whole).step_by(8) {
-        // SAFETY: `i + 8 <= whole`, within both slices: 16 readable bytes of `src` (f16 is a
-        // `u16`), 32 writable bytes of `dst`; both intrinsics take unaligned addresses.
-        unsafe {
-            let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
-            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
-        }
-    }
-    whole
-}
-
-/// Rounds the whole groups of 8 of `src` into `dst` (of the same length); returns how many.
-///
-/// # Safety
-/// The CPU must have F16C and AVX.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,f16c")]
-unsafe fn narrow_f16c(src: &[f32], dst: &mut [MaybeUninit<f16>]) -> usize {
-    use core::arch::x86_64::{_MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_cvtps_ph, _mm256_loadu_ps};
-    let whole = src.len().min(dst.len()) / 8 * 8;
-    for i in (0..whole).step_by(8) {
-        // SAFETY: `i + 8 <= whole`, within both slices: 32 readable bytes of `src`, 16
-        // writable bytes of `dst` (`MaybeUninit<f16>` is a `u16`); unaligned intrinsics. The
-        // rounding is to nearest, ties to even, as `HalfFloat::narrow`.
-        unsafe {
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
-            _mm_storeu_si128(dst.as_mut_ptr().add(i).cast(), h);
-        }
-    }
-    whole
-}
-
-/// As [`widen_f16c`], 16 at a time with AVX-512's `vcvtph2ps`.
-///
-/// # Safety
-/// The CPU must have AVX-512 F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn widen_f16_avx512(src: &[f16], dst: &mut [f32]) -> usize {
-    use core::arch::x86_64::{_mm256_loadu_si256, _mm512_cvtph_ps, _mm512_storeu_ps};
-    let whole = src.len().min(dst.len()) / 16 * 16;
-    for i in (0..whole).step_by(16) {
-        // SAFETY: `i + 16 <= whole`, within both slices: 32 readable bytes of `src`, 64
-        // writable bytes of `dst`; both intrinsics take unaligned addresses.
-        unsafe {
-            let h = _mm256_loadu_si256(src.as_ptr().add(i).cast());
-            _mm512_storeu_ps(dst.as_mut_ptr().add(i), _mm512_cvtph_ps(h));
-        }
-    }
-    whole
-}
-
-/// As [`narrow_f16c`], 16 at a time with AVX-512's `vcvtps2ph`.
-///
-/// # Safety
-/// The CPU must have AVX-512 F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn narrow_f16_avx512(src: &[f32], dst: &mut [MaybeUninit<f16>]) -> usize {
-    use core::arch::x86_64::{_MM_FROUND_TO_NEAREST_INT, _mm256_storeu_si256, _mm512_cvtps_ph, _mm512_loadu_ps};
-    let whole = src.len().min(dst.len()) / 16 * 16;
-    for i in (0..whole).step_by(16) {
-        // SAFETY: `i + 16 <= whole`, within both slices: 64 readable bytes of `src`, 32
-        // writable bytes of `dst`; unaligned intrinsics; rounding to nearest, ties to even.
-        unsafe {
-            let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_loadu_ps(src.as_ptr().add(i)));
-            _mm256_storeu_si256(dst.as_mut_ptr().add(i).cast(), h);
-        }
-    }
-    whole
-}
-
 /// # Safety
 /// The CPU must have AVX-512 F, BW and VL, AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
@@ -299,33 +171,6 @@ mod tests {
     fn half_loops_give_the_same_bits_in_every_isa() {
         same_in_every_isa(f16::from_bits);
         same_in_every_isa(bf16::from_bits);
-    }
-
-    #[test]
-    fn f16c_conversions_match_the_arithmetic_ones_on_every_value() {
-        // Every f16 value widened; lengths not a multiple of 8 leave a tail to the scalar loop.
-        let h: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).chain([f16::ONE; 5]).collect();
-        let mut w = vec![0f32; h.len()];
-        widen_f16(&h, &mut w);
-        for (x, y) in h.iter().zip(&w) {
-            assert!(y.to_bits() == x.widen().to_bits() || (y.is_nan() && x.is_nan()), "{:#06x}", x.to_bits());
-        }
-        // Every f16 value, the midpoints between neighbours (ties) and their f32 neighbours.
-        let mut v: Vec<f32> = Vec::new();
-        for b in 0..u16::MAX {
-            let (a, c) = (f16::from_bits(b).widen(), f16::from_bits(b + 1).widen());
-            let mid = ((f64::from(a) + f64::from(c)) / 2.0) as f32;
-            v.extend([a, mid, f32::from_bits(mid.to_bits() + 1), f32::from_bits(mid.to_bits().wrapping_sub(1))]);
-        }
-        v.extend([f32::MAX, -f32::MAX, 65520.0, 65519.99, 1e-9, -3e-8, f32::NAN]);
-        let mut n = vec![MaybeUninit::new(f16::ZERO); v.len()];
-        narrow_f16(&v, &mut n);
-        for (x, y) in v.iter().zip(&n) {
-            // SAFETY: `narrow_f16` wrote every element (and they started initialised).
-            let y = unsafe { y.assume_init() };
-            let want = f16::narrow(*x);
-            assert!(y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()), "{x:e}: {y} vs {want}");
-        }
     }
 
     #[test]

@@ -18,8 +18,10 @@
 //! extension (see [`isa`](super::isa)): their per-element conversions are arithmetic the
 //! compiler vectorises, 16 lanes at a time with AVX-512. Strided runs of halves go through the
 //! converting blocks (gathered, computed vectorised, scattered), and so do strided casts that
-//! round to halves or widen f16. Those blocks load and store f16 with F16C's conversions, and
-//! arithmetic on f16 tensors runs there as the f32 kernel.
+//! round to halves or widen f16. Those blocks load and store f16 with F16C's conversions.
+//! Arithmetic whose operands and output are all f16 runs as the f32 kernel between F16C's
+//! conversions: fused into one pass over contiguous runs (and broadcast values) by
+//! [`f16c`](super::f16c), through the converting blocks over strided ones.
 //!
 //! An existing output is refused, as in PyTorch, when it is read-only, has a dimension of
 //! stride 0 (several elements at one address), or partially overlaps an input when both are
@@ -41,7 +43,8 @@ use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
 use half::f16;
 
-use super::isa::{self, Isa, for_types, is_half, vectorised};
+use super::f16c;
+use super::isa::{Isa, for_types, is_half, vectorised};
 
 /// Elements per block of the converting loops.
 const BLOCK: usize = 128;
@@ -171,7 +174,7 @@ type StoreFn<O> = unsafe fn(*mut u8, usize, &[O]);
 /// `src + i * stride` for `i < dst.len()` are valid, aligned values of `S`.
 unsafe fn load<S: Element, T: Element>(src: *const u8, stride: usize, dst: &mut [T]) {
     if stride == size_of::<S>() {
-        if TypeId::of::<S>() == TypeId::of::<f16>() && TypeId::of::<T>() == TypeId::of::<f32>() && isa::has_f16c() {
+        if TypeId::of::<S>() == TypeId::of::<f16>() && TypeId::of::<T>() == TypeId::of::<f32>() && f16c::has_f16c() {
             // SAFETY: the function's contract, with unit stride; `S` is `f16` and `T` is `f32`.
             let (src, dst) = unsafe {
                 (
@@ -179,7 +182,7 @@ unsafe fn load<S: Element, T: Element>(src: *const u8, stride: usize, dst: &mut 
                     slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<f32>(), dst.len()),
                 )
             };
-            return isa::widen_f16(src, dst);
+            return f16c::widen_f16(src, dst);
         }
         // SAFETY: the function's contract, with unit stride: one slice of valid values.
         let src = unsafe { slice::from_raw_parts(src.cast::<S>(), dst.len()) };
@@ -200,7 +203,7 @@ unsafe fn load<S: Element, T: Element>(src: *const u8, stride: usize, dst: &mut 
 /// `dst + i * stride` for `i < src.len()` are valid for writes of an `D`, aligned.
 unsafe fn store<O: Element, D: Element>(dst: *mut u8, stride: usize, src: &[O]) {
     if stride == size_of::<D>() {
-        if TypeId::of::<O>() == TypeId::of::<f32>() && TypeId::of::<D>() == TypeId::of::<f16>() && isa::has_f16c() {
+        if TypeId::of::<O>() == TypeId::of::<f32>() && TypeId::of::<D>() == TypeId::of::<f16>() && f16c::has_f16c() {
             // SAFETY: the function's contract, with unit stride; `O` is `f32` and `D` is `f16`.
             let (src, dst) = unsafe {
                 (
@@ -208,7 +211,7 @@ unsafe fn store<O: Element, D: Element>(dst: *mut u8, stride: usize, src: &[O]) 
                     slice::from_raw_parts_mut(dst.cast::<MaybeUninit<f16>>(), src.len()),
                 )
             };
-            return isa::narrow_f16(src, dst);
+            return f16c::narrow_f16(src, dst);
         }
         // SAFETY: the function's contract, with unit stride: one slice of writable values.
         let dst = unsafe { slice::from_raw_parts_mut(dst.cast::<MaybeUninit<D>>(), src.len()) };
@@ -287,6 +290,7 @@ pub(crate) fn run_binary<T: Element, O: Element>(
     let plan = Plan::new(out.sizes(), [operand(out, out.strides()), operand(a, &sa), operand(b, &sb)]);
     let typed = a.dtype() == T::DTYPE && b.dtype() == T::DTYPE && out.dtype() == O::DTYPE;
     let same_type = TypeId::of::<T>() == TypeId::of::<O>();
+    let f16_in_f32 = computes_f32::<T, O>() && [a.dtype(), b.dtype(), out.dtype()] == [DType::F16; 3];
     // Why the loops below are sound: the plan walks `out`, `a` and `b` inside their storages
     // (layouts are checked when made) with their dtypes' element sizes, which the loops read as
     // `T`/`O` only when the dtypes say so (`typed`) and convert otherwise; the guards keep other
@@ -309,12 +313,40 @@ pub(crate) fn run_binary<T: Element, O: Element>(
                 unsafe { inplace_binary(&g, p, s, n) }
             })
         }
+        _ if f16_in_f32 => plan.run(parallel, &|p, s, n| {
+            // SAFETY: see above; every operand is f16, `T` and `O` are `f32`; the loaders and
+            // storer match the dtypes; an output run overlaps an input run only element for
+            // element (an input that is exactly the output).
+            unsafe { f16_binary(&f, la, lb, so, p, s, n) }
+        }),
         _ => plan.run(parallel, &|p, s, n| {
             // SAFETY: see above; the loaders and storer match the operands' dtypes.
             unsafe { converting_binary(&f, la, lb, so, p, s, n) }
         }),
     }
     Ok(())
+}
+
+/// Whether a kernel computing in `T` and writing `O` is an f32 kernel, which f16 tensors run
+/// with F16C's conversions around it where the CPU has them ([`f16c`]).
+#[inline(always)]
+fn computes_f32<T: 'static, O: 'static>() -> bool {
+    TypeId::of::<T>() == TypeId::of::<f32>() && TypeId::of::<O>() == TypeId::of::<f32>() && f16c::has_f16c()
+}
+
+/// `f` as the `f32` function it is.
+///
+/// # Safety
+/// `T` and `O` are `f32`.
+#[inline(always)]
+unsafe fn as_f32<T: Element, O: Element>(f: &impl Fn(T, T) -> O) -> impl Fn(f32, f32) -> f32 {
+    move |x: f32, y: f32| {
+        // SAFETY: `T` and `O` are `f32` (the function's contract): copies of the same type.
+        unsafe {
+            let r = f(core::mem::transmute_copy::<f32, T>(&x), core::mem::transmute_copy::<f32, T>(&y));
+            core::mem::transmute_copy::<O, f32>(&r)
+        }
+    }
 }
 
 /// `out[i] = f(a[i])`; as [`run_binary`].
@@ -344,6 +376,7 @@ pub(crate) fn run_unary<T: Element, O: Element>(
     let _g = lock_storages((dest == Dest::Into).then(|| out.storage()), &[a.storage()]);
     let plan = Plan::new(out.sizes(), [operand(out, out.strides()), operand(a, &sa)]);
     let typed = a.dtype() == T::DTYPE && out.dtype() == O::DTYPE;
+    let f16_in_f32 = computes_f32::<T, O>() && [a.dtype(), out.dtype()] == [DType::F16; 2];
     // Sound as in `run_binary`.
     match (typed, alias[0]) {
         (true, false) => plan.run(parallel, &|p, s, n| {
@@ -361,6 +394,10 @@ pub(crate) fn run_unary<T: Element, O: Element>(
                 unsafe { inplace_unary(&g, p, s, n) }
             })
         }
+        _ if f16_in_f32 => plan.run(parallel, &|p, s, n| {
+            // SAFETY: as in `run_binary`: both operands are f16, `T` and `O` are `f32`.
+            unsafe { f16_unary(&f, la, so, p, s, n) }
+        }),
         _ => plan.run(parallel, &|p, s, n| {
             // SAFETY: as in `run_binary`: the loader and storer match the dtypes.
             unsafe { converting_unary(&f, la, so, p, s, n) }
@@ -512,6 +549,59 @@ unsafe fn converting_binary<T: Element, O: Element>(
         // SAFETY: as above.
         unsafe { so(p[0].add(start * s[0]), s[0], &xo[..m]) };
         start += m;
+    }
+}
+
+/// One run of an `f32` kernel on f16 operands and output: the fused F16C loop when the output
+/// is contiguous and each input contiguous or one broadcast value, else the converting blocks.
+///
+/// # Safety
+/// As [`converting_binary`], with `T` and `O` `f32` and every operand f16.
+#[inline(always)]
+unsafe fn f16_binary<T: Element, O: Element>(
+    f: &impl Fn(T, T) -> O,
+    la: LoadFn<T>,
+    lb: LoadFn<T>,
+    so: StoreFn<O>,
+    p: [*mut u8; 3],
+    s: [usize; 3],
+    n: usize,
+) {
+    const H: usize = size_of::<f16>();
+    // SAFETY: the function's contract: f16 elements, runs valid for `n` (steps of 0 or 1
+    // element where the fused loop takes them), the output overlapping an input only element
+    // for element.
+    unsafe {
+        if s[0] == H && matches!(s[1], 0 | H) && matches!(s[2], 0 | H) {
+            let g = as_f32(f);
+            return f16c::map2_f16(&g, p[0].cast(), p[1].cast(), s[1] / H, p[2].cast(), s[2] / H, n);
+        }
+        converting_binary(f, la, lb, so, p, s, n)
+    }
+}
+
+/// As [`f16_binary`], for a unary kernel.
+///
+/// # Safety
+/// As [`converting_unary`], with `T` and `O` `f32` and both operands f16.
+#[inline(always)]
+unsafe fn f16_unary<T: Element, O: Element>(
+    f: &impl Fn(T) -> O,
+    la: LoadFn<T>,
+    so: StoreFn<O>,
+    p: [*mut u8; 2],
+    s: [usize; 2],
+    n: usize,
+) {
+    const H: usize = size_of::<f16>();
+    // SAFETY: as in `f16_binary`.
+    unsafe {
+        if s == [H, H] {
+            let unary = |x: T, _: T| f(x);
+            let g = as_f32(&unary);
+            return f16c::map1_f16(&|x: f32| g(x, x), p[0].cast(), p[1].cast(), n);
+        }
+        converting_unary(f, la, so, p, s, n)
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod cast;
 mod elementwise;
+mod f16c;
 mod index;
 mod isa;
 mod join;

@@ -17,6 +17,7 @@ use crate::tensor::num::{Float, Num};
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
+use super::f16c;
 use super::isa::{self, vectorised};
 
 /// Lanes of the float sum.
@@ -95,7 +96,7 @@ impl SumAcc for half::f16 {
         let mut buf = [0f32; BLOCK];
         x.chunks(BLOCK)
             .map(|c| {
-                isa::widen_f16(c, &mut buf);
+                f16c::widen_f16(c, &mut buf);
                 lanes_f32(&buf[..c.len()])
             })
             .sum()
