@@ -558,6 +558,13 @@ fn half_precision_kernels_round_every_value_once_in_every_loop() {
                 );
             }
         }
+        // The sum adds the widened values in the f32 sum's lanes and blocks: the same total as
+        // the sum of the tensor cast to f32 (the finite values, mixed magnitudes, odd length).
+        let finite: Vec<H> = b.iter().copied().filter(|&v| to_f32(v).is_finite()).take(N - 7).collect();
+        let tfin = Tensor::from_slice(&finite, &[finite.len()], dt).unwrap();
+        let (hs, fs) = (tfin.sum().unwrap(), tfin.to_dtype(DType::F32).unwrap().sum().unwrap());
+        let want = to_f32(from_f32(fs.item::<f32>().unwrap()));
+        assert_eq!(to_f32(hs.item::<H>().unwrap()).to_bits(), want.to_bits(), "{dt:?} sum");
         // A float number multiplies in f32 (PyTorch's opmath); an f32 `out=` tensor receives the
         // half result (rounded), not the f32 sum.
         same(&ta.mul_scalar(0.1).unwrap().to_vec::<H>().unwrap(), &|i| fa(i) * 0.1, "mul by 0.1");

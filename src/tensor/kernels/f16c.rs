@@ -143,6 +143,65 @@ unsafe fn narrow_f16_avx512(src: &[f32], dst: &mut [MaybeUninit<f16>]) -> usize 
     whole
 }
 
+/// Adds `x[16 * j + k]` to `acc[k]`, in order of `j`, for every whole group of 16 of `x`
+/// (widened exactly); returns how many elements that took (0 where the CPU lacks F16C). The
+/// float sum's 16 lanes with the widening fused in: the same additions, so the same result.
+pub(crate) fn sum_lanes_f16(x: &[f16], acc: &mut [f32; 16]) -> usize {
+    match detected() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX-512 F.
+        Isa::Avx512 => unsafe { sum_lanes_avx512(x, acc) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has F16C and AVX.
+        Isa::Avx2 => unsafe { sum_lanes_f16c(x, acc) },
+        _ => 0,
+    }
+}
+
+/// [`sum_lanes_f16`] with one 16-lane register.
+///
+/// # Safety
+/// The CPU must have AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn sum_lanes_avx512(x: &[f16], acc: &mut [f32; 16]) -> usize {
+    use core::arch::x86_64::{_mm256_loadu_si256, _mm512_add_ps, _mm512_cvtph_ps, _mm512_loadu_ps, _mm512_storeu_ps};
+    let whole = x.len() / 16 * 16;
+    // SAFETY: `acc` holds 16 f32 (64 bytes); each `i + 16 <= whole` is 32 readable bytes of
+    // `x`; the intrinsics take unaligned addresses.
+    unsafe {
+        let mut v = _mm512_loadu_ps(acc.as_ptr());
+        for i in (0..whole).step_by(16) {
+            v = _mm512_add_ps(v, _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().add(i).cast())));
+        }
+        _mm512_storeu_ps(acc.as_mut_ptr(), v);
+    }
+    whole
+}
+
+/// [`sum_lanes_f16`] with two 8-lane registers (lanes 0-7 and 8-15).
+///
+/// # Safety
+/// The CPU must have F16C and AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn sum_lanes_f16c(x: &[f16], acc: &mut [f32; 16]) -> usize {
+    use core::arch::x86_64::{_mm_loadu_si128, _mm256_add_ps, _mm256_cvtph_ps, _mm256_loadu_ps, _mm256_storeu_ps};
+    let whole = x.len() / 16 * 16;
+    // SAFETY: as in `sum_lanes_avx512`, in two halves of 8 lanes (32 bytes of `acc`, 16 of `x`).
+    unsafe {
+        let (mut lo, mut hi) = (_mm256_loadu_ps(acc.as_ptr()), _mm256_loadu_ps(acc.as_ptr().add(8)));
+        for i in (0..whole).step_by(16) {
+            let p = x.as_ptr().add(i);
+            lo = _mm256_add_ps(lo, _mm256_cvtph_ps(_mm_loadu_si128(p.cast())));
+            hi = _mm256_add_ps(hi, _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast())));
+        }
+        _mm256_storeu_ps(acc.as_mut_ptr(), lo);
+        _mm256_storeu_ps(acc.as_mut_ptr().add(8), hi);
+    }
+    whole
+}
+
 /// Elements per chunk of the fused loops: four 8-lane conversions.
 const CHUNK: usize = 32;
 
@@ -308,6 +367,26 @@ mod tests {
 
     /// The fused loops against the per-element reference, `f16(f(widen(x), widen(y)))`: every
     /// f16 value as the first operand, lengths around the chunk, steps 0 and 1, in place.
+    #[test]
+    fn fused_sum_lanes_add_like_the_scalar_lanes() {
+        // Every f16 value but the NaNs and infinities, in an order that mixes magnitudes, plus
+        // a tail that is no whole group.
+        let x: Vec<f16> = (0..=u16::MAX)
+            .map(|i| f16::from_bits(i.wrapping_mul(40_503)))
+            .filter(|v| v.is_finite())
+            .chain([f16::ONE; 9])
+            .collect();
+        let mut acc = [0.5f32; 16];
+        let done = sum_lanes_f16(&x, &mut acc);
+        let mut want = [0.5f32; 16];
+        let whole = if has_f16c() { x.len() / 16 * 16 } else { 0 };
+        for (j, v) in x[..whole].iter().enumerate() {
+            want[j % 16] += v.widen();
+        }
+        assert_eq!(done, whole);
+        assert_eq!(acc.map(f32::to_bits), want.map(f32::to_bits));
+    }
+
     #[test]
     fn fused_loops_round_once_like_the_reference() {
         let bits = |v: &[f16]| v.iter().map(|x| if x.is_nan() { u16::MAX } else { x.to_bits() }).collect::<Vec<_>>();

@@ -92,7 +92,17 @@ half_sum!(half::bf16);
 impl SumAcc for half::f16 {
     type Acc = f64;
     fn sum_slice(x: &[half::f16]) -> f64 {
-        // Widened with F16C where the CPU has it.
+        if f16c::has_f16c() {
+            // `lanes_f32` of the widened block, with the widening fused into the lanes.
+            return x
+                .chunks(BLOCK)
+                .map(|c| {
+                    let mut acc = [0f32; LANES];
+                    let done = f16c::sum_lanes_f16(c, &mut acc);
+                    acc.iter().map(|&v| v as f64).sum::<f64>() + c[done..].iter().map(|v| v.widen() as f64).sum::<f64>()
+                })
+                .sum();
+        }
         let mut buf = [0f32; BLOCK];
         x.chunks(BLOCK)
             .map(|c| {
