@@ -590,6 +590,19 @@ fn half_precision_kernels_round_every_value_once_in_every_loop() {
         let halves_in_place = Tensor::from_slice(&a, &[N], dt).unwrap();
         halves_in_place.add_(&wide).unwrap();
         same(&halves_in_place.to_vec::<H>().unwrap(), &|i| fa(i) + fb(i), "add_ of f32");
+        // The same through strided runs: gathered, converted as a block, scattered.
+        let wide_odd = wide.slice(0, 1, N as isize, 2).unwrap();
+        let ms = sa.add(&wide_odd).unwrap().to_vec::<f32>().unwrap();
+        assert!((0..N / 2).all(|i| exact(ms[i], fa(2 * i) + fb(2 * i + 1))), "{dt:?} strided + strided f32");
+        let evens_in_place = Tensor::from_slice(&a, &[N], dt).unwrap();
+        evens_in_place.slice(0, 0, N as isize, 2).unwrap().add_(&wide_odd).unwrap();
+        let got = evens_in_place.to_vec::<H>().unwrap();
+        same(
+            &got.iter().step_by(2).copied().collect::<Vec<H>>(),
+            &|i| fa(2 * i) + fb(2 * i + 1),
+            "strided add_ of strided f32",
+        );
+        assert!(got.iter().zip(&a).skip(1).step_by(2).all(|(x, y)| to_f32(*x).to_bits() == to_f32(*y).to_bits()));
         let widened = ta.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
         assert!((0..N).all(|i| exact(widened[i], fa(i))), "{dt:?} cast to f32");
         let strided_wide = sa.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
