@@ -182,6 +182,23 @@ if (root / "half_256K_1t").is_dir():
         print(f"| f16 add / f32 add, calls side by side | | {beside[0]:.2f} |")
     print()
 
+# --- benches/tensor_kernels.rs, group matmul_half_512_1t ----------------------------------
+if (root / "matmul_half_512_1t").is_dir():
+    side_path = root / "tensor_side_by_side.json"
+    side = json.loads(side_path.read_text()) if side_path.exists() else {}
+    f32_mm = mean("matmul_half_512_1t", "f32")
+    print()
+    print("| matmul, 1 thread | ms | / f32 512^3 |")
+    print("|---|---:|---:|")
+    for s_ in ["f32", "f16", "bf16", "bf16_gpt2_mlp", "bf16_tiles_beside_f32_route"]:
+        m = mean("matmul_half_512_1t", s_)
+        if m is not None:
+            print(f"| {s_} | {m / 1e6:.3f} | {'-' if not f32_mm else f'{m / f32_mm:.2f}'} |")
+    beside = side.get("matmul_half_512_1t/bf16_tiles_beside_f32_route")
+    if beside:
+        print(f"| bf16 on tiles / bf16 through f32, calls side by side | | {beside[0]:.2f} |")
+    print()
+
 # --- benches/observe.rs --------------------------------------------------------------------
 if (root / "observe_pair_64B").is_dir():
     print()

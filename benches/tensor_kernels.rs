@@ -24,7 +24,10 @@
 //! 7. Half precision (`half_256K_1t`): f16 and bf16 adds, casts and sums of 256K elements
 //!    beside the f32 add of the same elements, at 1 thread.
 //!
-//! 8. `a + b` on 1M elements at 2 threads, each call 200 µs after the last (sleeping, untimed):
+//! 8. Half-precision matmul (`matmul_half_512_1t`): 512^3 in f32, f16 and bf16, a GPT-2 MLP
+//!    layer in bf16, and bf16 on AMX tiles beside the f32 route, call by call.
+//!
+//! 9. `a + b` on 1M elements at 2 threads, each call 200 µs after the last (sleeping, untimed):
 //!    a kernel issued shortly after another, as in a model's forward pass, with the kernel
 //!    threads spinning between kernels (`spin_1ms`, the default) and sleeping at once
 //!    (`spin_0`), against the same calls back to back (`back_to_back`).
@@ -60,7 +63,8 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, measurement::WallTime};
 use rayon::prelude::*;
 use tensormem::tensor::{
-    DEFAULT_KERNEL_SPIN, DType, Tensor, TensorOptions, kernel_spin, set_kernel_spin, set_num_threads,
+    DEFAULT_KERNEL_SPIN, DType, Tensor, TensorOptions, amx_enabled, kernel_spin, set_amx, set_kernel_spin,
+    set_num_threads,
 };
 use tensormem::{Allocator, AllocatorRegistry, PoolAllocator};
 
@@ -480,6 +484,48 @@ fn half_precision(c: &mut Criterion) {
     g.finish();
 }
 
+/// Half-precision matmul at 1 thread, beside the f32 product of the same sizes: 512^3 in f32,
+/// f16 and bf16; bf16 also as a GPT-2 MLP layer (128 tokens x 768 by a 3072 x 768 weight,
+/// transposed, as `Linear` stores it); and bf16 on AMX tiles and through f32 call by call
+/// (`bf16_tiles_beside_f32_route`: tiles / f32 route of those calls; on a CPU without AMX both
+/// are the f32 route).
+fn matmul_half(c: &mut Criterion) {
+    const M: usize = 512;
+    let name = "matmul_half_512_1t";
+    let a = Tensor::rand(&[M, M], default_opts(7)).unwrap();
+    let b = Tensor::rand(&[M, M], default_opts(8)).unwrap();
+    let (ah, bh) = (a.to_dtype(DType::F16).unwrap(), b.to_dtype(DType::F16).unwrap());
+    let (ab, bb) = (a.to_dtype(DType::BF16).unwrap(), b.to_dtype(DType::BF16).unwrap());
+    let x = Tensor::randn(&[128, 768], default_opts(9)).unwrap().to_dtype(DType::BF16).unwrap();
+    let w = Tensor::randn(&[3072, 768], default_opts(10)).unwrap().to_dtype(DType::BF16).unwrap();
+    let mut g = group(c, name, 1, 0);
+    g.throughput(Throughput::Elements((2 * M * M * M) as u64));
+    bench(&mut g, name, "f32", || a.matmul(&b).unwrap());
+    bench(&mut g, name, "f16", || ah.matmul(&bh).unwrap());
+    bench(&mut g, name, "bf16", || ab.matmul(&bb).unwrap());
+    g.throughput(Throughput::Elements((2 * 128 * 768 * 3072) as u64));
+    bench(&mut g, name, "bf16_gpt2_mlp", || x.matmul(&w.t().unwrap()).unwrap());
+    g.throughput(Throughput::Elements((2 * M * M * M) as u64));
+    let tiles = amx_enabled();
+    bench_side_by_side(
+        &mut g,
+        name,
+        "bf16_tiles_beside_f32_route",
+        &mut [
+            &mut || {
+                set_amx(tiles);
+                drop(black_box(ab.matmul(&bb).unwrap()))
+            },
+            &mut || {
+                set_amx(false);
+                drop(black_box(ab.matmul(&bb).unwrap()))
+            },
+        ],
+    );
+    set_amx(tiles);
+    g.finish();
+}
+
 /// Kernels 200 µs apart: whether the second thread is awake when the next kernel comes.
 fn after_a_gap(c: &mut Criterion) {
     const N: usize = 1 << 20;
@@ -520,6 +566,7 @@ criterion_group!(
     sum,
     matmul,
     half_precision,
+    matmul_half,
     after_a_gap
 );
 

@@ -56,7 +56,7 @@ mod view;
 pub use self::core::Tensor;
 pub use dtype::{DType, Element, QUANT_BLOCK};
 pub use error::{Result, TensorError};
-pub use kernels::Scalar;
+pub use kernels::{AMX_ENV, Scalar, amx_enabled, set_amx};
 pub use like::{TensorSlice, TensorSliceMut};
 pub use options::{DEFAULT_SEED, Generator, TensorOptions, manual_seed};
 pub use parallel::{

@@ -2,7 +2,9 @@
 //! batch dimensions) on the `gemm` crate for f32 and f64, and a cache-friendly loop for
 //! integers. f16 and bf16 are computed in f32 and rounded once, as PyTorch accumulates them:
 //! gemm's own f16 path runs its AVX2 kernels only, and converting around its AVX-512 f32
-//! kernels is 20-25% faster (BENCHMARKS.md, "Half precision").
+//! kernels is 20-25% faster (BENCHMARKS.md, "Half precision"). On CPUs with AMX (Intel Xeon 4th
+//! generation and later) bf16 products of at least 16 x 32 x 16 run on its tiles instead
+//! ([`amx`](super::amx)), as PyTorch's do there.
 
 use crate::tensor::core::for_each_offset;
 use crate::tensor::dtype::match_numeric;
@@ -16,10 +18,10 @@ const PARALLEL_FLOPS: usize = 1 << 18;
 
 /// One matrix operand: the address of element (0, 0), its row and column strides in elements.
 #[derive(Clone, Copy)]
-struct Mat<T> {
-    ptr: *const T,
-    rs: usize,
-    cs: usize,
+pub(super) struct Mat<T> {
+    pub(super) ptr: *const T,
+    pub(super) rs: usize,
+    pub(super) cs: usize,
 }
 
 impl Tensor {
@@ -28,6 +30,13 @@ impl Tensor {
     /// dimension is removed from the result); higher dimensions are batch dimensions, which
     /// broadcast. Operands are promoted to a common dtype; bool and quantised are refused.
     /// Strided operands (a transposed matrix) are passed to gemm as they are, without a copy.
+    ///
+    /// bf16 products run on AMX tiles where the CPU has them ([`amx_enabled`]), with AMX's
+    /// arithmetic as in PyTorch there: f32 sums, subnormal inputs and results read and written
+    /// as zero; [`set_amx`]`(false)` or `TENSORMEM_AMX=0` chooses the f32 route everywhere.
+    ///
+    /// [`amx_enabled`]: crate::tensor::amx_enabled
+    /// [`set_amx`]: crate::tensor::set_amx
     ///
     /// # Errors
     /// [`TensorError::MatmulShape`] when the inner dimensions differ;
@@ -87,6 +96,19 @@ impl Tensor {
             t.expand(&s)
         };
         let (a, b) = (expand(&a, n, k)?, expand(&b, k, m)?);
+        let squeeze = |mut out: Tensor| -> Result<Tensor> {
+            if a_vec {
+                out = out.squeeze_dim(-2)?;
+            }
+            if b_vec {
+                out = out.squeeze_dim(-1)?;
+            }
+            Ok(out)
+        };
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        if dt == DType::BF16 && super::amx::worth(n, k, m) {
+            return squeeze(on_tiles(self, &a, &b, &batch, n, k, m)?);
+        }
         let compute = if matches!(dt, DType::BF16 | DType::F16) { DType::F32 } else { dt };
         let (a, b) = (a.to_dtype(compute)?, b.to_dtype(compute)?);
         let mut out_shape = batch.clone();
@@ -102,15 +124,63 @@ impl Tensor {
             let run = || match_numeric!(compute, T => batched::<T>(&a, &b, &out, &batch, n, k, m, threads), _ => {});
             if threads > 1 { crate::tensor::parallel::install(run) } else { run() }
         }
-        let mut out = if compute != dt { out.to_dtype(dt)? } else { out };
-        if a_vec {
-            out = out.squeeze_dim(-2)?;
-        }
-        if b_vec {
-            out = out.squeeze_dim(-1)?;
-        }
-        Ok(out)
+        squeeze(if compute != dt { out.to_dtype(dt)? } else { out })
     }
+}
+
+/// The element offsets of each matrix of `t` (expanded to `batch + [rows, cols]`).
+fn batch_offsets(t: &Tensor, batch: &[usize]) -> Vec<usize> {
+    let mut v = Vec::new();
+    for_each_offset(batch, &t.strides()[..batch.len()], |o| v.push(o));
+    v
+}
+
+/// `a x b` in bf16 on AMX tiles ([`amx`](super::amx)); `a` and `b` are expanded to
+/// `batch + [n, k]` and `batch + [k, m]`, of any dtype that promotes to bf16.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[allow(clippy::too_many_arguments)]
+fn on_tiles(like: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize], n: usize, k: usize, m: usize) -> Result<Tensor> {
+    use super::amx::{Plan, product};
+    let op = "matmul";
+    let (a, b) = (a.to_dtype(DType::BF16)?, b.to_dtype(DType::BF16)?);
+    let mut out_shape = batch.to_vec();
+    out_shape.extend([n, m]);
+    // SAFETY: `product` writes every element of `out`.
+    let out = unsafe { Tensor::output(op, &out_shape, DType::BF16, like) }?;
+    a.host_ready(op)?;
+    b.host_ready(op)?;
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    let plan = Plan::new(out.numel() / (n * m), n, k, m);
+    let scratch = |len: Option<usize>| {
+        let len = len.ok_or_else(|| TensorError::SizeOverflow { op, shape: out_shape.clone(), dtype: DType::BF16 })?;
+        // SAFETY: `product` writes all of its scratch before reading it.
+        unsafe { Tensor::output(op, &[len], DType::BF16, like) }
+    };
+    let (pack_a, pack_b) = (scratch(plan.packed_a())?, scratch(plan.packed_b())?);
+    let _g = lock_storages(None, &[a.storage(), b.storage()]);
+    let (ao, bo) = (batch_offsets(&a, batch), batch_offsets(&b, batch));
+    let nb = batch.len();
+    let mat = |t: &Tensor| Mat { ptr: t.data_ptr() as *const u16, rs: t.strides()[nb], cs: t.strides()[nb + 1] };
+    let threads = crate::tensor::parallel::threads_for(out.numel().saturating_mul(k), PARALLEL_FLOPS / 2);
+    // SAFETY: `worth` held for these sizes (the caller's test). `a` and `b` are bf16, host-ready
+    // and read-locked; each offset addresses one of their matrices with these strides. `out` and
+    // the scratch are fresh, of the sizes `product` needs, and alias nothing.
+    unsafe {
+        product(
+            plan,
+            mat(&a),
+            &ao,
+            mat(&b),
+            &bo,
+            out.data_ptr() as *mut u16,
+            pack_a.data_ptr() as *mut u16,
+            pack_b.data_ptr() as *mut u16,
+            threads,
+        )
+    };
+    Ok(out)
 }
 
 /// Runs one matrix product per batch index. `a` and `b` are expanded to `batch + [n, k]` and
@@ -127,12 +197,7 @@ fn batched<T: Element + Num>(
     threads: usize,
 ) {
     let nb = batch.len();
-    let offsets = |t: &Tensor| {
-        let mut v = Vec::new();
-        for_each_offset(batch, &t.strides()[..nb], |o| v.push(o));
-        v
-    };
-    let (ao, bo) = (offsets(a), offsets(b));
+    let (ao, bo) = (batch_offsets(a, batch), batch_offsets(b, batch));
     let (ap, bp, op) = (a.data_ptr() as *const T, b.data_ptr() as *const T, out.data_ptr() as *mut T);
     let (ars, acs, brs, bcs) = (a.strides()[nb], a.strides()[nb + 1], b.strides()[nb], b.strides()[nb + 1]);
     for (i, (&x, &y)) in ao.iter().zip(&bo).enumerate() {

@@ -1,5 +1,6 @@
 //! Kernels on top of the iteration engine.
 
+mod amx;
 mod cast;
 mod elementwise;
 mod f16c;
@@ -9,6 +10,7 @@ mod join;
 mod mask;
 mod norm;
 
+pub use amx::{AMX_ENV, amx_enabled, set_amx};
 pub(crate) use elementwise::BinaryOp;
 pub use elementwise::Scalar;
 pub(crate) use mask::FILL_HINT;

@@ -1,0 +1,556 @@
+//! bf16 matrix products on AMX tiles (Intel Xeon 4th generation, Sapphire Rapids, and later).
+//!
+//! The f32 route converts both operands to f32, runs gemm's AVX-512 kernels and rounds the
+//! result: 1.8-2.5 ms for a 512^3 bf16 product on the 2-vCPU VM, where PyTorch (oneDNN on AMX)
+//! took 0.27-0.66. AMX multiplies 16x32 by 32x16 bf16 tiles into 16x16 f32 tiles in one
+//! instruction (`tdpbf16ps`). This module packs the operands into tiles, multiplies with four
+//! accumulator tiles (a 32x32 block of the result) and rounds each block to bf16 once.
+//!
+//! The arithmetic is AMX's, as in PyTorch on the same CPU: products of bf16 pairs are exact, the
+//! sums are f32 (rounded to nearest, ties to even; the two products of a pair are added before
+//! the accumulator), and subnormal inputs and results are read and written as zero. So results
+//! may differ from the f32 route in the last bit of a bf16, and values below 2^-126 become 0.
+//! [`set_amx`] turns the route off for reproducibility across machines.
+//!
+//! Stable Rust has no AMX intrinsics; the tile instructions are written in `asm!`. Linux grants
+//! the tile registers to a process on request (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); without the
+//! grant (another OS, an old kernel, a CPU without AMX) matmul takes the f32 route.
+
+#![cfg_attr(not(all(target_arch = "x86_64", target_os = "linux")), allow(dead_code))]
+
+use core::sync::atomic::{AtomicU8, Ordering};
+
+use super::matmul::Mat;
+
+/// The environment variable that turns the AMX route off at startup: `0`, `off` or `false`
+/// (`1`, `on`, `true` or unset: on where the CPU has it; anything else is logged and ignored).
+pub const AMX_ENV: &str = "TENSORMEM_AMX";
+
+/// 0: not decided yet; 1: off (no AMX, or turned off); 2: on.
+static STATE: AtomicU8 = AtomicU8::new(0);
+
+/// Whether bf16 matrix products run on AMX tiles: the CPU has AMX-BF16, the OS granted the
+/// tile registers, and neither [`set_amx`]`(false)` nor `TENSORMEM_AMX=0` turned the route off.
+///
+/// ```
+/// // true on Xeon 4th generation and later under Linux 5.16+, false elsewhere
+/// let _on_tiles: bool = tensormem::tensor::amx_enabled();
+/// ```
+pub fn amx_enabled() -> bool {
+    match STATE.load(Ordering::Relaxed) {
+        0 => {
+            let wanted = match std::env::var(AMX_ENV).map(|v| v.trim().to_ascii_lowercase()) {
+                Ok(v) if matches!(v.as_str(), "0" | "off" | "false") => false,
+                Ok(v) if matches!(v.as_str(), "" | "1" | "on" | "true") => true,
+                Ok(v) => {
+                    tracing::warn!(
+                        "{AMX_ENV}={v:?} is neither 0/off/false nor 1/on/true; AMX stays on where the CPU has it"
+                    );
+                    true
+                }
+                Err(_) => true,
+            };
+            let on = wanted && supported();
+            // A concurrent `set_amx` wins over the environment.
+            let _ = STATE.compare_exchange(0, if on { 2 } else { 1 }, Ordering::Relaxed, Ordering::Relaxed);
+            STATE.load(Ordering::Relaxed) == 2
+        }
+        s => s == 2,
+    }
+}
+
+/// Turns the AMX route for bf16 matmul on or off (like `torch.backends.mkldnn`'s switch); on has
+/// effect only where [`amx_enabled`] can be true. Returns whether the route is on afterwards.
+/// Products already running finish on the route they started on.
+///
+/// ```
+/// use tensormem::tensor::{DType, Tensor, set_amx};
+///
+/// let previous = tensormem::tensor::amx_enabled();
+/// set_amx(false); // bf16 matmul now converts to f32 and rounds once, on every machine
+/// let a = Tensor::ones(&[64, 64], DType::BF16)?;
+/// assert_eq!(a.matmul(&a)?.to_dtype(DType::F32)?.to_vec::<f32>()?[0], 64.0);
+/// set_amx(previous);
+/// # Ok::<(), tensormem::tensor::TensorError>(())
+/// ```
+pub fn set_amx(enabled: bool) -> bool {
+    let on = enabled && supported();
+    STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+    on
+}
+
+/// The CPU and the OS allow AMX-BF16 (checked once; asks Linux for the tile registers).
+fn supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(detect)
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn detect() -> bool {
+    use core::arch::x86_64::__cpuid_count;
+    // SAFETY: `cpuid` exists on every x86-64 CPU and never faults: a leaf above the maximum
+    // returns other data, which is not used (the maximum is checked first). (`__cpuid_count`
+    // is a safe function in recent Rust and unsafe in older; the crate builds with both.)
+    #[allow(unused_unsafe)]
+    let (max_leaf, leaf1, leaf7) = unsafe { (__cpuid_count(0, 0).eax, __cpuid_count(1, 0), __cpuid_count(7, 0)) };
+    let osxsave = leaf1.ecx & (1 << 27) != 0;
+    let (amx_bf16, amx_tile) = (leaf7.edx & (1 << 22) != 0, leaf7.edx & (1 << 24) != 0);
+    // Every AMX CPU has AVX-512, for which the packing and rounding loops are compiled.
+    let avx512 = super::isa::detected() == super::isa::Isa::Avx512;
+    if max_leaf < 7 || !osxsave || !amx_bf16 || !amx_tile || !avx512 {
+        return false;
+    }
+    // SAFETY: OSXSAVE is set, so `xgetbv` is enabled; register 0 is XCR0.
+    let xcr0 = unsafe { xcr0() };
+    // XTILECFG (bit 17) and XTILEDATA (bit 18): the OS saves the tile state.
+    if xcr0 & (0b11 << 17) != 0b11 << 17 {
+        return false;
+    }
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with ARCH_REQ_XCOMP_PERM only changes this process's permitted
+    // extended-state features; it takes no pointers.
+    let granted = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) };
+    granted == 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn detect() -> bool {
+    false
+}
+
+/// # Safety
+/// The CPU must report OSXSAVE.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[target_feature(enable = "xsave")]
+unsafe fn xcr0() -> u64 {
+    // SAFETY: the caller checked OSXSAVE, so `xgetbv` does not fault.
+    unsafe { core::arch::x86_64::_xgetbv(0) }
+}
+
+/// Whether an `n x k` by `k x m` bf16 product goes on tiles: AMX is on and the matrices fill
+/// tiles well enough. Padding to 32 rows, 32 columns and 32 inner elements at most doubles each
+/// size here; below it (matrix-vector products, tiny batched heads) the f32 route is the better
+/// one.
+pub(super) fn worth(n: usize, k: usize, m: usize) -> bool {
+    n >= 16 && m >= 16 && k >= 32 && amx_enabled()
+}
+
+/// Rows of the result per panel (two tiles).
+const PANEL: usize = 32;
+/// Inner elements per tile (32 bf16 in a 64-byte tile row).
+const CHUNK: usize = 32;
+/// Columns of the result per B tile.
+const TILE_COLS: usize = 16;
+/// u16 elements in one packed A chunk (32 rows x 32) and one packed B tile (16 x 32).
+const A_CHUNK: usize = PANEL * CHUNK;
+const B_TILE: usize = TILE_COLS * CHUNK;
+/// Chunks per pass over a column group: the panel's 16 KiB slice stays in L1 while the
+/// group's B tiles stream past it from L2.
+const PASS: usize = 8;
+/// Packed B bytes one column group keeps in L2 while every panel runs across it.
+const GROUP_BYTES: usize = 1 << 20;
+/// The most pairs of B tiles (32 columns each) in a column group: its f32 results for one
+/// panel (32 x 256 x 4 bytes) sit in a 32 KiB block on the stack.
+const GROUP_PAIRS: usize = 8;
+const GROUP_COLS: usize = GROUP_PAIRS * 2 * TILE_COLS;
+
+/// The sizes of one batched product, padded to tiles.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Plan {
+    n: usize,
+    k: usize,
+    m: usize,
+    /// Inner chunks (`k` padded to 32, over 32).
+    chunks: usize,
+    /// Panels of 32 rows.
+    panels: usize,
+    /// B tiles of 16 columns (even: the kernel takes them in pairs).
+    col_tiles: usize,
+    batches: usize,
+}
+
+impl Plan {
+    pub(super) fn new(batches: usize, n: usize, k: usize, m: usize) -> Plan {
+        let chunks = k.div_ceil(CHUNK);
+        Plan { n, k, m, chunks, panels: n.div_ceil(PANEL), col_tiles: m.div_ceil(2 * TILE_COLS) * 2, batches }
+    }
+
+    /// u16 elements of packed A (all batches); `None` if that overflows.
+    pub(super) fn packed_a(&self) -> Option<usize> {
+        self.batches.checked_mul(self.panels)?.checked_mul(self.chunks)?.checked_mul(A_CHUNK)
+    }
+
+    /// u16 elements of packed B (all batches); `None` if that overflows.
+    pub(super) fn packed_b(&self) -> Option<usize> {
+        self.batches.checked_mul(self.col_tiles)?.checked_mul(self.chunks)?.checked_mul(B_TILE)
+    }
+
+    /// Pairs of B tiles per column group.
+    fn group_pairs(&self) -> usize {
+        (GROUP_BYTES / (self.chunks * B_TILE * 2 * 2)).clamp(1, GROUP_PAIRS)
+    }
+}
+
+/// A pointer (or a matrix holding one) shared by the pieces of one product, each of which
+/// touches only its own part.
+#[derive(Clone, Copy)]
+struct Shared<T: Copy>(T);
+
+impl<T: Copy> Shared<T> {
+    /// The value (a method, so closures capture the `Sync` wrapper, not the raw field).
+    fn get(&self) -> T {
+        self.0
+    }
+}
+// SAFETY: the pieces of `product` write disjoint parts through it (packs by panel / tile,
+// results by block) and read only what every piece finished writing before the next phase.
+unsafe impl<T: Copy> Send for Shared<T> {}
+// SAFETY: as above.
+unsafe impl<T: Copy> Sync for Shared<T> {}
+
+/// `dst[i] (n x m, row-major) = a[i] (n x k) * b[i] (k x m)` for each batch `i`, on AMX tiles.
+/// `a_offsets[i]` / `b_offsets[i]` are the elements from `a.ptr` / `b.ptr` to matrix `i`;
+/// `pack_a` and `pack_b` are scratch of [`Plan::packed_a`] / [`Plan::packed_b`] elements.
+///
+/// # Safety
+/// [`worth`] returned true for these sizes (AMX is usable). Every matrix addresses initialised
+/// bf16 bits with the given strides; `dst` is valid for writes of `batches * n * m` elements and
+/// overlaps nothing else; the scratch buffers are valid for writes, separate from everything.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn product(
+    plan: Plan,
+    a: Mat<u16>,
+    a_offsets: &[usize],
+    b: Mat<u16>,
+    b_offsets: &[usize],
+    dst: *mut u16,
+    pack_a: *mut u16,
+    pack_b: *mut u16,
+    threads: usize,
+) {
+    use crate::tensor::parallel::for_each_piece;
+    let p = plan;
+    let (pa, pb, out) = (Shared(pack_a), Shared(pack_b), Shared(dst));
+    let (a, b) = (Shared(a), Shared(b));
+    // `jobs` split into consecutive ranges, one per piece.
+    let pieces = |jobs: usize| threads.clamp(1, jobs.max(1));
+    let range = |jobs: usize, pieces: usize, piece: usize| jobs * piece / pieces..jobs * (piece + 1) / pieces;
+
+    // Phase 1: pack every A panel and every inner chunk of B.
+    let a_jobs = p.batches * p.panels;
+    let jobs = a_jobs + p.batches * p.chunks;
+    let n_pieces = pieces(jobs);
+    for_each_piece(n_pieces, |piece| {
+        for job in range(jobs, n_pieces, piece) {
+            if job < a_jobs {
+                let (bi, panel) = (job / p.panels, job % p.panels);
+                let a = a.get();
+                // SAFETY: matrix `bi` of `a` is valid (our contract); this panel's part of the
+                // scratch is `chunks * A_CHUNK` elements at its index, written by this job only;
+                // AMX implies AVX-512 (`supported`).
+                unsafe {
+                    let src = Mat { ptr: a.ptr.add(a_offsets[bi]), ..a };
+                    pack_a_panel(&p, src, panel, pa.get().add(job * p.chunks * A_CHUNK));
+                }
+            } else {
+                let job = job - a_jobs;
+                let (bi, chunk) = (job / p.chunks, job % p.chunks);
+                let b = b.get();
+                // SAFETY: as above, for chunk `chunk` of matrix `bi`, whose packed tiles lie in
+                // its batch's `col_tiles * chunks * B_TILE` elements.
+                unsafe {
+                    let src = Mat { ptr: b.ptr.add(b_offsets[bi]), ..b };
+                    pack_b_chunk(&p, src, chunk, pb.get().add(bi * p.col_tiles * p.chunks * B_TILE));
+                }
+            }
+        }
+    });
+
+    // Phase 2: a job is one panel across one column group, so each piece runs its panels
+    // across the same packed B while it is in L2.
+    let pairs = p.col_tiles / 2;
+    let per_group = p.group_pairs();
+    let groups = pairs.div_ceil(per_group);
+    let jobs = p.batches * groups * p.panels;
+    let n_pieces = pieces(jobs);
+    for_each_piece(n_pieces, |piece| {
+        let mut acc = Block([0.0; PANEL * GROUP_COLS]);
+        // SAFETY: AMX is usable (our contract).
+        let tiles = unsafe { Tiles::configure() };
+        for job in range(jobs, n_pieces, piece) {
+            let (bi, rest) = (job / (groups * p.panels), job % (groups * p.panels));
+            let (group, panel) = (rest / p.panels, rest % p.panels);
+            let pairs = group * per_group..((group + 1) * per_group).min(pairs);
+            // SAFETY: phase 1 packed this panel and these tile columns of batch `bi`; the
+            // block of results (rows of the panel, columns of the group, clipped to n x m) lies
+            // in result `bi` and only this job writes it; AMX implies AVX-512 (`supported`).
+            unsafe {
+                let a_panel = pa.get().add((bi * p.panels + panel) * p.chunks * A_CHUNK);
+                let b_cols = pb.get().add((bi * p.col_tiles + 2 * pairs.start) * p.chunks * B_TILE);
+                group_block(&tiles, &p, a_panel, b_cols, pairs.len(), &mut acc);
+                let (r0, c0) = (panel * PANEL, pairs.start * 2 * TILE_COLS);
+                let rows = PANEL.min(p.n - r0);
+                let cols = (pairs.len() * 2 * TILE_COLS).min(p.m - c0);
+                for r in 0..rows {
+                    round_row(&acc.0[r * GROUP_COLS..][..cols], out.get().add(bi * p.n * p.m + (r0 + r) * p.m + c0));
+                }
+            }
+        }
+    });
+}
+
+/// One panel's f32 results across one column group, 64-byte aligned rows for the tile stores.
+#[repr(C, align(64))]
+struct Block([f32; PANEL * GROUP_COLS]);
+
+/// `acc[.., ..32 * pairs] = A panel x the B tile columns from `b_cols``, in passes of
+/// [`PASS`] chunks (each pass adds to the results the last one stored).
+///
+/// # Safety
+/// `a_panel` holds `p.chunks` packed A chunks; `b_cols` holds `2 * pairs` packed tile columns of
+/// `p.chunks` tiles each, one after the other; `pairs <= GROUP_PAIRS`.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+unsafe fn group_block(tiles: &Tiles, p: &Plan, a_panel: *const u16, b_cols: *const u16, pairs: usize, acc: &mut Block) {
+    let column = p.chunks * B_TILE;
+    let mut first = 0;
+    while first < p.chunks {
+        let count = PASS.min(p.chunks - first);
+        for pair in 0..pairs {
+            // SAFETY: the chunks `first .. first + count` of the panel and of the two tile
+            // columns of this pair exist (our contract); the pair's 32 columns of `acc` are
+            // inside its 32 x GROUP_COLS f32 (pair < GROUP_PAIRS).
+            unsafe {
+                let out = acc.0.as_mut_ptr().add(pair * 2 * TILE_COLS);
+                let b0 = b_cols.add(2 * pair * column + first * B_TILE);
+                tiles.multiply(a_panel.add(first * A_CHUNK), b0, b0.add(column), count, out, first > 0);
+            }
+        }
+        first += count;
+    }
+}
+/// Rounds `from` to bf16 into `to` (compiled for AVX-512, which every AMX CPU has).
+///
+/// # Safety
+/// `to` is valid for `from.len()` writes; the CPU has AVX-512 F, BW and VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn round_row(from: &[f32], to: *mut u16) {
+    use crate::tensor::halfconv::HalfFloat;
+    for (i, &v) in from.iter().enumerate() {
+        // SAFETY: the caller gives `from.len()` writable elements at `to`.
+        unsafe { to.add(i).write(half::bf16::narrow(v).to_bits()) };
+    }
+}
+
+/// Packs the rows `32 * panel ..` of `a` (n x k) as `chunks` blocks of 32 rows x 32 inner
+/// elements, row-major, zero past `n` and `k`.
+///
+/// # Safety
+/// `a` addresses an initialised `n x k` matrix; `out` is valid for `chunks * A_CHUNK` writes;
+/// the CPU has AVX-512 F, BW and VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn pack_a_panel(p: &Plan, a: Mat<u16>, panel: usize, out: *mut u16) {
+    for c in 0..p.chunks {
+        let (k0, r0) = (c * CHUNK, panel * PANEL);
+        let (kk, rows) = (CHUNK.min(p.k - k0), PANEL.min(p.n - r0));
+        // SAFETY: chunk `c` of this panel is `A_CHUNK` elements from `c * A_CHUNK` of `out`.
+        let blk = unsafe { core::slice::from_raw_parts_mut(out.add(c * A_CHUNK), A_CHUNK) };
+        if kk < CHUNK || rows < PANEL {
+            blk.fill(0);
+        }
+        // SAFETY: every (r0 + r, k0 + j) read below has r < rows, j < kk: inside `a`.
+        let at = |r: usize, j: usize| unsafe { a.ptr.add((r0 + r) * a.rs + (k0 + j) * a.cs).read() };
+        if a.cs == 1 && kk == CHUNK {
+            for r in 0..rows {
+                // SAFETY: row `r0 + r` holds 32 contiguous elements from column `k0` (a copy of
+                // a fixed size, which compiles to two vector moves instead of a `memcpy` call).
+                let src = unsafe { a.ptr.add((r0 + r) * a.rs + k0).cast::<[u16; CHUNK]>().read_unaligned() };
+                blk[r * CHUNK..][..CHUNK].copy_from_slice(&src);
+            }
+        } else if a.cs == 1 {
+            for r in 0..rows {
+                // SAFETY: row `r0 + r` holds `kk` contiguous elements from column `k0`.
+                let src = unsafe { core::slice::from_raw_parts(a.ptr.add((r0 + r) * a.rs + k0), kk) };
+                blk[r * CHUNK..][..kk].copy_from_slice(src);
+            }
+        } else {
+            // Inner index outside: a transposed `a` (rs == 1) reads down its contiguous columns.
+            for j in 0..kk {
+                for r in 0..rows {
+                    blk[r * CHUNK + j] = at(r, j);
+                }
+            }
+        }
+    }
+}
+
+/// Packs inner chunk `c` (rows `32 * c ..`) of `b` (k x m) into every tile column, in AMX's pair
+/// layout: row `q` of a tile holds, for each of its 16 columns, inner elements `2q` and `2q + 1`;
+/// zero past `k` and `m`. Tile `c` of column `t` is `B_TILE` elements at `(t * chunks + c) *
+/// B_TILE` from `out`. A row-major `b` is read row after row, a transposed one (a Linear layer's
+/// weight) column after column, so reads stream either way.
+///
+/// # Safety
+/// `b` addresses an initialised `k x m` matrix; `out` is valid for `col_tiles * chunks * B_TILE`
+/// writes; the CPU has AVX-512 F, BW and VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn pack_b_chunk(p: &Plan, b: Mat<u16>, c: usize, out: *mut u16) {
+    let k0 = c * CHUNK;
+    let kk = CHUNK.min(p.k - k0);
+    // SAFETY: every (k0 + i, j) read below has i < kk, j < m: inside `b`.
+    let at = |i: usize, j: usize| unsafe { b.ptr.add((k0 + i) * b.rs + j * b.cs).read() };
+    for t in 0..p.col_tiles {
+        let c0 = t * TILE_COLS;
+        let cols = TILE_COLS.min(p.m.saturating_sub(c0));
+        // SAFETY: tile `c` of column `t` is inside `out` (our contract), written by this call only.
+        let blk = unsafe { core::slice::from_raw_parts_mut(out.add((t * p.chunks + c) * B_TILE), B_TILE) };
+        if cols == TILE_COLS && kk == CHUNK && (b.cs == 1 || b.rs == 1) {
+            // A full tile, built as 16 rows of 16 u32 pairs (low half: the even inner element).
+            let mut tile = [[0u32; TILE_COLS]; CHUNK / 2];
+            if b.cs == 1 {
+                for (q, pairs) in tile.iter_mut().enumerate() {
+                    // SAFETY: rows `k0 + 2q` and `k0 + 2q + 1` hold 16 contiguous elements from
+                    // `c0` (copies of a fixed size: vector moves, not `memcpy` calls).
+                    let (lo, hi) = unsafe {
+                        let at = |i: usize| b.ptr.add((k0 + i) * b.rs + c0).cast::<[u16; TILE_COLS]>().read_unaligned();
+                        (at(2 * q), at(2 * q + 1))
+                    };
+                    for j in 0..TILE_COLS {
+                        pairs[j] = lo[j] as u32 | (hi[j] as u32) << 16;
+                    }
+                }
+            } else {
+                for j in 0..TILE_COLS {
+                    // SAFETY: column `c0 + j` holds 32 contiguous elements from row `k0`; read as
+                    // 16 little-endian u32, each is the pair (2q, 2q + 1).
+                    let column =
+                        unsafe { b.ptr.add((k0 * b.rs) + (c0 + j) * b.cs).cast::<[u32; CHUNK / 2]>().read_unaligned() };
+                    for (q, pairs) in tile.iter_mut().enumerate() {
+                        pairs[j] = column[q];
+                    }
+                }
+            }
+            // SAFETY: the tile is `B_TILE` u16 at `blk`; u16 pairs written as u32, unaligned.
+            unsafe { blk.as_mut_ptr().cast::<[[u32; TILE_COLS]; CHUNK / 2]>().write_unaligned(tile) };
+        } else {
+            blk.fill(0);
+            for j in 0..cols {
+                for i in 0..kk {
+                    blk[(i / 2) * CHUNK + 2 * j + (i & 1)] = at(i, c0 + j);
+                }
+            }
+        }
+    }
+}
+
+/// Tile configuration: palette 1, tiles 0-7 of 16 rows x 64 bytes.
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+const CONFIG: TileConfig = {
+    let mut c = [0u8; 64];
+    c[0] = 1;
+    let mut t = 0;
+    while t < 8 {
+        c[16 + 2 * t] = 64; // bytes per row (u16, little-endian)
+        c[48 + t] = 16; // rows
+        t += 1;
+    }
+    TileConfig(c)
+};
+
+/// The tile registers configured on this thread (16 rows x 64 bytes each); released on drop.
+/// Only this module's `asm!` touches tile registers, so their contents last from one
+/// [`Tiles::multiply`] to the next.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+struct Tiles(());
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+impl Tiles {
+    /// # Safety
+    /// AMX is usable ([`supported`]).
+    unsafe fn configure() -> Tiles {
+        static CFG: TileConfig = CONFIG;
+        // SAFETY: AMX is usable (our contract); `ldtilecfg` reads the 64 bytes of `CFG`.
+        unsafe { core::arch::asm!("ldtilecfg [{cfg}]", cfg = in(reg) &CFG, options(nostack, readonly)) };
+        Tiles(())
+    }
+
+    /// `acc[0..32][0..32] (+)= A chunks x (B tiles b0 | B tiles b1)` over `count` chunks, where
+    /// `acc` rows are `GROUP_COLS` f32 apart: tiles 0-3 accumulate (loaded from `acc` when
+    /// `add`, else zero), 4-5 hold the panel's two halves, 6-7 the two B tiles.
+    ///
+    /// # Safety
+    /// `a` holds `count` packed A chunks, `b0` / `b1` `count` packed B tiles each; `acc` is
+    /// valid for reads and writes of 32 rows of 32 f32, `GROUP_COLS` f32 apart; `count >= 1`.
+    unsafe fn multiply(&self, a: *const u16, b0: *const u16, b1: *const u16, count: usize, acc: *mut f32, add: bool) {
+        const ROW: usize = GROUP_COLS * 4;
+        debug_assert!(count >= 1);
+        // SAFETY: (both `asm!` blocks) the tiles are configured (`self`). The loads read 16 rows of 64
+        // bytes per chunk from each of `a`, `a + 1024`, `b0` and `b1`, which the packed layouts
+        // hold (rows 64 bytes apart); the accumulator loads and stores touch 16 rows of 64 bytes
+        // at `acc`, `acc + 64`, `acc + 16 rows` and `acc + 16 rows + 64`: the 32 x 32 f32 the
+        // caller gives.
+        unsafe {
+            if add {
+                core::arch::asm!(
+                    "tileloadd tmm0, [{acc} + {row}*1]",
+                    "tileloadd tmm1, [{acc} + {row}*1 + 64]",
+                    "tileloadd tmm2, [{acc16} + {row}*1]",
+                    "tileloadd tmm3, [{acc16} + {row}*1 + 64]",
+                    acc = in(reg) acc,
+                    acc16 = in(reg) acc.add(16 * GROUP_COLS),
+                    row = in(reg) ROW,
+                    options(nostack, readonly),
+                );
+            } else {
+                core::arch::asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    options(nostack, nomem)
+                );
+            }
+            core::arch::asm!(
+                "2:",
+                "tileloadd tmm4, [{a} + {s64}*1]",
+                "tileloadd tmm5, [{a} + {s64}*1 + 1024]",
+                "tileloadd tmm6, [{b0} + {s64}*1]",
+                "tileloadd tmm7, [{b1} + {s64}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "add {a}, 2048",
+                "add {b0}, 1024",
+                "add {b1}, 1024",
+                "dec {n}",
+                "jnz 2b",
+                "tilestored [{acc} + {row}*1], tmm0",
+                "tilestored [{acc} + {row}*1 + 64], tmm1",
+                "tilestored [{acc16} + {row}*1], tmm2",
+                "tilestored [{acc16} + {row}*1 + 64], tmm3",
+                a = inout(reg) a => _,
+                b0 = inout(reg) b0 => _,
+                b1 = inout(reg) b1 => _,
+                n = inout(reg) count => _,
+                acc = in(reg) acc,
+                acc16 = in(reg) acc.add(16 * GROUP_COLS),
+                s64 = in(reg) 64usize,
+                row = in(reg) ROW,
+                options(nostack),
+            );
+        }
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: `tilerelease` returns the tile registers to their initial state; it has no
+        // operands and touches no memory.
+        unsafe { core::arch::asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
