@@ -238,9 +238,13 @@ pub(super) unsafe fn product(
     let pieces = |jobs: usize| threads.clamp(1, jobs.max(1));
     let range = |jobs: usize, pieces: usize, piece: usize| jobs * piece / pieces..jobs * (piece + 1) / pieces;
 
-    // Phase 1: pack every A panel and every inner chunk of B.
+    // Phase 1: pack every A panel, and B by inner chunk (a row-major `b` is read row after row)
+    // or, for a transposed one (a Linear layer's weight), by tile column (column after column),
+    // so the reads stream either way.
     let a_jobs = p.batches * p.panels;
-    let jobs = a_jobs + p.batches * p.chunks;
+    let by_column = b.get().rs == 1 && b.get().cs != 1;
+    let b_jobs = if by_column { p.col_tiles } else { p.chunks };
+    let jobs = a_jobs + p.batches * b_jobs;
     let n_pieces = pieces(jobs);
     for_each_piece(n_pieces, |piece| {
         for job in range(jobs, n_pieces, piece) {
@@ -256,13 +260,17 @@ pub(super) unsafe fn product(
                 }
             } else {
                 let job = job - a_jobs;
-                let (bi, chunk) = (job / p.chunks, job % p.chunks);
+                let (bi, part) = (job / b_jobs, job % b_jobs);
                 let b = b.get();
-                // SAFETY: as above, for chunk `chunk` of matrix `bi`, whose packed tiles lie in
-                // its batch's `col_tiles * chunks * B_TILE` elements.
-                unsafe {
-                    let src = Mat { ptr: b.ptr.add(b_offsets[bi]), ..b };
-                    pack_b_chunk(&p, src, chunk, pb.get().add(bi * p.col_tiles * p.chunks * B_TILE));
+                let (chunks, tiles) =
+                    if by_column { (0..p.chunks, part..part + 1) } else { (part..part + 1, 0..p.col_tiles) };
+                for (c, t) in chunks.flat_map(|c| tiles.clone().map(move |t| (c, t))) {
+                    // SAFETY: as above, for tile `c` of tile column `t` of matrix `bi`, inside its
+                    // batch's `col_tiles * chunks * B_TILE` elements; each job packs its own tiles.
+                    unsafe {
+                        let src = Mat { ptr: b.ptr.add(b_offsets[bi]), ..b };
+                        pack_b_tile(&p, src, c, t, pb.get().add(bi * p.col_tiles * p.chunks * B_TILE));
+                    }
                 }
             }
         }
@@ -385,61 +393,98 @@ unsafe fn pack_a_panel(p: &Plan, a: Mat<u16>, panel: usize, out: *mut u16) {
     }
 }
 
-/// Packs inner chunk `c` (rows `32 * c ..`) of `b` (k x m) into every tile column, in AMX's pair
-/// layout: row `q` of a tile holds, for each of its 16 columns, inner elements `2q` and `2q + 1`;
-/// zero past `k` and `m`. Tile `c` of column `t` is `B_TILE` elements at `(t * chunks + c) *
-/// B_TILE` from `out`. A row-major `b` is read row after row, a transposed one (a Linear layer's
-/// weight) column after column, so reads stream either way.
+/// Packs tile `c` (inner elements `32 * c ..`) of tile column `t` (columns `16 * t ..`) of `b`
+/// (k x m) in AMX's pair layout: row `q` of the tile holds, for each of its 16 columns, inner
+/// elements `2q` and `2q + 1`; zero past `k` and `m`. The tile is `B_TILE` elements at
+/// `(t * chunks + c) * B_TILE` from `out`.
 ///
 /// # Safety
 /// `b` addresses an initialised `k x m` matrix; `out` is valid for `col_tiles * chunks * B_TILE`
 /// writes; the CPU has AVX-512 F, BW and VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn pack_b_chunk(p: &Plan, b: Mat<u16>, c: usize, out: *mut u16) {
+unsafe fn pack_b_tile(p: &Plan, b: Mat<u16>, c: usize, t: usize, out: *mut u16) {
     let k0 = c * CHUNK;
     let kk = CHUNK.min(p.k - k0);
     // SAFETY: every (k0 + i, j) read below has i < kk, j < m: inside `b`.
     let at = |i: usize, j: usize| unsafe { b.ptr.add((k0 + i) * b.rs + j * b.cs).read() };
-    for t in 0..p.col_tiles {
-        let c0 = t * TILE_COLS;
-        let cols = TILE_COLS.min(p.m.saturating_sub(c0));
-        // SAFETY: tile `c` of column `t` is inside `out` (our contract), written by this call only.
-        let blk = unsafe { core::slice::from_raw_parts_mut(out.add((t * p.chunks + c) * B_TILE), B_TILE) };
-        if cols == TILE_COLS && kk == CHUNK && (b.cs == 1 || b.rs == 1) {
-            // A full tile, built as 16 rows of 16 u32 pairs (low half: the even inner element).
+    let c0 = t * TILE_COLS;
+    let cols = TILE_COLS.min(p.m.saturating_sub(c0));
+    // SAFETY: tile `c` of column `t` is inside `out` (our contract), written by this call only.
+    let blk = unsafe { core::slice::from_raw_parts_mut(out.add((t * p.chunks + c) * B_TILE), B_TILE) };
+    if cols == TILE_COLS && kk == CHUNK && (b.cs == 1 || b.rs == 1) {
+        if b.cs == 1 {
+            // A full tile, built as 16 rows of 16 u32 pairs (low half: the even element).
             let mut tile = [[0u32; TILE_COLS]; CHUNK / 2];
-            if b.cs == 1 {
-                for (q, pairs) in tile.iter_mut().enumerate() {
-                    // SAFETY: rows `k0 + 2q` and `k0 + 2q + 1` hold 16 contiguous elements from
-                    // `c0` (copies of a fixed size: vector moves, not `memcpy` calls).
-                    let (lo, hi) = unsafe {
-                        let at = |i: usize| b.ptr.add((k0 + i) * b.rs + c0).cast::<[u16; TILE_COLS]>().read_unaligned();
-                        (at(2 * q), at(2 * q + 1))
-                    };
-                    for j in 0..TILE_COLS {
-                        pairs[j] = lo[j] as u32 | (hi[j] as u32) << 16;
-                    }
-                }
-            } else {
+            for (q, pairs) in tile.iter_mut().enumerate() {
+                // SAFETY: rows `k0 + 2q` and `k0 + 2q + 1` hold 16 contiguous elements from
+                // `c0` (copies of a fixed size: vector moves, not `memcpy` calls).
+                let (lo, hi) = unsafe {
+                    let at = |i: usize| b.ptr.add((k0 + i) * b.rs + c0).cast::<[u16; TILE_COLS]>().read_unaligned();
+                    (at(2 * q), at(2 * q + 1))
+                };
                 for j in 0..TILE_COLS {
-                    // SAFETY: column `c0 + j` holds 32 contiguous elements from row `k0`; read as
-                    // 16 little-endian u32, each is the pair (2q, 2q + 1).
-                    let column =
-                        unsafe { b.ptr.add((k0 * b.rs) + (c0 + j) * b.cs).cast::<[u32; CHUNK / 2]>().read_unaligned() };
-                    for (q, pairs) in tile.iter_mut().enumerate() {
-                        pairs[j] = column[q];
-                    }
+                    pairs[j] = lo[j] as u32 | (hi[j] as u32) << 16;
                 }
             }
             // SAFETY: the tile is `B_TILE` u16 at `blk`; u16 pairs written as u32, unaligned.
             unsafe { blk.as_mut_ptr().cast::<[[u32; TILE_COLS]; CHUNK / 2]>().write_unaligned(tile) };
         } else {
-            blk.fill(0);
-            for j in 0..cols {
-                for i in 0..kk {
-                    blk[(i / 2) * CHUNK + 2 * j + (i & 1)] = at(i, c0 + j);
-                }
+            // SAFETY: columns `c0 .. c0 + 16` hold 32 contiguous elements each from row `k0`
+            // (rs == 1, full tile); the tile is `B_TILE` u16 at `blk`; AVX-512 (our contract).
+            unsafe { transpose_pairs(b.ptr.add(k0 + c0 * b.cs), b.cs, blk.as_mut_ptr()) };
+        }
+    } else {
+        blk.fill(0);
+        for j in 0..cols {
+            for i in 0..kk {
+                blk[(i / 2) * CHUNK + 2 * j + (i & 1)] = at(i, c0 + j);
             }
+        }
+    }
+}
+
+/// Writes the B tile of 16 columns x 32 inner elements of a transposed `b` (column `j` is 32
+/// contiguous bf16 from `col + j * stride`) in the pair layout: read as 16 x 16 u32 pairs, one
+/// row per column, it is their transpose (four rounds of AVX-512 shuffles).
+///
+/// # Safety
+/// Each `col + j * stride` (j < 16) is valid for 32 reads; `out` for `B_TILE` writes; the CPU has
+/// AVX-512 F.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn transpose_pairs(col: *const u16, stride: usize, out: *mut u16) {
+    use core::arch::x86_64::*;
+    // SAFETY: the loads read 64 bytes at each column (our contract), the stores write 16 x 64
+    // bytes to `out` (our contract); the shuffles only need AVX-512 F (our contract).
+    #[allow(unused_unsafe)]
+    unsafe {
+        let mut r: [__m512i; 16] = core::array::from_fn(|j| _mm512_loadu_si512(col.add(j * stride).cast()));
+        let mut t = [_mm512_setzero_si512(); 16];
+        // Pairs of rows interleaved by u32, then by u64: lane L of r[4g + e] holds element
+        // 4L + e of rows 4g .. 4g + 3.
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        for g in 0..4 {
+            let q = 4 * g;
+            r[q] = _mm512_unpacklo_epi64(t[q], t[q + 2]);
+            r[q + 1] = _mm512_unpackhi_epi64(t[q], t[q + 2]);
+            r[q + 2] = _mm512_unpacklo_epi64(t[q + 1], t[q + 3]);
+            r[q + 3] = _mm512_unpackhi_epi64(t[q + 1], t[q + 3]);
+        }
+        // Then 128-bit lanes: even lanes (0x88) and odd lanes (0xdd) of two registers.
+        for e in 0..4 {
+            t[e] = _mm512_shuffle_i32x4::<0x88>(r[e], r[e + 4]);
+            t[e + 4] = _mm512_shuffle_i32x4::<0xdd>(r[e], r[e + 4]);
+            t[e + 8] = _mm512_shuffle_i32x4::<0x88>(r[e + 8], r[e + 12]);
+            t[e + 12] = _mm512_shuffle_i32x4::<0xdd>(r[e + 8], r[e + 12]);
+        }
+        for e in 0..8 {
+            r[e] = _mm512_shuffle_i32x4::<0x88>(t[e], t[e + 8]);
+            r[e + 8] = _mm512_shuffle_i32x4::<0xdd>(t[e], t[e + 8]);
+        }
+        for (q, row) in r.iter().enumerate() {
+            _mm512_storeu_si512(out.add(q * TILE_COLS * 2).cast(), *row);
         }
     }
 }
