@@ -4,7 +4,9 @@
 //! result: 1.8-2.5 ms for a 512^3 bf16 product on the 2-vCPU VM, where PyTorch (oneDNN on AMX)
 //! took 0.27-0.66. AMX multiplies 16x32 by 32x16 bf16 tiles into 16x16 f32 tiles in one
 //! instruction (`tdpbf16ps`). This module packs the operands into tiles, multiplies with four
-//! accumulator tiles (a 32x32 block of the result) and rounds each block to bf16 once.
+//! accumulator tiles (a 32x32 block of the result) and rounds each block to bf16 once: 0.39-0.75
+//! ms for the same product, beside PyTorch's 0.73 in the same run (BENCHMARKS.md, "bf16 matmul
+//! on AMX tiles").
 //!
 //! The arithmetic is AMX's, as in PyTorch on the same CPU: products of bf16 pairs are exact, the
 //! sums are f32 (rounded to nearest, ties to even; the two products of a pair are added before
