@@ -22,6 +22,7 @@
 
 use core::sync::atomic::{AtomicU8, Ordering};
 
+#[cfg(target_arch = "x86_64")]
 use super::matmul::Mat;
 
 /// The environment variable that turns the AMX route off at startup: `0`, `off` or `false`
@@ -344,6 +345,7 @@ unsafe fn group_block(tiles: &Tiles, p: &Plan, a_panel: *const u16, b_cols: *con
 ///
 /// # Safety
 /// `to` is valid for `from.len()` writes; the CPU has AVX-512 F, BW and VL.
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn round_row(from: &[f32], to: *mut u16) {
     use crate::tensor::halfconv::HalfFloat;
@@ -359,6 +361,7 @@ unsafe fn round_row(from: &[f32], to: *mut u16) {
 /// # Safety
 /// `a` addresses an initialised `n x k` matrix; `out` is valid for `chunks * A_CHUNK` writes;
 /// the CPU has AVX-512 F, BW and VL.
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn pack_a_panel(p: &Plan, a: Mat<u16>, panel: usize, out: *mut u16) {
     for c in 0..p.chunks {
@@ -403,6 +406,7 @@ unsafe fn pack_a_panel(p: &Plan, a: Mat<u16>, panel: usize, out: *mut u16) {
 /// # Safety
 /// `b` addresses an initialised `k x m` matrix; `out` is valid for `col_tiles * chunks * B_TILE`
 /// writes; the CPU has AVX-512 F, BW and VL.
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn pack_b_tile(p: &Plan, b: Mat<u16>, c: usize, t: usize, out: *mut u16) {
     let k0 = c * CHUNK;
@@ -452,6 +456,7 @@ unsafe fn pack_b_tile(p: &Plan, b: Mat<u16>, c: usize, t: usize, out: *mut u16) 
 /// # Safety
 /// Each `col + j * stride` (j < 16) is valid for 32 reads; `out` for `B_TILE` writes; the CPU has
 /// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn transpose_pairs(col: *const u16, stride: usize, out: *mut u16) {
     use core::arch::x86_64::*;

@@ -154,7 +154,10 @@ pub(crate) fn sum_lanes_f16(x: &[f16], acc: &mut [f32; 16]) -> usize {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has F16C and AVX.
         Isa::Avx2 => unsafe { sum_lanes_f16c(x, acc) },
-        _ => 0,
+        _ => {
+            let _ = (x, acc); // used only on x86-64
+            0
+        }
     }
 }
 
@@ -203,6 +206,7 @@ unsafe fn sum_lanes_f16c(x: &[f16], acc: &mut [f32; 16]) -> usize {
 }
 
 /// Elements per chunk of the fused loops: four 8-lane conversions.
+#[cfg(target_arch = "x86_64")]
 const CHUNK: usize = 32;
 
 /// `o[i] = f16(f(a[i * sa], b[i * sb]))` for `i < n`, widening exactly and rounding to nearest,
