@@ -163,41 +163,34 @@ if (root / "add_4M_1t").is_dir():
         d = {k: v for k, v in faults.items() if k.endswith("/default") or k.endswith("/inplace") or k.endswith("/out")}
         print(f"| page faults per call, most of any default / inplace / out row | {max(d.values(), default=0):.1f} | | 0 |")
 
-# --- benches/tensor_kernels.rs, group half_256K_1t ----------------------------------------
-if (root / "half_256K_1t").is_dir():
+# --- benches/tensor_kernels.rs, groups half_256K_1t and matmul_half_512_1t -----------------
+def one_thread_table(group, title, unit, scale, base, subs, beside_key, beside_label):
+    """Each row's mean (in `unit`, ns / `scale`) and its ratio to row `base`, then the ratio of
+    the calls side by side recorded under `group/beside_key`."""
+    if not (root / group).is_dir():
+        return
     side_path = root / "tensor_side_by_side.json"
     side = json.loads(side_path.read_text()) if side_path.exists() else {}
-    subs = ["copy", "f32_add", "f16_add", "bf16_add", "f16_add_f32", "f16_strided_add", "f16_to_f32",
-            "f32_to_f16", "bf16_to_f32", "f32_to_bf16", "f16_sum", "bf16_sum"]
-    f32_add = mean("half_256K_1t", "f32_add")
+    b = mean(group, base)
     print()
-    print("| half precision, 256K elements, 1 thread | µs | / f32 add |")
+    print(f"| {title} | {unit} | / {base} |")
     print("|---|---:|---:|")
     for s_ in subs:
-        m = mean("half_256K_1t", s_)
+        m = mean(group, s_)
         if m is not None:
-            print(f"| {s_} | {m / 1e3:.1f} | {'-' if not f32_add else f'{m / f32_add:.2f}'} |")
-    beside = side.get("half_256K_1t/f16_beside_f32")
+            print(f"| {s_} | {m / scale:.3f} | {'-' if not b else f'{m / b:.2f}'} |")
+    beside = side.get(f"{group}/{beside_key}")
     if beside:
-        print(f"| f16 add / f32 add, calls side by side | | {beside[0]:.2f} |")
+        print(f"| {beside_label}, calls side by side | | {beside[0]:.2f} |")
     print()
 
-# --- benches/tensor_kernels.rs, group matmul_half_512_1t ----------------------------------
-if (root / "matmul_half_512_1t").is_dir():
-    side_path = root / "tensor_side_by_side.json"
-    side = json.loads(side_path.read_text()) if side_path.exists() else {}
-    f32_mm = mean("matmul_half_512_1t", "f32")
-    print()
-    print("| matmul, 1 thread | ms | / f32 512^3 |")
-    print("|---|---:|---:|")
-    for s_ in ["f32", "f16", "bf16", "bf16_gpt2_mlp", "bf16_tiles_beside_f32_route"]:
-        m = mean("matmul_half_512_1t", s_)
-        if m is not None:
-            print(f"| {s_} | {m / 1e6:.3f} | {'-' if not f32_mm else f'{m / f32_mm:.2f}'} |")
-    beside = side.get("matmul_half_512_1t/bf16_tiles_beside_f32_route")
-    if beside:
-        print(f"| bf16 on tiles / bf16 through f32, calls side by side | | {beside[0]:.2f} |")
-    print()
+one_thread_table("half_256K_1t", "half precision, 256K elements, 1 thread", "µs", 1e3, "f32_add",
+                 ["copy", "f32_add", "f16_add", "bf16_add", "f16_add_f32", "f16_strided_add", "f16_to_f32",
+                  "f32_to_f16", "bf16_to_f32", "f32_to_bf16", "f16_sum", "bf16_sum"],
+                 "f16_beside_f32", "f16 add / f32 add")
+one_thread_table("matmul_half_512_1t", "matmul, 1 thread", "ms", 1e6, "f32",
+                 ["f32", "f16", "bf16", "bf16_gpt2_mlp", "bf16_tiles_beside_f32_route"],
+                 "bf16_tiles_beside_f32_route", "bf16 on tiles / bf16 through f32")
 
 # --- benches/observe.rs --------------------------------------------------------------------
 if (root / "observe_pair_64B").is_dir():

@@ -9,9 +9,9 @@
 //! on AMX tiles").
 //!
 //! The arithmetic is AMX's, as in PyTorch on the same CPU: products of bf16 pairs are exact, the
-//! sums are f32 (rounded to nearest, ties to even; the two products of a pair are added before
-//! the accumulator), and subnormal inputs and results are read and written as zero. So results
-//! may differ from the f32 route in the last bit of a bf16, and values below 2^-126 become 0.
+//! sums are f32 (rounded to nearest, ties to even, in the order the hardware takes them), and
+//! subnormal inputs and results are read and written as zero. So results may differ from the
+//! f32 route in the last bit of a bf16, and values below 2^-126 become 0.
 //! [`set_amx`] turns the route off for reproducibility across machines.
 //!
 //! Stable Rust has no AMX intrinsics; the tile instructions are written in `asm!`. Linux grants
@@ -539,11 +539,11 @@ impl Tiles {
     unsafe fn multiply(&self, a: *const u16, b0: *const u16, b1: *const u16, count: usize, acc: *mut f32, add: bool) {
         const ROW: usize = GROUP_COLS * 4;
         debug_assert!(count >= 1);
-        // SAFETY: (both `asm!` blocks) the tiles are configured (`self`). The loads read 16 rows of 64
-        // bytes per chunk from each of `a`, `a + 1024`, `b0` and `b1`, which the packed layouts
-        // hold (rows 64 bytes apart); the accumulator loads and stores touch 16 rows of 64 bytes
-        // at `acc`, `acc + 64`, `acc + 16 rows` and `acc + 16 rows + 64`: the 32 x 32 f32 the
-        // caller gives.
+        // SAFETY: (both `asm!` blocks) the tiles are configured (`self`). The loads read 16 rows
+        // of 64 bytes per chunk from each of `a`, `a + 1024`, `b0` and `b1`, which the packed
+        // layouts hold (rows 64 bytes apart); the accumulator loads and stores touch 16 rows of
+        // 64 bytes at `acc`, `acc + 64`, `acc + 16 rows` and `acc + 16 rows + 64`: the 32 x 32
+        // f32 the caller gives.
         unsafe {
             if add {
                 core::arch::asm!(
