@@ -153,6 +153,9 @@ const B_TILE: usize = TILE_COLS * CHUNK;
 const PASS: usize = 8;
 /// Packed B bytes one column group keeps in L2 while every panel runs across it.
 const GROUP_BYTES: usize = 1 << 20;
+/// Up to this many panels (256 rows: a Linear layer over a few hundred tokens), each packed B
+/// tile serves too few panels to pay for writing all of B out and reading it back.
+const FEW_PANELS: usize = 8;
 /// The most pairs of B tiles (32 columns each) in a column group: its f32 results for one
 /// panel (32 x 256 x 4 bytes) sit in a 32 KiB block on the stack.
 const GROUP_PAIRS: usize = 8;
@@ -171,12 +174,18 @@ pub(super) struct Plan {
     /// B tiles of 16 columns (even: the kernel takes them in pairs).
     col_tiles: usize,
     batches: usize,
+    /// Pieces the work is split into at most.
+    threads: usize,
+    /// Few panels ([`FEW_PANELS`] or fewer): B is packed one column group at a time inside the
+    /// multiplying phase, into each piece's own L2-sized buffer, instead of all at once.
+    fused: bool,
 }
 
 impl Plan {
-    pub(super) fn new(batches: usize, n: usize, k: usize, m: usize) -> Plan {
-        let chunks = k.div_ceil(CHUNK);
-        Plan { n, k, m, chunks, panels: n.div_ceil(PANEL), col_tiles: m.div_ceil(2 * TILE_COLS) * 2, batches }
+    pub(super) fn new(batches: usize, n: usize, k: usize, m: usize, threads: usize) -> Plan {
+        let (chunks, panels) = (k.div_ceil(CHUNK), n.div_ceil(PANEL));
+        let col_tiles = m.div_ceil(2 * TILE_COLS) * 2;
+        Plan { n, k, m, chunks, panels, col_tiles, batches, threads: threads.max(1), fused: panels <= FEW_PANELS }
     }
 
     /// u16 elements of packed A (all batches); `None` if that overflows.
@@ -184,14 +193,23 @@ impl Plan {
         self.batches.checked_mul(self.panels)?.checked_mul(self.chunks)?.checked_mul(A_CHUNK)
     }
 
-    /// u16 elements of packed B (all batches); `None` if that overflows.
+    /// u16 elements of packed B: all batches', or one column group per piece when `fused`;
+    /// `None` if that overflows.
     pub(super) fn packed_b(&self) -> Option<usize> {
-        self.batches.checked_mul(self.col_tiles)?.checked_mul(self.chunks)?.checked_mul(B_TILE)
+        let tiles = if self.fused {
+            self.threads.checked_mul(2 * self.group_pairs())?
+        } else {
+            self.batches.checked_mul(self.col_tiles)?
+        };
+        tiles.checked_mul(self.chunks)?.checked_mul(B_TILE)
     }
 
-    /// Pairs of B tiles per column group.
+    /// Pairs of B tiles per column group: as many as fit [`GROUP_BYTES`], at most
+    /// [`GROUP_PAIRS`]; when `fused`, also few enough that every piece gets a group.
     fn group_pairs(&self) -> usize {
-        (GROUP_BYTES / (self.chunks * B_TILE * 2 * 2)).clamp(1, GROUP_PAIRS)
+        let fit = GROUP_BYTES / (self.chunks * B_TILE * 2 * 2);
+        let spread = if self.fused { (self.col_tiles / 2).div_ceil(self.threads) } else { usize::MAX };
+        fit.min(spread).clamp(1, GROUP_PAIRS)
     }
 }
 
@@ -247,7 +265,7 @@ pub(super) unsafe fn product(
     let a_jobs = p.batches * p.panels;
     let by_column = b.get().rs == 1 && b.get().cs != 1;
     let b_jobs = if by_column { p.col_tiles } else { p.chunks };
-    let jobs = a_jobs + p.batches * b_jobs;
+    let jobs = a_jobs + if p.fused { 0 } else { p.batches * b_jobs };
     let n_pieces = pieces(jobs);
     for_each_piece(n_pieces, |piece| {
         for job in range(jobs, n_pieces, piece) {
@@ -272,7 +290,8 @@ pub(super) unsafe fn product(
                     // batch's `col_tiles * chunks * B_TILE` elements; each job packs its own tiles.
                     unsafe {
                         let src = Mat { ptr: b.ptr.add(b_offsets[bi]), ..b };
-                        pack_b_tile(&p, src, c, t, pb.get().add(bi * p.col_tiles * p.chunks * B_TILE));
+                        let tile = ((bi * p.col_tiles + t) * p.chunks + c) * B_TILE;
+                        pack_b_tile(&p, src, c, t, pb.get().add(tile));
                     }
                 }
             }
@@ -280,32 +299,64 @@ pub(super) unsafe fn product(
     });
 
     // Phase 2: a job is one panel across one column group, so each piece runs its panels
-    // across the same packed B while it is in L2.
+    // across the same packed B while it is in L2. With few panels (`fused`), a job is every
+    // panel across one column group, whose B tiles the job packs first into its piece's buffer.
     let pairs = p.col_tiles / 2;
     let per_group = p.group_pairs();
     let groups = pairs.div_ceil(per_group);
-    let jobs = p.batches * groups * p.panels;
+    let panel_jobs = if p.fused { 1 } else { p.panels };
+    let jobs = p.batches * groups * panel_jobs;
     let n_pieces = pieces(jobs);
     for_each_piece(n_pieces, |piece| {
         let mut acc = Block([0.0; PANEL * GROUP_COLS]);
         // SAFETY: AMX is usable (our contract).
         let tiles = unsafe { Tiles::configure() };
+        let own_b = per_group * 2 * p.chunks * B_TILE;
         for job in range(jobs, n_pieces, piece) {
-            let (bi, rest) = (job / (groups * p.panels), job % (groups * p.panels));
-            let (group, panel) = (rest / p.panels, rest % p.panels);
+            let (bi, rest) = (job / (groups * panel_jobs), job % (groups * panel_jobs));
+            let (group, panel) = (rest / panel_jobs, rest % panel_jobs);
             let pairs = group * per_group..((group + 1) * per_group).min(pairs);
-            // SAFETY: phase 1 packed this panel and these tile columns of batch `bi`; the
-            // block of results (rows of the panel, columns of the group, clipped to n x m) lies
-            // in result `bi` and only this job writes it; AMX implies AVX-512 (`supported`).
-            unsafe {
-                let a_panel = pa.get().add((bi * p.panels + panel) * p.chunks * A_CHUNK);
-                let b_cols = pb.get().add((bi * p.col_tiles + 2 * pairs.start) * p.chunks * B_TILE);
-                group_block(&tiles, &p, a_panel, b_cols, pairs.len(), &mut acc);
-                let (r0, c0) = (panel * PANEL, pairs.start * 2 * TILE_COLS);
-                let rows = PANEL.min(p.n - r0);
-                let cols = (pairs.len() * 2 * TILE_COLS).min(p.m - c0);
-                for r in 0..rows {
-                    round_row(&acc.0[r * GROUP_COLS..][..cols], out.get().add(bi * p.n * p.m + (r0 + r) * p.m + c0));
+            let b_cols = if p.fused {
+                let b = b.get();
+                let t0 = 2 * pairs.start;
+                let (chunks, cols) = (0..p.chunks, t0..2 * pairs.end);
+                let order: Vec<(usize, usize)> = if by_column {
+                    cols.flat_map(|t| chunks.clone().map(move |c| (c, t))).collect()
+                } else {
+                    chunks.flat_map(|c| cols.clone().map(move |t| (c, t))).collect()
+                };
+                for (c, t) in order {
+                    // SAFETY: matrix `bi` of `b` is valid (our contract); piece `piece` owns
+                    // `own_b` elements of the scratch (`packed_b` holds one group per piece),
+                    // and tile (t - t0, c) of this group is inside them; AVX-512 (`supported`).
+                    unsafe {
+                        let src = Mat { ptr: b.ptr.add(b_offsets[bi]), ..b };
+                        let tile = piece * own_b + ((t - t0) * p.chunks + c) * B_TILE;
+                        pack_b_tile(&p, src, c, t, pb.get().add(tile));
+                    }
+                }
+                // SAFETY: as above.
+                unsafe { pb.get().add(piece * own_b) }
+            } else {
+                // SAFETY: phase 1 packed every tile column of batch `bi`.
+                unsafe { pb.get().add((bi * p.col_tiles + 2 * pairs.start) * p.chunks * B_TILE) }
+            };
+            let panels = if p.fused { 0..p.panels } else { panel..panel + 1 };
+            for panel in panels {
+                // SAFETY: phase 1 packed this panel of batch `bi`, and `b_cols` holds this
+                // group's tile columns (packed above or in phase 1); the block of results (rows of
+                // the panel, columns of the group, clipped to n x m) lies in result `bi` and only
+                // this job writes it; AMX implies AVX-512 (`supported`).
+                unsafe {
+                    let a_panel = pa.get().add((bi * p.panels + panel) * p.chunks * A_CHUNK);
+                    group_block(&tiles, &p, a_panel, b_cols, pairs.len(), &mut acc);
+                    let (r0, c0) = (panel * PANEL, pairs.start * 2 * TILE_COLS);
+                    let rows = PANEL.min(p.n - r0);
+                    let cols = (pairs.len() * 2 * TILE_COLS).min(p.m - c0);
+                    for r in 0..rows {
+                        let to = out.get().add(bi * p.n * p.m + (r0 + r) * p.m + c0);
+                        round_row(&acc.0[r * GROUP_COLS..][..cols], to);
+                    }
                 }
             }
         }
@@ -400,12 +451,11 @@ unsafe fn pack_a_panel(p: &Plan, a: Mat<u16>, panel: usize, out: *mut u16) {
 
 /// Packs tile `c` (inner elements `32 * c ..`) of tile column `t` (columns `16 * t ..`) of `b`
 /// (k x m) in AMX's pair layout: row `q` of the tile holds, for each of its 16 columns, inner
-/// elements `2q` and `2q + 1`; zero past `k` and `m`. The tile is `B_TILE` elements at
-/// `(t * chunks + c) * B_TILE` from `out`.
+/// elements `2q` and `2q + 1`; zero past `k` and `m`, into the `B_TILE` elements at `out`.
 ///
 /// # Safety
-/// `b` addresses an initialised `k x m` matrix; `out` is valid for `col_tiles * chunks * B_TILE`
-/// writes; the CPU has AVX-512 F, BW and VL.
+/// `b` addresses an initialised `k x m` matrix; `out` is valid for `B_TILE` writes; the CPU has
+/// AVX-512 F, BW and VL.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn pack_b_tile(p: &Plan, b: Mat<u16>, c: usize, t: usize, out: *mut u16) {
@@ -415,8 +465,8 @@ unsafe fn pack_b_tile(p: &Plan, b: Mat<u16>, c: usize, t: usize, out: *mut u16) 
     let at = |i: usize, j: usize| unsafe { b.ptr.add((k0 + i) * b.rs + j * b.cs).read() };
     let c0 = t * TILE_COLS;
     let cols = TILE_COLS.min(p.m.saturating_sub(c0));
-    // SAFETY: tile `c` of column `t` is inside `out` (our contract), written by this call only.
-    let blk = unsafe { core::slice::from_raw_parts_mut(out.add((t * p.chunks + c) * B_TILE), B_TILE) };
+    // SAFETY: `out` holds the tile (our contract), written by this call only.
+    let blk = unsafe { core::slice::from_raw_parts_mut(out, B_TILE) };
     if cols == TILE_COLS && kk == CHUNK && (b.cs == 1 || b.rs == 1) {
         if b.cs == 1 {
             // A full tile, built as 16 rows of 16 u32 pairs (low half: the even element).

@@ -152,7 +152,8 @@ fn on_tiles(like: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize], n: usize, k:
     if out.numel() == 0 {
         return Ok(out);
     }
-    let plan = Plan::new(out.numel() / (n * m), n, k, m);
+    let threads = crate::tensor::parallel::threads_for(out.numel().saturating_mul(k), PARALLEL_FLOPS / 2);
+    let plan = Plan::new(out.numel() / (n * m), n, k, m, threads);
     let scratch = |len: Option<usize>| {
         let len = len.ok_or_else(|| TensorError::SizeOverflow { op, shape: out_shape.clone(), dtype: DType::BF16 })?;
         // SAFETY: `product` writes all of its scratch before reading it.
@@ -163,7 +164,6 @@ fn on_tiles(like: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize], n: usize, k:
     let (ao, bo) = (batch_offsets(&a, batch), batch_offsets(&b, batch));
     let nb = batch.len();
     let mat = |t: &Tensor| Mat { ptr: t.data_ptr() as *const u16, rs: t.strides()[nb], cs: t.strides()[nb + 1] };
-    let threads = crate::tensor::parallel::threads_for(out.numel().saturating_mul(k), PARALLEL_FLOPS / 2);
     // SAFETY: `worth` held for these sizes (the caller's test). `a` and `b` are bf16, host-ready
     // and read-locked; each offset addresses one of their matrices with these strides. `out` and
     // the scratch are fresh, of the sizes `product` needs, and alias nothing.
