@@ -319,13 +319,10 @@ pub(super) unsafe fn product(
             let b_cols = if p.fused {
                 let b = b.get();
                 let t0 = 2 * pairs.start;
-                let (chunks, cols) = (0..p.chunks, t0..2 * pairs.end);
-                let order: Vec<(usize, usize)> = if by_column {
-                    cols.flat_map(|t| chunks.clone().map(move |c| (c, t))).collect()
-                } else {
-                    chunks.flat_map(|c| cols.clone().map(move |t| (c, t))).collect()
-                };
-                for (c, t) in order {
+                let (inner, outer) = if by_column { (p.chunks, 2 * pairs.len()) } else { (2 * pairs.len(), p.chunks) };
+                for i in 0..inner * outer {
+                    let (x, y) = (i / inner, i % inner);
+                    let (c, t) = if by_column { (y, t0 + x) } else { (x, t0 + y) };
                     // SAFETY: matrix `bi` of `b` is valid (our contract); piece `piece` owns
                     // `own_b` elements of the scratch (`packed_b` holds one group per piece),
                     // and tile (t - t0, c) of this group is inside them; AVX-512 (`supported`).

@@ -129,11 +129,6 @@ impl Unary {
         names[form as usize]
     }
 
-    /// Whether the op computes on the value (not only its sign or a comparison with zero).
-    fn computes(self) -> bool {
-        !matches!(self, Unary::Neg | Unary::Abs | Unary::Relu)
-    }
-
     fn is_float_only(self) -> bool {
         !matches!(self, Unary::Neg | Unary::Abs | Unary::Relu)
     }
@@ -400,10 +395,10 @@ fn launch_compare(
 }
 
 fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tensor, dest: Dest) -> Result<()> {
-    if [ct, a.dtype(), out.dtype()] == [DType::F16; 3] && f16c::has_f16c() && kind.computes() {
+    if [ct, a.dtype(), out.dtype()] == [DType::F16; 3] && f16c::has_f16c() && kind.is_float_only() {
         // The f32 kernel between F16C's conversions, as in `launch_binary`: every f16 function
-        // widens, computes in f32 and rounds once. (Not `neg`, `abs`, `relu`: they read the
-        // f16 bits as they are, and the conversions made relu 20% slower.)
+        // widens, computes in f32 and rounds once. (Only the float-only ops: `neg`, `abs`,
+        // `relu` read the f16 bits as they are, and the conversions made relu 20% slower.)
         return launch_unary(op, kind, DType::F32, out, a, dest);
     }
     if kind.is_float_only() {
