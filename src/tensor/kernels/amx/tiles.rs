@@ -1,0 +1,119 @@
+//! The tile registers: their configuration, the guard that holds them and the multiply loop.
+
+use super::GROUP_COLS;
+
+/// Tile configuration: palette 1, tiles 0-7 of 16 rows x 64 bytes.
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+const CONFIG: TileConfig = {
+    let mut c = [0u8; 64];
+    c[0] = 1;
+    let mut t = 0;
+    while t < 8 {
+        c[16 + 2 * t] = 64; // bytes per row (u16, little-endian)
+        c[48 + t] = 16; // rows
+        t += 1;
+    }
+    TileConfig(c)
+};
+
+/// The tile registers configured on this thread (16 rows x 64 bytes each); released on drop.
+/// Only this module's `asm!` touches tile registers, so their contents last from one
+/// [`Tiles::multiply`] to the next.
+pub(super) struct Tiles(());
+
+impl Tiles {
+    /// # Safety
+    /// AMX is usable ([`supported`](super::supported)).
+    pub(super) unsafe fn configure() -> Tiles {
+        static CFG: TileConfig = CONFIG;
+        // SAFETY: AMX is usable (our contract); `ldtilecfg` reads the 64 bytes of `CFG`.
+        unsafe { core::arch::asm!("ldtilecfg [{cfg}]", cfg = in(reg) &CFG, options(nostack, readonly)) };
+        Tiles(())
+    }
+
+    /// `acc[0..32][0..32] (+)= A chunks x (B tiles b0 | B tiles b1)` over `count` chunks, where
+    /// `acc` rows are `GROUP_COLS` f32 apart: tiles 0-3 accumulate (loaded from `acc` when
+    /// `add`, else zero), 4-5 hold the panel's two halves, 6-7 the two B tiles.
+    ///
+    /// # Safety
+    /// `a` holds `count` packed A chunks, `b0` / `b1` `count` packed B tiles each; `acc` is
+    /// valid for reads and writes of 32 rows of 32 f32, `GROUP_COLS` f32 apart; `count >= 1`.
+    pub(super) unsafe fn multiply(
+        &self,
+        a: *const u16,
+        b0: *const u16,
+        b1: *const u16,
+        count: usize,
+        acc: *mut f32,
+        add: bool,
+    ) {
+        const ROW: usize = GROUP_COLS * 4;
+        debug_assert!(count >= 1);
+        // SAFETY: (both `asm!` blocks) the tiles are configured (`self`). The loads read 16 rows
+        // of 64 bytes per chunk from each of `a`, `a + 1024`, `b0` and `b1`, which the packed
+        // layouts hold (rows 64 bytes apart); the accumulator loads and stores touch 16 rows of
+        // 64 bytes at `acc`, `acc + 64`, `acc + 16 rows` and `acc + 16 rows + 64`: the 32 x 32
+        // f32 the caller gives.
+        unsafe {
+            if add {
+                core::arch::asm!(
+                    "tileloadd tmm0, [{acc} + {row}*1]",
+                    "tileloadd tmm1, [{acc} + {row}*1 + 64]",
+                    "tileloadd tmm2, [{acc16} + {row}*1]",
+                    "tileloadd tmm3, [{acc16} + {row}*1 + 64]",
+                    acc = in(reg) acc,
+                    acc16 = in(reg) acc.add(16 * GROUP_COLS),
+                    row = in(reg) ROW,
+                    options(nostack, readonly),
+                );
+            } else {
+                core::arch::asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    options(nostack, nomem)
+                );
+            }
+            core::arch::asm!(
+                "2:",
+                "tileloadd tmm4, [{a} + {s64}*1]",
+                "tileloadd tmm5, [{a} + {s64}*1 + 1024]",
+                "tileloadd tmm6, [{b0} + {s64}*1]",
+                "tileloadd tmm7, [{b1} + {s64}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "add {a}, 2048",
+                "add {b0}, 1024",
+                "add {b1}, 1024",
+                "dec {n}",
+                "jnz 2b",
+                "tilestored [{acc} + {row}*1], tmm0",
+                "tilestored [{acc} + {row}*1 + 64], tmm1",
+                "tilestored [{acc16} + {row}*1], tmm2",
+                "tilestored [{acc16} + {row}*1 + 64], tmm3",
+                a = inout(reg) a => _,
+                b0 = inout(reg) b0 => _,
+                b1 = inout(reg) b1 => _,
+                n = inout(reg) count => _,
+                acc = in(reg) acc,
+                acc16 = in(reg) acc.add(16 * GROUP_COLS),
+                s64 = in(reg) 64usize,
+                row = in(reg) ROW,
+                options(nostack),
+            );
+        }
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: `tilerelease` returns the tile registers to their initial state; it has no
+        // operands and touches no memory.
+        unsafe { core::arch::asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
