@@ -164,9 +164,9 @@ if (root / "add_4M_1t").is_dir():
         print(f"| page faults per call, most of any default / inplace / out row | {max(d.values(), default=0):.1f} | | 0 |")
 
 # --- benches/tensor_kernels.rs, groups half_256K_1t and matmul_half_512_1t -----------------
-def one_thread_table(group, title, unit, scale, base, subs, beside_key, beside_label):
-    """Each row's mean (in `unit`, ns / `scale`) and its ratio to row `base`, then the ratio of
-    the calls side by side recorded under `group/beside_key`."""
+def one_thread_table(group, title, unit, scale, base, subs, besides):
+    """Each row's mean (in `unit`, ns / `scale`) and its ratio to row `base`, then for each
+    `(key, label)` of `besides` the ratio of the calls side by side recorded under `group/key`."""
     if not (root / group).is_dir():
         return
     side_path = root / "tensor_side_by_side.json"
@@ -179,18 +179,21 @@ def one_thread_table(group, title, unit, scale, base, subs, beside_key, beside_l
         m = mean(group, s_)
         if m is not None:
             print(f"| {s_} | {m / scale:.3f} | {'-' if not b else f'{m / b:.2f}'} |")
-    beside = side.get(f"{group}/{beside_key}")
-    if beside:
-        print(f"| {beside_label}, calls side by side | | {beside[0]:.2f} |")
+    for beside_key, beside_label in besides:
+        beside = side.get(f"{group}/{beside_key}")
+        if beside:
+            print(f"| {beside_label}, calls side by side | | {beside[0]:.2f} |")
     print()
 
 one_thread_table("half_256K_1t", "half precision, 256K elements, 1 thread", "µs", 1e3, "f32_add",
                  ["copy", "f32_add", "f16_add", "bf16_add", "f16_add_f32", "f16_strided_add", "f16_to_f32",
                   "f32_to_f16", "bf16_to_f32", "f32_to_bf16", "f16_sum", "bf16_sum"],
-                 "f16_beside_f32", "f16 add / f32 add")
+                 [("f16_beside_f32", "f16 add / f32 add")])
 one_thread_table("matmul_half_512_1t", "matmul, 1 thread", "ms", 1e6, "f32",
-                 ["f32", "f16", "bf16", "bf16_gpt2_mlp", "bf16_tiles_beside_f32_route"],
-                 "bf16_tiles_beside_f32_route", "bf16 on tiles / bf16 through f32")
+                 ["f32", "f16", "bf16", "bf16_gpt2_mlp", "f16_gpt2_mlp", "bf16_tiles_beside_f32_route",
+                  "f16_tiles_beside_f32_route"],
+                 [("bf16_tiles_beside_f32_route", "bf16 on tiles / bf16 through f32"),
+                  ("f16_tiles_beside_f32_route", "f16 on tiles / f16 through f32")])
 
 # --- benches/observe.rs --------------------------------------------------------------------
 if (root / "observe_pair_64B").is_dir():

@@ -25,7 +25,7 @@
 //!    beside the f32 add of the same elements, at 1 thread.
 //!
 //! 8. Half-precision matmul (`matmul_half_512_1t`): 512^3 in f32, f16 and bf16, a GPT-2 MLP
-//!    layer in bf16, and bf16 on AMX tiles beside the f32 route, call by call.
+//!    layer in bf16 and f16, and bf16 and f16 on AMX tiles beside the f32 route, call by call.
 //!
 //! 9. `a + b` on 1M elements at 2 threads, each call 200 µs after the last (sleeping, untimed):
 //!    a kernel issued shortly after another, as in a model's forward pass, with the kernel
@@ -485,10 +485,10 @@ fn half_precision(c: &mut Criterion) {
 }
 
 /// Half-precision matmul at 1 thread, beside the f32 product of the same sizes: 512^3 in f32,
-/// f16 and bf16; bf16 also as a GPT-2 MLP layer (128 tokens x 768 by a 3072 x 768 weight,
-/// transposed, as `Linear` stores it); and bf16 on AMX tiles and through f32 call by call
-/// (`bf16_tiles_beside_f32_route`: tiles / f32 route of those calls; on a CPU without AMX both
-/// are the f32 route).
+/// f16 and bf16; bf16 and f16 also as a GPT-2 MLP layer (128 tokens x 768 by a 3072 x 768
+/// weight, transposed, as `Linear` stores it); and bf16 and f16 on AMX tiles and through f32
+/// call by call (`*_tiles_beside_f32_route`: tiles / f32 route of those calls; on a CPU without
+/// AMX both are the f32 route).
 fn matmul_half(c: &mut Criterion) {
     const M: usize = 512;
     let name = "matmul_half_512_1t";
@@ -498,6 +498,7 @@ fn matmul_half(c: &mut Criterion) {
     let (ab, bb) = (a.to_dtype(DType::BF16).unwrap(), b.to_dtype(DType::BF16).unwrap());
     let x = Tensor::randn(&[128, 768], default_opts(9)).unwrap().to_dtype(DType::BF16).unwrap();
     let w = Tensor::randn(&[3072, 768], default_opts(10)).unwrap().to_dtype(DType::BF16).unwrap();
+    let (xh, wh) = (x.to_dtype(DType::F16).unwrap(), w.to_dtype(DType::F16).unwrap());
     let mut g = group(c, name, 1, 0);
     g.throughput(Throughput::Elements((2 * M * M * M) as u64));
     bench(&mut g, name, "f32", || a.matmul(&b).unwrap());
@@ -505,23 +506,26 @@ fn matmul_half(c: &mut Criterion) {
     bench(&mut g, name, "bf16", || ab.matmul(&bb).unwrap());
     g.throughput(Throughput::Elements((2 * 128 * 768 * 3072) as u64));
     bench(&mut g, name, "bf16_gpt2_mlp", || x.matmul(&w.t().unwrap()).unwrap());
+    bench(&mut g, name, "f16_gpt2_mlp", || xh.matmul(&wh.t().unwrap()).unwrap());
     g.throughput(Throughput::Elements((2 * M * M * M) as u64));
     let tiles = amx_enabled();
-    bench_side_by_side(
-        &mut g,
-        name,
-        "bf16_tiles_beside_f32_route",
-        &mut [
-            &mut || {
-                set_amx(tiles);
-                drop(black_box(ab.matmul(&bb).unwrap()))
-            },
-            &mut || {
-                set_amx(false);
-                drop(black_box(ab.matmul(&bb).unwrap()))
-            },
-        ],
-    );
+    for (row, l, r) in [("bf16_tiles_beside_f32_route", &ab, &bb), ("f16_tiles_beside_f32_route", &ah, &bh)] {
+        bench_side_by_side(
+            &mut g,
+            name,
+            row,
+            &mut [
+                &mut || {
+                    set_amx(tiles);
+                    drop(black_box(l.matmul(r).unwrap()))
+                },
+                &mut || {
+                    set_amx(false);
+                    drop(black_box(l.matmul(r).unwrap()))
+                },
+            ],
+        );
+    }
     set_amx(tiles);
     g.finish();
 }

@@ -351,7 +351,7 @@ def gen():
         return {"op": op, "inputs": ins, "args": {"shape": ns, "eps": R.choice([1e-5, 1e-6, 0.1])}}
     if k == "matmul":
         m, kk, n = R.randint(0, 5), R.randint(0, 5), R.randint(0, 5)
-        if R.random() < 0.2:  # sizes that bf16 products take to AMX tiles (at least 16x32x16)
+        if R.random() < 0.2:  # sizes that bf16 and f16 products take to AMX tiles (at least 16x32x16)
             m, kk, n = R.randint(16, 70), R.randint(32, 160), R.randint(16, 70)
         form = R.random()
         if form < 0.2:

@@ -3,8 +3,8 @@
 //! integers. f16 and bf16 are computed in f32 and rounded once, as PyTorch accumulates them:
 //! gemm's own f16 path runs its AVX2 kernels only, and converting around its AVX-512 f32
 //! kernels is 20-25% faster (BENCHMARKS.md, "Half precision"). On CPUs with AMX (Intel Xeon 4th
-//! generation and later) bf16 products of at least 16 x 32 x 16 run on its tiles instead
-//! ([`amx`](super::amx)), as PyTorch's do there.
+//! generation and later) bf16 and f16 products of at least 16 x 32 x 16 run on its tiles instead
+//! ([`amx`](super::amx)); PyTorch does so for bf16 there.
 
 use crate::tensor::core::for_each_offset;
 use crate::tensor::dtype::match_numeric;
@@ -33,7 +33,10 @@ impl Tensor {
     ///
     /// bf16 products run on AMX tiles where the CPU has them ([`amx_enabled`]), with AMX's
     /// arithmetic as in PyTorch there: f32 sums, subnormal inputs and results read and written
-    /// as zero; [`set_amx`]`(false)` or `TENSORMEM_AMX=0` chooses the f32 route everywhere.
+    /// as zero. f16 products run on the same tiles, each value split into two exact bf16
+    /// parts, with the f32 route's arithmetic (exact products, f32 sums, subnormals kept);
+    /// f16 operands holding an infinity or a NaN take the f32 route. [`set_amx`]`(false)` or
+    /// `TENSORMEM_AMX=0` chooses the f32 route everywhere.
     ///
     /// [`amx_enabled`]: crate::tensor::amx_enabled
     /// [`set_amx`]: crate::tensor::set_amx
@@ -106,8 +109,11 @@ impl Tensor {
             Ok(out)
         };
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-        if dt == DType::BF16 && super::amx::worth(n, k, m) {
-            return squeeze(on_tiles(self, &a, &b, &batch, n, k, m)?);
+        if matches!(dt, DType::BF16 | DType::F16)
+            && super::amx::worth(n, k, m)
+            && let Some(out) = on_tiles(self, &a, &b, dt, &batch, n, k, m)?
+        {
+            return squeeze(out);
         }
         let compute = if matches!(dt, DType::BF16 | DType::F16) { DType::F32 } else { dt };
         let (a, b) = (a.to_dtype(compute)?, b.to_dtype(compute)?);
@@ -135,25 +141,35 @@ fn batch_offsets(t: &Tensor, batch: &[usize]) -> Vec<usize> {
     v
 }
 
-/// `a x b` in bf16 on AMX tiles ([`amx`](super::amx)); `a` and `b` are expanded to
-/// `batch + [n, k]` and `batch + [k, m]`, of any dtype that promotes to bf16.
+/// `a x b` in `dt` (bf16 or f16) on AMX tiles ([`amx`](super::amx)); `a` and `b` are expanded to
+/// `batch + [n, k]` and `batch + [k, m]`, of any dtype that promotes to `dt`. `None` when an f16
+/// operand holds an infinity or a NaN: those products take the f32 route.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 #[allow(clippy::too_many_arguments)]
-fn on_tiles(like: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize], n: usize, k: usize, m: usize) -> Result<Tensor> {
+fn on_tiles(
+    like: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    dt: DType,
+    batch: &[usize],
+    n: usize,
+    k: usize,
+    m: usize,
+) -> Result<Option<Tensor>> {
     use super::amx::{Plan, product};
     let op = "matmul";
-    let (a, b) = (a.to_dtype(DType::BF16)?, b.to_dtype(DType::BF16)?);
+    let (a, b) = (a.to_dtype(dt)?, b.to_dtype(dt)?);
     let mut out_shape = batch.to_vec();
     out_shape.extend([n, m]);
-    // SAFETY: `product` writes every element of `out`.
-    let out = unsafe { Tensor::output(op, &out_shape, DType::BF16, like) }?;
+    // SAFETY: `product` writes every element of `out`, or it is dropped unread.
+    let out = unsafe { Tensor::output(op, &out_shape, dt, like) }?;
     a.host_ready(op)?;
     b.host_ready(op)?;
     if out.numel() == 0 {
-        return Ok(out);
+        return Ok(Some(out));
     }
     let threads = crate::tensor::parallel::threads_for(out.numel().saturating_mul(k), PARALLEL_FLOPS / 2);
-    let plan = Plan::new(out.numel() / (n * m), n, k, m, threads);
+    let plan = Plan::new(out.numel() / (n * m), n, k, m, threads, dt == DType::F16);
     let scratch = |len: Option<usize>| {
         let len = len.ok_or_else(|| TensorError::SizeOverflow { op, shape: out_shape.clone(), dtype: DType::BF16 })?;
         // SAFETY: `product` writes all of its scratch before reading it.
@@ -164,10 +180,10 @@ fn on_tiles(like: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize], n: usize, k:
     let (ao, bo) = (batch_offsets(&a, batch), batch_offsets(&b, batch));
     let nb = batch.len();
     let mat = |t: &Tensor| Mat { ptr: t.data_ptr() as *const u16, rs: t.strides()[nb], cs: t.strides()[nb + 1] };
-    // SAFETY: `worth` held for these sizes (the caller's test). `a` and `b` are bf16, host-ready
-    // and read-locked; each offset addresses one of their matrices with these strides. `out` and
-    // the scratch are fresh, of the sizes `product` needs, and alias nothing.
-    unsafe {
+    // SAFETY: `worth` held for these sizes (the caller's test). `a` and `b` are of the plan's
+    // dtype, host-ready and read-locked; each offset addresses one of their matrices with these
+    // strides. `out` and the scratch are fresh, of the sizes `product` needs, and alias nothing.
+    let finite = unsafe {
         product(
             plan,
             mat(&a),
@@ -180,7 +196,7 @@ fn on_tiles(like: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize], n: usize, k:
             threads,
         )
     };
-    Ok(out)
+    Ok(finite.then_some(out))
 }
 
 /// Runs one matrix product per batch index. `a` and `b` are expanded to `batch + [n, k]` and

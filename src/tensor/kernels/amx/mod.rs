@@ -1,4 +1,5 @@
-//! bf16 matrix products on AMX tiles (Intel Xeon 4th generation, Sapphire Rapids, and later).
+//! bf16 and f16 matrix products on AMX tiles (Intel Xeon 4th generation, Sapphire Rapids, and
+//! later).
 //!
 //! The f32 route converts both operands to f32, runs gemm's AVX-512 kernels and rounds the
 //! result: 1.8-2.5 ms for a 512^3 bf16 product on the 2-vCPU VM, where PyTorch (oneDNN on AMX)
@@ -13,6 +14,16 @@
 //! subnormal inputs and results are read and written as zero. So results may differ from the
 //! f32 route in the last bit of a bf16, and values below 2^-126 become 0.
 //! [`set_amx`] turns the route off for reproducibility across machines.
+//!
+//! f16 products use the same bf16 tiles (AMX-FP16 is a later generation's): each f16 value,
+//! 11 significant bits, is split into two bf16 parts with `x == hi + lo` exactly (the top 8
+//! bits and the other 3), and the kernel adds all four products of parts, each exact in f32. So
+//! an f16 product gets the f32 route's arithmetic (exact products, f32 sums, one rounding to
+//! f16) at four times the tile work: 0.8 ms for 512^3 on one thread where the f32 route took
+//! 2.0 and PyTorch 1.9 (BENCHMARKS.md, "f16 matmul on AMX tiles"). f16 subnormals are normal
+//! bf16 parts and every sum is a multiple of 2^-48, so AMX's flushing never applies. Operands
+//! holding an infinity or a NaN (found while packing) take the f32 route: split into parts,
+//! `inf * 1` would become `inf * 1 + inf * 0`, a NaN.
 //!
 //! Stable Rust has no AMX intrinsics; the tile instructions are written in `asm!`. Linux grants
 //! the tile registers to a process on request (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); without the
@@ -157,8 +168,9 @@ const TILE_COLS: usize = 16;
 /// u16 elements in one packed A chunk (32 rows x 32) and one packed B tile (16 x 32).
 const A_CHUNK: usize = PANEL * CHUNK;
 const B_TILE: usize = TILE_COLS * CHUNK;
-/// Chunks per pass over a column group: the panel's 16 KiB slice stays in L1 while the
-/// group's B tiles stream past it from L2.
+/// Chunks per pass over a column group: the panel's 16 KiB slice (32 KiB with f16's two
+/// parts, measured 3% faster than 4 chunks) stays in L1 while the group's B tiles stream past
+/// it from L2.
 const PASS: usize = 8;
 /// Packed B bytes one column group keeps in L2 while every panel runs across it.
 const GROUP_BYTES: usize = 1 << 20;
@@ -188,18 +200,33 @@ pub(super) struct Plan {
     /// Few panels ([`FEW_PANELS`] or fewer): B is packed one column group at a time inside the
     /// multiplying phase, into each piece's own L2-sized buffer, instead of all at once.
     fused: bool,
+    /// Packed parts per element: 1 for bf16 operands; 2 for f16 ones, each split into a bf16
+    /// high and low part (`x == hi + lo` exactly), packed one after the other per chunk or tile.
+    parts: usize,
 }
 
 impl Plan {
-    pub(super) fn new(batches: usize, n: usize, k: usize, m: usize, threads: usize) -> Plan {
+    /// The plan for `batches` products of `n x k` by `k x m`, of f16 operands if `f16`, else bf16.
+    pub(super) fn new(batches: usize, n: usize, k: usize, m: usize, threads: usize, f16: bool) -> Plan {
         let (chunks, panels) = (k.div_ceil(CHUNK), n.div_ceil(PANEL));
         let col_tiles = m.div_ceil(2 * TILE_COLS) * 2;
-        Plan { n, k, m, chunks, panels, col_tiles, batches, threads: threads.max(1), fused: panels <= FEW_PANELS }
+        let (threads, fused, parts) = (threads.max(1), panels <= FEW_PANELS, 1 + f16 as usize);
+        Plan { n, k, m, chunks, panels, col_tiles, batches, threads, fused, parts }
+    }
+
+    /// u16 elements of one packed A panel.
+    fn panel_len(&self) -> usize {
+        self.chunks * self.parts * A_CHUNK
+    }
+
+    /// u16 elements of one packed B tile column.
+    fn column_len(&self) -> usize {
+        self.chunks * self.parts * B_TILE
     }
 
     /// u16 elements of packed A (all batches); `None` if that overflows.
     pub(super) fn packed_a(&self) -> Option<usize> {
-        self.batches.checked_mul(self.panels)?.checked_mul(self.chunks)?.checked_mul(A_CHUNK)
+        self.batches.checked_mul(self.panels)?.checked_mul(self.chunks)?.checked_mul(self.parts * A_CHUNK)
     }
 
     /// u16 elements of packed B: all batches', or one column group per piece when `fused`;
@@ -210,13 +237,13 @@ impl Plan {
         } else {
             self.batches.checked_mul(self.col_tiles)?
         };
-        tiles.checked_mul(self.chunks)?.checked_mul(B_TILE)
+        tiles.checked_mul(self.chunks)?.checked_mul(self.parts * B_TILE)
     }
 
     /// Pairs of B tiles per column group: as many as fit [`GROUP_BYTES`], at most
     /// [`GROUP_PAIRS`]; when `fused`, also few enough that every piece gets a group.
     fn group_pairs(&self) -> usize {
-        let fit = GROUP_BYTES / (self.chunks * B_TILE * 2 * 2);
+        let fit = GROUP_BYTES / (self.column_len() * 2 * 2);
         let spread = if self.fused { (self.col_tiles / 2).div_ceil(self.threads) } else { usize::MAX };
         fit.min(spread).clamp(1, GROUP_PAIRS)
     }
@@ -239,9 +266,14 @@ unsafe impl<T: Copy> Send for Shared<T> {}
 // SAFETY: as above.
 unsafe impl<T: Copy> Sync for Shared<T> {}
 
-/// `dst[i] (n x m, row-major) = a[i] (n x k) * b[i] (k x m)` for each batch `i`, on AMX tiles.
+/// `dst[i] (n x m, row-major) = a[i] (n x k) * b[i] (k x m)` for each batch `i`, on AMX tiles,
+/// of bf16 or (with `plan.parts == 2`) f16 elements, rounded to the same type.
 /// `a_offsets[i]` / `b_offsets[i]` are the elements from `a.ptr` / `b.ptr` to matrix `i`;
 /// `pack_a` and `pack_b` are scratch of [`Plan::packed_a`] / [`Plan::packed_b`] elements.
+///
+/// Returns false, with `dst` partly written, when an f16 operand holds an infinity or a NaN:
+/// split into parts, `inf * 1` would become `inf * 1 + inf * 0`, a NaN, so the caller takes
+/// the f32 route for such operands.
 ///
 /// # Safety
 /// [`worth`] returned true for these sizes (AMX is usable). Every matrix addresses initialised
@@ -259,9 +291,17 @@ pub(super) unsafe fn product(
     pack_a: *mut u16,
     pack_b: *mut u16,
     threads: usize,
-) {
+) -> bool {
     use crate::tensor::parallel::for_each_piece;
+    use core::sync::atomic::AtomicBool;
     let p = plan;
+    // Set by a packing job that met an f16 infinity or NaN; later jobs then skip their work.
+    let non_finite = AtomicBool::new(false);
+    let flag = |finite: bool| {
+        if !finite {
+            non_finite.store(true, Ordering::Relaxed);
+        }
+    };
     let (pa, pb, out) = (Shared(pack_a), Shared(pack_b), Shared(dst));
     let (a, b) = (Shared(a), Shared(b));
     // `jobs` split into consecutive ranges, one per piece.
@@ -284,10 +324,10 @@ pub(super) unsafe fn product(
                 // SAFETY: matrix `bi` of `a` is valid (our contract); this panel's part of the
                 // scratch is `chunks * A_CHUNK` elements at its index, written by this job only;
                 // AMX implies AVX-512 (`supported`).
-                unsafe {
+                flag(unsafe {
                     let src = Mat { ptr: a.ptr.add(a_offsets[bi]), ..a };
-                    pack_a_panel(&p, src, panel, pa.get().add(job * p.chunks * A_CHUNK));
-                }
+                    pack_a_panel(&p, src, panel, pa.get().add(job * p.panel_len()))
+                });
             } else {
                 let job = job - a_jobs;
                 let (bi, part) = (job / b_jobs, job % b_jobs);
@@ -295,17 +335,21 @@ pub(super) unsafe fn product(
                 let (chunks, tiles) =
                     if by_column { (0..p.chunks, part..part + 1) } else { (part..part + 1, 0..p.col_tiles) };
                 for (c, t) in chunks.flat_map(|c| tiles.clone().map(move |t| (c, t))) {
-                    // SAFETY: as above, for tile `c` of tile column `t` of matrix `bi`, inside its
-                    // batch's `col_tiles * chunks * B_TILE` elements; each job packs its own tiles.
-                    unsafe {
+                    // SAFETY: as above, for tile `c` (its parts) of tile column `t` of matrix `bi`,
+                    // inside its batch's `col_tiles` columns; each job packs its own tiles.
+                    flag(unsafe {
                         let src = Mat { ptr: b.ptr.add(b_offsets[bi]), ..b };
-                        let tile = ((bi * p.col_tiles + t) * p.chunks + c) * B_TILE;
-                        pack_b_tile(&p, src, c, t, pb.get().add(tile));
-                    }
+                        let tile = (bi * p.col_tiles + t) * p.column_len() + c * p.parts * B_TILE;
+                        pack_b_tile(&p, src, c, t, pb.get().add(tile))
+                    });
                 }
             }
         }
     });
+
+    if non_finite.load(Ordering::Relaxed) {
+        return false;
+    }
 
     // Phase 2: a job is one panel across one column group, so each piece runs its panels
     // across the same packed B while it is in L2. With few panels (`fused`), a job is every
@@ -320,8 +364,11 @@ pub(super) unsafe fn product(
         let mut acc = Block([0.0; PANEL * GROUP_COLS]);
         // SAFETY: AMX is usable (our contract).
         let tiles = unsafe { Tiles::configure() };
-        let own_b = per_group * 2 * p.chunks * B_TILE;
+        let own_b = per_group * 2 * p.column_len();
         for job in range(jobs, n_pieces, piece) {
+            if non_finite.load(Ordering::Relaxed) {
+                return;
+            }
             let (bi, rest) = (job / (groups * panel_jobs), job % (groups * panel_jobs));
             let (group, panel) = (rest / panel_jobs, rest % panel_jobs);
             let pairs = group * per_group..((group + 1) * per_group).min(pairs);
@@ -335,17 +382,17 @@ pub(super) unsafe fn product(
                     // SAFETY: matrix `bi` of `b` is valid (our contract); piece `piece` owns
                     // `own_b` elements of the scratch (`packed_b` holds one group per piece),
                     // and tile (t - t0, c) of this group is inside them; AVX-512 (`supported`).
-                    unsafe {
+                    flag(unsafe {
                         let src = Mat { ptr: b.ptr.add(b_offsets[bi]), ..b };
-                        let tile = piece * own_b + ((t - t0) * p.chunks + c) * B_TILE;
-                        pack_b_tile(&p, src, c, t, pb.get().add(tile));
-                    }
+                        let tile = piece * own_b + (t - t0) * p.column_len() + c * p.parts * B_TILE;
+                        pack_b_tile(&p, src, c, t, pb.get().add(tile))
+                    });
                 }
                 // SAFETY: as above.
                 unsafe { pb.get().add(piece * own_b) }
             } else {
                 // SAFETY: phase 1 packed every tile column of batch `bi`.
-                unsafe { pb.get().add((bi * p.col_tiles + 2 * pairs.start) * p.chunks * B_TILE) }
+                unsafe { pb.get().add((bi * p.col_tiles + 2 * pairs.start) * p.column_len()) }
             };
             let panels = if p.fused { 0..p.panels } else { panel..panel + 1 };
             for panel in panels {
@@ -354,19 +401,21 @@ pub(super) unsafe fn product(
                 // the panel, columns of the group, clipped to n x m) lies in result `bi` and only
                 // this job writes it; AMX implies AVX-512 (`supported`).
                 unsafe {
-                    let a_panel = pa.get().add((bi * p.panels + panel) * p.chunks * A_CHUNK);
+                    let a_panel = pa.get().add((bi * p.panels + panel) * p.panel_len());
                     group_block(&tiles, &p, a_panel, b_cols, pairs.len(), &mut acc);
                     let (r0, c0) = (panel * PANEL, pairs.start * 2 * TILE_COLS);
                     let rows = PANEL.min(p.n - r0);
                     let cols = (pairs.len() * 2 * TILE_COLS).min(p.m - c0);
                     for r in 0..rows {
                         let to = out.get().add(bi * p.n * p.m + (r0 + r) * p.m + c0);
-                        round_row(&acc.0[r * GROUP_COLS..][..cols], to);
+                        let from = &acc.0[r * GROUP_COLS..][..cols];
+                        if p.parts == 2 { round_row::<true>(from, to) } else { round_row::<false>(from, to) }
                     }
                 }
             }
         }
     });
+    !non_finite.load(Ordering::Relaxed)
 }
 
 /// One panel's f32 results across one column group, 64-byte aligned rows for the tile stores.
@@ -381,7 +430,7 @@ struct Block([f32; PANEL * GROUP_COLS]);
 /// `p.chunks` tiles each, one after the other; `pairs <= GROUP_PAIRS`.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 unsafe fn group_block(tiles: &Tiles, p: &Plan, a_panel: *const u16, b_cols: *const u16, pairs: usize, acc: &mut Block) {
-    let column = p.chunks * B_TILE;
+    let column = p.column_len();
     let mut first = 0;
     while first < p.chunks {
         let count = PASS.min(p.chunks - first);
@@ -391,23 +440,26 @@ unsafe fn group_block(tiles: &Tiles, p: &Plan, a_panel: *const u16, b_cols: *con
             // inside its 32 x GROUP_COLS f32 (pair < GROUP_PAIRS).
             unsafe {
                 let out = acc.0.as_mut_ptr().add(pair * 2 * TILE_COLS);
-                let b0 = b_cols.add(2 * pair * column + first * B_TILE);
-                tiles.multiply(a_panel.add(first * A_CHUNK), b0, b0.add(column), count, out, first > 0);
+                let b0 = b_cols.add(2 * pair * column + first * p.parts * B_TILE);
+                let a = a_panel.add(first * p.parts * A_CHUNK);
+                tiles.multiply(a, b0, b0.add(column), count, out, first > 0, p.parts == 2);
             }
         }
         first += count;
     }
 }
-/// Rounds `from` to bf16 into `to` (compiled for AVX-512, which every AMX CPU has).
+/// Rounds `from` to f16 (`F16`) or bf16 bits into `to` (compiled for AVX-512, which every AMX
+/// CPU has).
 ///
 /// # Safety
 /// `to` is valid for `from.len()` writes; the CPU has AVX-512 F, BW and VL.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn round_row(from: &[f32], to: *mut u16) {
+unsafe fn round_row<const F16: bool>(from: &[f32], to: *mut u16) {
     use crate::tensor::halfconv::HalfFloat;
     for (i, &v) in from.iter().enumerate() {
+        let bits = if F16 { half::f16::narrow(v).to_bits() } else { half::bf16::narrow(v).to_bits() };
         // SAFETY: the caller gives `from.len()` writable elements at `to`.
-        unsafe { to.add(i).write(half::bf16::narrow(v).to_bits()) };
+        unsafe { to.add(i).write(bits) };
     }
 }

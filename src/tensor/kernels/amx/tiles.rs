@@ -37,9 +37,16 @@ impl Tiles {
     /// `acc` rows are `GROUP_COLS` f32 apart: tiles 0-3 accumulate (loaded from `acc` when
     /// `add`, else zero), 4-5 hold the panel's two halves, 6-7 the two B tiles.
     ///
+    /// With `split`, each chunk and tile is two, the high and the low bf16 parts of f16 values,
+    /// one after the other; all four products of parts are added (`(ah + al)(bh + bl)`, each
+    /// product exact in f32), loading the parts in the order hh, hl, ll, lh so that each step
+    /// reloads only two tiles.
+    ///
     /// # Safety
-    /// `a` holds `count` packed A chunks, `b0` / `b1` `count` packed B tiles each; `acc` is
-    /// valid for reads and writes of 32 rows of 32 f32, `GROUP_COLS` f32 apart; `count >= 1`.
+    /// `a` holds `count` packed A chunks, `b0` / `b1` `count` packed B tiles each (twice as many
+    /// with `split`); `acc` is valid for reads and writes of 32 rows of 32 f32, `GROUP_COLS` f32
+    /// apart; `count >= 1`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn multiply(
         &self,
         a: *const u16,
@@ -48,14 +55,15 @@ impl Tiles {
         count: usize,
         acc: *mut f32,
         add: bool,
+        split: bool,
     ) {
         const ROW: usize = GROUP_COLS * 4;
         debug_assert!(count >= 1);
-        // SAFETY: (both `asm!` blocks) the tiles are configured (`self`). The loads read 16 rows
-        // of 64 bytes per chunk from each of `a`, `a + 1024`, `b0` and `b1`, which the packed
-        // layouts hold (rows 64 bytes apart); the accumulator loads and stores touch 16 rows of
-        // 64 bytes at `acc`, `acc + 64`, `acc + 16 rows` and `acc + 16 rows + 64`: the 32 x 32
-        // f32 the caller gives.
+        // SAFETY: (all `asm!` blocks) the tiles are configured (`self`). The loads read 16 rows
+        // of 64 bytes per chunk (per part with `split`) from each of `a`, `a + 1024`, `b0` and
+        // `b1`, which the packed layouts hold (rows 64 bytes apart; parts 2048 bytes apart in A,
+        // 1024 in B); the accumulator loads and stores touch 16 rows of 64 bytes at `acc`,
+        // `acc + 64`, `acc + 16 rows` and `acc + 16 rows + 64`: the 32 x 32 f32 the caller gives.
         unsafe {
             if add {
                 core::arch::asm!(
@@ -77,32 +85,78 @@ impl Tiles {
                     options(nostack, nomem)
                 );
             }
+            if split {
+                core::arch::asm!(
+                    "2:",
+                    "tileloadd tmm4, [{a} + {s64}*1]",
+                    "tileloadd tmm5, [{a} + {s64}*1 + 1024]",
+                    "tileloadd tmm6, [{b0} + {s64}*1]",
+                    "tileloadd tmm7, [{b1} + {s64}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "tileloadd tmm6, [{b0} + {s64}*1 + 1024]",
+                    "tileloadd tmm7, [{b1} + {s64}*1 + 1024]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "tileloadd tmm4, [{a} + {s64}*1 + 2048]",
+                    "tileloadd tmm5, [{a} + {s64}*1 + 3072]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "tileloadd tmm6, [{b0} + {s64}*1]",
+                    "tileloadd tmm7, [{b1} + {s64}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "add {a}, 4096",
+                    "add {b0}, 2048",
+                    "add {b1}, 2048",
+                    "dec {n}",
+                    "jnz 2b",
+                    a = inout(reg) a => _,
+                    b0 = inout(reg) b0 => _,
+                    b1 = inout(reg) b1 => _,
+                    n = inout(reg) count => _,
+                    s64 = in(reg) 64usize,
+                    options(nostack, readonly),
+                );
+            } else {
+                core::arch::asm!(
+                    "2:",
+                    "tileloadd tmm4, [{a} + {s64}*1]",
+                    "tileloadd tmm5, [{a} + {s64}*1 + 1024]",
+                    "tileloadd tmm6, [{b0} + {s64}*1]",
+                    "tileloadd tmm7, [{b1} + {s64}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "add {a}, 2048",
+                    "add {b0}, 1024",
+                    "add {b1}, 1024",
+                    "dec {n}",
+                    "jnz 2b",
+                    a = inout(reg) a => _,
+                    b0 = inout(reg) b0 => _,
+                    b1 = inout(reg) b1 => _,
+                    n = inout(reg) count => _,
+                    s64 = in(reg) 64usize,
+                    options(nostack, readonly),
+                );
+            }
             core::arch::asm!(
-                "2:",
-                "tileloadd tmm4, [{a} + {s64}*1]",
-                "tileloadd tmm5, [{a} + {s64}*1 + 1024]",
-                "tileloadd tmm6, [{b0} + {s64}*1]",
-                "tileloadd tmm7, [{b1} + {s64}*1]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                "tdpbf16ps tmm2, tmm5, tmm6",
-                "tdpbf16ps tmm3, tmm5, tmm7",
-                "add {a}, 2048",
-                "add {b0}, 1024",
-                "add {b1}, 1024",
-                "dec {n}",
-                "jnz 2b",
                 "tilestored [{acc} + {row}*1], tmm0",
                 "tilestored [{acc} + {row}*1 + 64], tmm1",
                 "tilestored [{acc16} + {row}*1], tmm2",
                 "tilestored [{acc16} + {row}*1 + 64], tmm3",
-                a = inout(reg) a => _,
-                b0 = inout(reg) b0 => _,
-                b1 = inout(reg) b1 => _,
-                n = inout(reg) count => _,
                 acc = in(reg) acc,
                 acc16 = in(reg) acc.add(16 * GROUP_COLS),
-                s64 = in(reg) 64usize,
                 row = in(reg) ROW,
                 options(nostack),
             );
