@@ -52,7 +52,7 @@ pub const AMX_ENV: &str = "TENSORMEM_AMX";
 /// 0: not decided yet; 1: off (no AMX, or turned off); 2: on.
 static STATE: AtomicU8 = AtomicU8::new(0);
 
-/// Whether bf16 matrix products run on AMX tiles: the CPU has AMX-BF16, the OS granted the
+/// Whether bf16 and f16 matrix products run on AMX tiles: the CPU has AMX-BF16, the OS granted the
 /// tile registers, and neither [`set_amx`]`(false)` nor `TENSORMEM_AMX=0` turned the route off.
 ///
 /// ```
@@ -82,7 +82,7 @@ pub fn amx_enabled() -> bool {
     }
 }
 
-/// Turns the AMX route for bf16 matmul on or off (like `torch.backends.mkldnn`'s switch); on has
+/// Turns the AMX route for bf16 and f16 matmul on or off (like `torch.backends.mkldnn`'s switch); on has
 /// effect only where [`amx_enabled`] can be true. Returns whether the route is on afterwards.
 /// Products already running finish on the route they started on.
 ///
@@ -151,7 +151,7 @@ unsafe fn xcr0() -> u64 {
     unsafe { core::arch::x86_64::_xgetbv(0) }
 }
 
-/// Whether an `n x k` by `k x m` bf16 product goes on tiles: AMX is on and the matrices fill
+/// Whether an `n x k` by `k x m` bf16 or f16 product goes on tiles: AMX is on and the matrices fill
 /// tiles well enough. Padding to 32 rows, 32 columns and 32 inner elements at most doubles each
 /// size here; below it (matrix-vector products, tiny batched heads) the f32 route is the better
 /// one.
@@ -277,7 +277,7 @@ unsafe impl<T: Copy> Sync for Shared<T> {}
 ///
 /// # Safety
 /// [`worth`] returned true for these sizes (AMX is usable). Every matrix addresses initialised
-/// bf16 bits with the given strides; `dst` is valid for writes of `batches * n * m` elements and
+/// bf16 (f16 with `plan.parts == 2`) bits with the given strides; `dst` is valid for writes of `batches * n * m` elements and
 /// overlaps nothing else; the scratch buffers are valid for writes, separate from everything.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 #[allow(clippy::too_many_arguments)]
@@ -322,7 +322,7 @@ pub(super) unsafe fn product(
                 let (bi, panel) = (job / p.panels, job % p.panels);
                 let a = a.get();
                 // SAFETY: matrix `bi` of `a` is valid (our contract); this panel's part of the
-                // scratch is `chunks * A_CHUNK` elements at its index, written by this job only;
+                // scratch is `panel_len()` elements at its index, written by this job only;
                 // AMX implies AVX-512 (`supported`).
                 flag(unsafe {
                     let src = Mat { ptr: a.ptr.add(a_offsets[bi]), ..a };
@@ -388,6 +388,9 @@ pub(super) unsafe fn product(
                         pack_b_tile(&p, src, c, t, pb.get().add(tile))
                     });
                 }
+                if non_finite.load(Ordering::Relaxed) {
+                    return;
+                }
                 // SAFETY: as above.
                 unsafe { pb.get().add(piece * own_b) }
             } else {
@@ -426,8 +429,9 @@ struct Block([f32; PANEL * GROUP_COLS]);
 /// [`PASS`] chunks (each pass adds to the results the last one stored).
 ///
 /// # Safety
-/// `a_panel` holds `p.chunks` packed A chunks; `b_cols` holds `2 * pairs` packed tile columns of
-/// `p.chunks` tiles each, one after the other; `pairs <= GROUP_PAIRS`.
+/// `a_panel` holds `p.chunks` packed A chunks (of `p.parts` parts each); `b_cols` holds
+/// `2 * pairs` packed tile columns of [`Plan::column_len`] elements each, one after the other;
+/// `pairs <= GROUP_PAIRS`.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 unsafe fn group_block(tiles: &Tiles, p: &Plan, a_panel: *const u16, b_cols: *const u16, pairs: usize, acc: &mut Block) {
     let column = p.column_len();
@@ -448,6 +452,7 @@ unsafe fn group_block(tiles: &Tiles, p: &Plan, a_panel: *const u16, b_cols: *con
         first += count;
     }
 }
+
 /// Rounds `from` to f16 (`F16`) or bf16 bits into `to` (compiled for AVX-512, which every AMX
 /// CPU has).
 ///
