@@ -88,24 +88,63 @@ const SHAPES: [(usize, usize, usize); 13] = [
     (64, 64, 15), // likewise
 ];
 
-#[test]
-fn whole_number_products_match_the_f32_route_bit_for_bit_in_every_layout_and_edge_size() {
-    note_route();
+/// Calls `check(n, k, m, layout of A, layout of B, seed)` for every shape of [`SHAPES`] and every
+/// pair of layouts.
+fn every_shape_and_layout(mut check: impl FnMut(usize, usize, usize, usize, usize, u64)) {
     for (i, &(n, k, m)) in SHAPES.iter().enumerate() {
         for ka in 0..4 {
             for kb in 0..4 {
-                // A product of NaNs first: its freed scratch comes back to the next product, whose
-                // padding must be written, not inherited.
-                let nan = |r: usize, c: usize| Tensor::full(&[r, c], f64::NAN, DType::BF16).unwrap();
-                drop(nan(n, k).matmul(&nan(k, m)).unwrap());
-                let a = layout(n, k, ka, (i * 16 + ka * 4 + kb) as u64);
-                let b = layout(k, m, kb, (i * 16 + ka * 4 + kb + 1000) as u64);
-                let c = a.matmul(&b).unwrap();
-                assert_eq!((c.dtype(), c.sizes()), (DType::BF16, &[n, m][..]));
-                assert_eq!(bits(&c), via_f32(&a, &b), "{n}x{k}x{m}, layouts {ka}/{kb}");
+                check(n, k, m, ka, kb, (i * 16 + ka * 4 + kb) as u64);
             }
         }
     }
+}
+
+/// `a x b` (matrices) has `a`'s dtype, `n x m` elements and the f32 route's bits.
+fn same_as_the_f32_route(a: &Tensor, b: &Tensor, what: &str) {
+    let c = a.matmul(b).unwrap();
+    assert_eq!((c.dtype(), c.sizes()), (a.dtype(), &[a.sizes()[0], b.sizes()[1]][..]), "{what}");
+    assert_eq!(bits(&c), via_f32(a, b), "{what}");
+}
+
+/// Random normal `n x k` by `k x m` products in `dt` (the right operand a transposed weight,
+/// as `Linear` stores it) within one rounding of `dt` (`unit`, relative; `floor`, absolute)
+/// plus f32 summation error (k ulps of the sum of magnitudes, generously) of the exact result.
+fn within_one_rounding(dt: DType, shapes: &[(usize, usize, usize)], unit: f64, floor: f64) {
+    for &(n, k, m) in shapes {
+        let a = Tensor::randn(&[n, k], DType::F32).unwrap().to_dtype(dt).unwrap();
+        let b = Tensor::randn(&[m, k], DType::F32).unwrap().to_dtype(dt).unwrap().t().unwrap();
+        let c = a.matmul(&b).unwrap().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        let (av, bv) = (
+            a.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
+            b.contiguous().unwrap().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
+        );
+        for i in 0..n {
+            for j in 0..m {
+                let (mut exact, mut size) = (0.0, 0.0);
+                for p in 0..k {
+                    exact += av[i * k + p] * bv[p * m + j];
+                    size += (av[i * k + p] * bv[p * m + j]).abs();
+                }
+                let got = c[i * m + j];
+                let bound = exact.abs() * unit + floor + size * (k as f64) * 2f64.powi(-24);
+                assert!((got - exact).abs() <= bound, "{dt:?} {n}x{k}x{m} [{i}, {j}]: {got} vs exact {exact}");
+            }
+        }
+    }
+}
+
+#[test]
+fn whole_number_products_match_the_f32_route_bit_for_bit_in_every_layout_and_edge_size() {
+    note_route();
+    every_shape_and_layout(|n, k, m, ka, kb, seed| {
+        // A product of NaNs first: its freed scratch comes back to the next product, whose
+        // padding must be written, not inherited.
+        let nan = |r: usize, c: usize| Tensor::full(&[r, c], f64::NAN, DType::BF16).unwrap();
+        drop(nan(n, k).matmul(&nan(k, m)).unwrap());
+        let (a, b) = (layout(n, k, ka, seed), layout(k, m, kb, seed + 1000));
+        same_as_the_f32_route(&a, &b, &format!("{n}x{k}x{m}, layouts {ka}/{kb}"));
+    });
 }
 
 #[test]
@@ -130,29 +169,8 @@ fn batched_and_broadcast_products_match_each_matrix_product() {
 #[test]
 fn random_products_are_within_one_bf16_rounding_of_the_exact_result() {
     note_route();
-    for &(n, k, m) in &[(64, 512, 64), (33, 4096, 40), (256, 256, 256)] {
-        let a = Tensor::randn(&[n, k], DType::F32).unwrap().to_dtype(DType::BF16).unwrap();
-        let b = Tensor::randn(&[k, m], DType::F32).unwrap().to_dtype(DType::BF16).unwrap();
-        let c = a.matmul(&b).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
-        let (av, bv) = (
-            a.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
-            b.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
-        );
-        for i in 0..n {
-            for j in 0..m {
-                let (mut exact, mut size) = (0.0, 0.0);
-                for p in 0..k {
-                    exact += av[i * k + p] * bv[p * m + j];
-                    size += (av[i * k + p] * bv[p * m + j]).abs();
-                }
-                let got = c[i * m + j] as f64;
-                // One bf16 rounding (2^-8 relative) plus f32 summation error (k ulps of the sum
-                // of magnitudes, generously).
-                let bound = exact.abs() / 256.0 + size * (k as f64) * 2f64.powi(-24);
-                assert!((got - exact).abs() <= bound, "{n}x{k}x{m} [{i}, {j}]: {got} vs exact {exact}");
-            }
-        }
-    }
+    // One bf16 rounding is 2^-8 relative.
+    within_one_rounding(DType::BF16, &[(64, 512, 64), (33, 4096, 40), (256, 256, 256)], 1.0 / 256.0, 0.0);
 }
 
 #[test]
@@ -231,6 +249,9 @@ fn the_environment_variable_turns_the_route_off_at_startup() {
     }
 }
 
+/// Makes an operand of the given sizes from a seed.
+type Make = fn(&[usize], u64) -> Tensor;
+
 /// f16 values with 11 significant bits (`-2047..=2047` times 2^-10), which the tile route splits
 /// into two bf16 parts, each nonzero for most of them.
 fn fine(sizes: &[usize], seed: u64) -> Tensor {
@@ -248,53 +269,23 @@ fn f16_products_with_exact_sums_match_the_f32_route_bit_for_bit_in_every_layout_
     // |a| < 2, |b| <= 4 and k <= 1000: every product and sum is a multiple of 2^-10 below 2^13,
     // exact in f32, so both routes round the same value once. The fine values go first on the
     // left, then on the right, so the splitting of A and of B (both packings) is checked.
-    for (i, &(n, k, m)) in SHAPES.iter().enumerate() {
-        for ka in 0..4 {
-            for kb in 0..4 {
-                // A product first whose freed scratch comes back to the next one: its padding
-                // must be written, not inherited.
-                drop(fine(&[n, k], 7).matmul(&fine(&[k, m], 8)).unwrap());
-                let seed = (i * 16 + ka * 4 + kb) as u64;
-                for (left, right) in
-                    [(fine as fn(&[usize], u64) -> Tensor, small as fn(&[usize], u64) -> Tensor), (small, fine)]
-                {
-                    let a = layout_of(n, k, ka, seed, left);
-                    let b = layout_of(k, m, kb, seed + 1000, right);
-                    let c = a.matmul(&b).unwrap();
-                    assert_eq!((c.dtype(), c.sizes()), (DType::F16, &[n, m][..]));
-                    assert_eq!(bits(&c), via_f32(&a, &b), "{n}x{k}x{m}, layouts {ka}/{kb}");
-                }
-            }
+    every_shape_and_layout(|n, k, m, ka, kb, seed| {
+        // A product first whose freed scratch comes back to the next one: its padding must be
+        // written, not inherited.
+        drop(fine(&[n, k], 7).matmul(&fine(&[k, m], 8)).unwrap());
+        for (left, right) in [(fine as Make, small as Make), (small, fine)] {
+            let (a, b) = (layout_of(n, k, ka, seed, left), layout_of(k, m, kb, seed + 1000, right));
+            same_as_the_f32_route(&a, &b, &format!("{n}x{k}x{m}, layouts {ka}/{kb}"));
         }
-    }
+    });
 }
 
 #[test]
 fn random_f16_products_are_within_one_f16_rounding_of_the_exact_result() {
     note_route();
-    for &(n, k, m) in &[(64, 512, 64), (33, 4096, 40), (256, 256, 256), (300, 768, 100)] {
-        let a = Tensor::randn(&[n, k], DType::F32).unwrap().to_dtype(DType::F16).unwrap();
-        let b = Tensor::randn(&[m, k], DType::F32).unwrap().to_dtype(DType::F16).unwrap().t().unwrap();
-        let c = a.matmul(&b).unwrap().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
-        let (av, bv) = (
-            a.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
-            b.contiguous().unwrap().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
-        );
-        for i in 0..n {
-            for j in 0..m {
-                let (mut exact, mut size) = (0.0, 0.0);
-                for p in 0..k {
-                    exact += av[i * k + p] * bv[p * m + j];
-                    size += (av[i * k + p] * bv[p * m + j]).abs();
-                }
-                // One f16 rounding (2^-11 relative, 2^-25 absolute below f16's normals) plus
-                // f32 summation error (k ulps of the sum of magnitudes, generously).
-                let bound = exact.abs() / 2048.0 + 2f64.powi(-25) + size * (k as f64) * 2f64.powi(-24);
-                let got = c[i * m + j];
-                assert!((got - exact).abs() <= bound, "{n}x{k}x{m} [{i}, {j}]: {got} vs exact {exact}");
-            }
-        }
-    }
+    // One f16 rounding is 2^-11 relative, 2^-25 absolute below f16's normals.
+    let shapes = [(64, 512, 64), (33, 4096, 40), (256, 256, 256), (300, 768, 100)];
+    within_one_rounding(DType::F16, &shapes, 1.0 / 2048.0, 2f64.powi(-25));
 }
 
 #[test]

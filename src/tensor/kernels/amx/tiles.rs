@@ -18,6 +18,13 @@ const CONFIG: TileConfig = {
     TileConfig(c)
 };
 
+/// The four products of one step: accumulators 0-3 += A halves (tiles 4, 5) x B tiles (6, 7).
+macro_rules! products {
+    () => {
+        "tdpbf16ps tmm0, tmm4, tmm6\ntdpbf16ps tmm1, tmm4, tmm7\ntdpbf16ps tmm2, tmm5, tmm6\ntdpbf16ps tmm3, tmm5, tmm7"
+    };
+}
+
 /// The tile registers configured on this thread (16 rows x 64 bytes each); released on drop.
 /// Only this module's `asm!` touches tile registers, so their contents last from one
 /// [`Tiles::multiply`] to the next.
@@ -92,28 +99,16 @@ impl Tiles {
                     "tileloadd tmm5, [{a} + {s64}*1 + 1024]",
                     "tileloadd tmm6, [{b0} + {s64}*1]",
                     "tileloadd tmm7, [{b1} + {s64}*1]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    products!(),
                     "tileloadd tmm6, [{b0} + {s64}*1 + 1024]",
                     "tileloadd tmm7, [{b1} + {s64}*1 + 1024]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    products!(),
                     "tileloadd tmm4, [{a} + {s64}*1 + 2048]",
                     "tileloadd tmm5, [{a} + {s64}*1 + 3072]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    products!(),
                     "tileloadd tmm6, [{b0} + {s64}*1]",
                     "tileloadd tmm7, [{b1} + {s64}*1]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    products!(),
                     "add {a}, 4096",
                     "add {b0}, 2048",
                     "add {b1}, 2048",
@@ -133,10 +128,7 @@ impl Tiles {
                     "tileloadd tmm5, [{a} + {s64}*1 + 1024]",
                     "tileloadd tmm6, [{b0} + {s64}*1]",
                     "tileloadd tmm7, [{b1} + {s64}*1]",
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    products!(),
                     "add {a}, 2048",
                     "add {b0}, 1024",
                     "add {b1}, 1024",
