@@ -72,7 +72,7 @@ fn layout(rows: usize, cols: usize, kind: usize, seed: u64) -> Tensor {
 
 /// The product sizes the exactness tests run: edges of every tile dimension, few and many
 /// panels of 32 rows, and sizes below the tile route's.
-const SHAPES: [(usize, usize, usize); 13] = [
+const SHAPES: [(usize, usize, usize); 14] = [
     (16, 32, 16),
     (17, 33, 19),
     (31, 63, 33),
@@ -81,7 +81,8 @@ const SHAPES: [(usize, usize, usize); 13] = [
     (64, 1000, 48),
     (130, 257, 65),
     (40, 300, 300),
-    (300, 96, 40), // more than 8 panels of 32 rows: B packed whole before the products
+    (40, 1536, 200), // a long inner dimension: several column groups of B, the last one partial
+    (300, 96, 40),   // more than 8 panels of 32 rows: B packed whole before the products
     (520, 64, 80),
     (15, 64, 64), // below the tile route's sizes: f32 route either way
     (64, 31, 64), // likewise (k < 32)
@@ -266,7 +267,7 @@ fn small(sizes: &[usize], seed: u64) -> Tensor {
 #[test]
 fn f16_products_with_exact_sums_match_the_f32_route_bit_for_bit_in_every_layout_and_edge_size() {
     note_route();
-    // |a| < 2, |b| <= 4 and k <= 1000: every product and sum is a multiple of 2^-10 below 2^13,
+    // |a| < 2, |b| <= 4 and k <= 1536: every product and sum is a multiple of 2^-10 below 2^14,
     // exact in f32, so both routes round the same value once. The fine values go first on the
     // left, then on the right, so the splitting of A and of B (both packings) is checked.
     every_shape_and_layout(|n, k, m, ka, kb, seed| {
