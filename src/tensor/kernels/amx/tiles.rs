@@ -25,6 +25,34 @@ macro_rules! products {
     };
 }
 
+/// The loop over `$count` chunks: load the A halves (tiles 4, 5) and the high or only B tiles
+/// (6, 7), add their products, run `$more` (the other parts' loads and products, for f16),
+/// then step A by `$a_step` and each B by `$b_step` bytes.
+macro_rules! chunk_loop {
+    ($a:ident, $b0:ident, $b1:ident, $count:ident, $a_step:literal, $b_step:literal, $($more:tt)*) => {
+        core::arch::asm!(
+            "2:",
+            "tileloadd tmm4, [{a} + {s64}*1]",
+            "tileloadd tmm5, [{a} + {s64}*1 + 1024]",
+            "tileloadd tmm6, [{b0} + {s64}*1]",
+            "tileloadd tmm7, [{b1} + {s64}*1]",
+            products!(),
+            $($more)*
+            concat!("add {a}, ", $a_step),
+            concat!("add {b0}, ", $b_step),
+            concat!("add {b1}, ", $b_step),
+            "dec {n}",
+            "jnz 2b",
+            a = inout(reg) $a => _,
+            b0 = inout(reg) $b0 => _,
+            b1 = inout(reg) $b1 => _,
+            n = inout(reg) $count => _,
+            s64 = in(reg) 64usize,
+            options(nostack, readonly),
+        )
+    };
+}
+
 /// The tile registers configured on this thread (16 rows x 64 bytes each); released on drop.
 /// Only this module's `asm!` touches tile registers, so their contents last from one
 /// [`Tiles::multiply`] to the next.
@@ -93,13 +121,13 @@ impl Tiles {
                 );
             }
             if split {
-                core::arch::asm!(
-                    "2:",
-                    "tileloadd tmm4, [{a} + {s64}*1]",
-                    "tileloadd tmm5, [{a} + {s64}*1 + 1024]",
-                    "tileloadd tmm6, [{b0} + {s64}*1]",
-                    "tileloadd tmm7, [{b1} + {s64}*1]",
-                    products!(),
+                chunk_loop!(
+                    a,
+                    b0,
+                    b1,
+                    count,
+                    "4096",
+                    "2048",
                     "tileloadd tmm6, [{b0} + {s64}*1 + 1024]",
                     "tileloadd tmm7, [{b1} + {s64}*1 + 1024]",
                     products!(),
@@ -109,38 +137,9 @@ impl Tiles {
                     "tileloadd tmm6, [{b0} + {s64}*1]",
                     "tileloadd tmm7, [{b1} + {s64}*1]",
                     products!(),
-                    "add {a}, 4096",
-                    "add {b0}, 2048",
-                    "add {b1}, 2048",
-                    "dec {n}",
-                    "jnz 2b",
-                    a = inout(reg) a => _,
-                    b0 = inout(reg) b0 => _,
-                    b1 = inout(reg) b1 => _,
-                    n = inout(reg) count => _,
-                    s64 = in(reg) 64usize,
-                    options(nostack, readonly),
                 );
             } else {
-                core::arch::asm!(
-                    "2:",
-                    "tileloadd tmm4, [{a} + {s64}*1]",
-                    "tileloadd tmm5, [{a} + {s64}*1 + 1024]",
-                    "tileloadd tmm6, [{b0} + {s64}*1]",
-                    "tileloadd tmm7, [{b1} + {s64}*1]",
-                    products!(),
-                    "add {a}, 2048",
-                    "add {b0}, 1024",
-                    "add {b1}, 1024",
-                    "dec {n}",
-                    "jnz 2b",
-                    a = inout(reg) a => _,
-                    b0 = inout(reg) b0 => _,
-                    b1 = inout(reg) b1 => _,
-                    n = inout(reg) count => _,
-                    s64 = in(reg) 64usize,
-                    options(nostack, readonly),
-                );
+                chunk_loop!(a, b0, b1, count, "2048", "1024",);
             }
             core::arch::asm!(
                 "tilestored [{acc} + {row}*1], tmm0",
