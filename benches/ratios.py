@@ -187,7 +187,8 @@ def one_thread_table(group, title, unit, scale, base, subs, besides):
 
 one_thread_table("half_256K_1t", "half precision, 256K elements, 1 thread", "µs", 1e3, "f32_add",
                  ["copy", "f32_add", "f16_add", "bf16_add", "f16_add_f32", "f16_strided_add", "f16_to_f32",
-                  "f32_to_f16", "bf16_to_f32", "f32_to_bf16", "f16_sum", "bf16_sum"],
+                  "f32_to_f16", "bf16_to_f32", "f32_to_bf16", "f16_transposed_contiguous", "f16_transposed_to_f32",
+                  "f16_sum", "bf16_sum"],
                  [("f16_beside_f32", "f16 add / f32 add")])
 one_thread_table("matmul_half_512_1t", "matmul, 1 thread", "ms", 1e6, "f32",
                  ["f32", "f16", "bf16", "bf16_gpt2_mlp", "f16_gpt2_mlp", "bf16_tiles_beside_f32_route",

@@ -452,7 +452,8 @@ fn matmul(c: &mut Criterion) {
 
 /// Half precision on 256K elements at 1 thread (cache-resident): the f16 and bf16 add, casts and
 /// sum against the f32 add of the same elements and a copy of the f16 add's bytes, with the
-/// f16 and f32 adds also side by side (`f16_beside_f32`: f16 / f32 of those calls).
+/// f16 and f32 adds also side by side (`f16_beside_f32`: f16 / f32 of those calls); and the
+/// same elements as a transposed 512x512 f16 matrix, made contiguous and cast to f32.
 fn half_precision(c: &mut Criterion) {
     const N: usize = 256 << 10;
     let name = "half_256K_1t";
@@ -473,6 +474,9 @@ fn half_precision(c: &mut Criterion) {
     bench(&mut g, name, "f32_to_f16", || a.to_dtype(DType::F16).unwrap());
     bench(&mut g, name, "bf16_to_f32", || ab.to_dtype(DType::F32).unwrap());
     bench(&mut g, name, "f32_to_bf16", || a.to_dtype(DType::BF16).unwrap());
+    let aht = ah.reshape(&[512, -1]).unwrap().t().unwrap();
+    bench(&mut g, name, "f16_transposed_contiguous", || aht.contiguous().unwrap());
+    bench(&mut g, name, "f16_transposed_to_f32", || aht.to_dtype(DType::F32).unwrap());
     bench(&mut g, name, "f16_sum", || ah.sum().unwrap());
     bench(&mut g, name, "bf16_sum", || ab.sum().unwrap());
     bench_side_by_side(

@@ -384,3 +384,32 @@ fn large_transposed_and_broadcast_inputs_match_the_reference() {
     assert_eq!(c.to_vec::<f32>().unwrap(), ct.to_vec::<f32>().unwrap());
     assert_eq!(ct.get::<f32>(&[5, 7]).unwrap(), ra.at(&[7, 5]) as f32);
 }
+
+/// Transposed 2-byte tensors go through the 8x8 register transpose in full blocks and element
+/// by element at the edges: sizes around multiples of 8 and of the 32-row tile, several tiles
+/// and a batch dimension, each element checked against its source.
+#[test]
+fn transposed_two_byte_tensors_gather_every_element() {
+    for &(rows, cols) in &[(8, 8), (9, 8), (8, 9), (16, 31), (33, 40), (37, 53), (64, 96), (300, 77), (1000, 9)] {
+        for &(batch, dt) in &[(1, DType::I16), (2, DType::F16), (1, DType::BF16)] {
+            let n = batch * rows * cols;
+            // Distinct small integers: exact in i16, f16 and bf16 (|v| <= 256).
+            let data: Vec<f64> = (0..n).map(|i| (i % 509) as f64 - 254.0).collect();
+            let t = Tensor::from_slice(&data, &[batch, rows, cols], DType::F64).unwrap().to_dtype(dt).unwrap();
+            let tt = t.transpose(1, 2).unwrap();
+            for got in [tt.contiguous().unwrap(), tt.to_dtype(DType::F32).unwrap()] {
+                assert!(got.is_contiguous());
+                let got = got.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+                for b in 0..batch {
+                    for c in 0..cols {
+                        for r in 0..rows {
+                            let want = data[(b * rows + r) * cols + c];
+                            let at = (b * cols + c) * rows + r;
+                            assert_eq!(got[at], want, "{dt:?} {batch}x{rows}x{cols}, element [{b}, {c}, {r}]");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
