@@ -385,16 +385,39 @@ fn large_transposed_and_broadcast_inputs_match_the_reference() {
     assert_eq!(ct.get::<f32>(&[5, 7]).unwrap(), ra.at(&[7, 5]) as f32);
 }
 
-/// Transposed 2-byte tensors go through the 8x8 register transpose in full blocks and element
-/// by element at the edges: sizes around multiples of 8 and of the 32-row tile, several tiles
-/// and a batch dimension, each element checked against its source.
+/// Transposed 1- and 2-byte tensors go through a register transpose of 16x16 or 8x8 blocks
+/// and element by element at the edges: sizes around multiples of 8 and 16 and of the tile,
+/// several tiles and a batch dimension, each element checked against its source.
 #[test]
-fn transposed_two_byte_tensors_gather_every_element() {
-    for &(rows, cols) in &[(8, 8), (9, 8), (8, 9), (16, 31), (33, 40), (37, 53), (64, 96), (300, 77), (1000, 9)] {
-        for &(batch, dt) in &[(1, DType::I16), (2, DType::F16), (1, DType::BF16)] {
+fn transposed_narrow_tensors_gather_every_element() {
+    let sizes = [
+        (8, 8),
+        (9, 8),
+        (8, 9),
+        (16, 16),
+        (16, 31),
+        (17, 33),
+        (33, 40),
+        (37, 53),
+        (64, 96),
+        (130, 65),
+        (300, 77),
+        (1000, 9),
+    ];
+    for &(rows, cols) in &sizes {
+        for &(batch, dt) in
+            &[(1, DType::I16), (2, DType::F16), (1, DType::BF16), (1, DType::U8), (2, DType::I8), (1, DType::Bool)]
+        {
             let n = batch * rows * cols;
-            // Distinct small integers: exact in i16, f16 and bf16 (|v| <= 256).
-            let data: Vec<f64> = (0..n).map(|i| (i % 509) as f64 - 254.0).collect();
+            // Small integers, exact in every one of these types; a third of them zero for bool.
+            let data: Vec<f64> = (0..n)
+                .map(|i| match dt {
+                    DType::U8 => (i % 251) as f64,
+                    DType::I8 => (i % 241) as f64 - 120.0,
+                    DType::Bool => (i % 3 != 0) as u8 as f64,
+                    _ => (i % 509) as f64 - 254.0,
+                })
+                .collect();
             let t = Tensor::from_slice(&data, &[batch, rows, cols], DType::F64).unwrap().to_dtype(dt).unwrap();
             let tt = t.transpose(1, 2).unwrap();
             for got in [tt.contiguous().unwrap(), tt.to_dtype(DType::F32).unwrap()] {

@@ -304,11 +304,16 @@ unsafe fn gather_tile(src: *mut u8, s0: usize, s1: usize, dst: *mut u8, w: usize
         }};
     }
     match e {
+        #[cfg(target_arch = "x86_64")]
+        1 if s1 == 1 && h >= 16 && w >= 16 => {
+            // SAFETY: forwarded from our caller's contract (same elements, same layout).
+            unsafe { gather_tile_blocks::<1>(src, s0, dst, w, h, pitch) }
+        }
         1 => typed!(u8),
         #[cfg(target_arch = "x86_64")]
         2 if s1 == 2 && h >= 8 && w >= 8 => {
             // SAFETY: forwarded from our caller's contract (same elements, same layout).
-            unsafe { gather_tile_8x8(src, s0, dst, w, h, pitch) }
+            unsafe { gather_tile_blocks::<2>(src, s0, dst, w, h, pitch) }
         }
         2 => typed!(u16),
         #[cfg(target_arch = "x86_64")]
@@ -363,65 +368,64 @@ unsafe fn gather_tile_4x4(src: *mut u8, s0: usize, dst: *mut u8, w: usize, h: us
     }
 }
 
-/// [`gather_tile`] for 2-byte elements (f16, bf16, i16) whose source is contiguous along
-/// dimension 1, 8x8 blocks at a time through SSE2 registers: eight loads, a register transpose
-/// in three rounds of unpacks, eight stores, instead of sixty-four scalar loads and stores.
-/// Rows and columns past the last full block are copied one element at a time.
+/// [`gather_tile`] for 1- and 2-byte elements (u8, i8, bool; f16, bf16, i16) whose source is
+/// contiguous along dimension 1, in square blocks of `n = 16 / E` elements through SSE2
+/// registers: `n` loads of one source column each, a transpose, `n` stores of one destination
+/// row each, instead of `n * n` scalar loads and stores. The transpose is `log2(n)` rounds of
+/// element-wide unpacks, each pairing register `i` with register `i + n/2` into registers `2i`
+/// (low halves interleaved) and `2i + 1` (high halves): after the rounds, register `j` holds
+/// element `j` of every column. Rows and columns past the last full block are copied one
+/// element at a time.
 ///
 /// # Safety
-/// As [`gather_tile`] with `e == 2` and `s1 == 2`.
+/// As [`gather_tile`] with `e == E` and `s1 == E`; `E` is 1 or 2.
 #[cfg(target_arch = "x86_64")]
-unsafe fn gather_tile_8x8(src: *mut u8, s0: usize, dst: *mut u8, w: usize, h: usize, pitch: usize) {
+unsafe fn gather_tile_blocks<const E: usize>(src: *mut u8, s0: usize, dst: *mut u8, w: usize, h: usize, pitch: usize) {
     use core::arch::x86_64::{
-        __m128i, _mm_loadu_si128, _mm_storeu_si128, _mm_unpackhi_epi16, _mm_unpackhi_epi32, _mm_unpackhi_epi64,
-        _mm_unpacklo_epi16, _mm_unpacklo_epi32, _mm_unpacklo_epi64,
+        __m128i, _mm_loadu_si128, _mm_setzero_si128, _mm_storeu_si128, _mm_unpackhi_epi8, _mm_unpackhi_epi16,
+        _mm_unpacklo_epi8, _mm_unpacklo_epi16,
     };
-    let dst = dst as *mut u16;
-    let (full_w, full_h) = (w - w % 8, h - h % 8);
-    for c in (0..full_w).step_by(8) {
-        for i in 0..8 {
-            prefetch(src.wrapping_add((c + i) * s0 + h * 2));
+    let n = 16 / E;
+    let (full_w, full_h) = (w - w % n, h - h % n);
+    for c in (0..full_w).step_by(n) {
+        for i in 0..n {
+            prefetch(src.wrapping_add((c + i) * s0 + h * E));
         }
-        for r in (0..full_h).step_by(8) {
-            // SAFETY: source elements (c..c+8, r..r+8) are in the tile (c + 7 < w, r + 7 < h)
-            // and contiguous along r (s1 == 2), so each row load reads 16 bytes of one source
-            // column; destination rows r..r+8 hold columns c..c+8 (pitch >= w); SSE2 is part
-            // of the x86_64 baseline; the loads and stores are unaligned ones.
+        for r in (0..full_h).step_by(n) {
+            // SAFETY: source elements (c..c+n, r..r+n) are in the tile (c + n <= w, r + n <= h)
+            // and contiguous along r (s1 == E), so each load reads the 16 bytes of n elements
+            // of one source column; destination rows r..r+n hold columns c..c+n, n * E = 16
+            // bytes each (pitch >= w); SSE2 is part of the x86_64 baseline; the loads and
+            // stores are unaligned ones.
             unsafe {
-                let row = |i: usize| _mm_loadu_si128(src.add((c + i) * s0 + r * 2) as *const __m128i);
-                // Round 1 pairs columns c+2i, c+2i+1; round 2 makes runs of four; round 3 of eight.
-                let a: [__m128i; 8] = core::array::from_fn(row);
-                let t = [
-                    _mm_unpacklo_epi16(a[0], a[1]),
-                    _mm_unpackhi_epi16(a[0], a[1]),
-                    _mm_unpacklo_epi16(a[2], a[3]),
-                    _mm_unpackhi_epi16(a[2], a[3]),
-                    _mm_unpacklo_epi16(a[4], a[5]),
-                    _mm_unpackhi_epi16(a[4], a[5]),
-                    _mm_unpacklo_epi16(a[6], a[7]),
-                    _mm_unpackhi_epi16(a[6], a[7]),
-                ];
-                let u = [
-                    _mm_unpacklo_epi32(t[0], t[2]),
-                    _mm_unpackhi_epi32(t[0], t[2]),
-                    _mm_unpacklo_epi32(t[1], t[3]),
-                    _mm_unpackhi_epi32(t[1], t[3]),
-                    _mm_unpacklo_epi32(t[4], t[6]),
-                    _mm_unpackhi_epi32(t[4], t[6]),
-                    _mm_unpacklo_epi32(t[5], t[7]),
-                    _mm_unpackhi_epi32(t[5], t[7]),
-                ];
-                let out = |j: usize| dst.add((r + j) * pitch + c) as *mut __m128i;
-                for j in 0..4 {
-                    _mm_storeu_si128(out(2 * j), _mm_unpacklo_epi64(u[j], u[j + 4]));
-                    _mm_storeu_si128(out(2 * j + 1), _mm_unpackhi_epi64(u[j], u[j + 4]));
+                let mut a = [_mm_setzero_si128(); 16];
+                for (i, v) in a.iter_mut().enumerate().take(n) {
+                    *v = _mm_loadu_si128(src.add((c + i) * s0 + r * E) as *const __m128i);
+                }
+                let mut span = 1;
+                while span < n {
+                    let mut b = [_mm_setzero_si128(); 16];
+                    for i in 0..n / 2 {
+                        let (x, y) = (a[i], a[i + n / 2]);
+                        (b[2 * i], b[2 * i + 1]) = if E == 1 {
+                            (_mm_unpacklo_epi8(x, y), _mm_unpackhi_epi8(x, y))
+                        } else {
+                            (_mm_unpacklo_epi16(x, y), _mm_unpackhi_epi16(x, y))
+                        };
+                    }
+                    a = b;
+                    span *= 2;
+                }
+                for (j, v) in a.iter().enumerate().take(n) {
+                    _mm_storeu_si128(dst.add(((r + j) * pitch + c) * E) as *mut __m128i, *v);
                 }
             }
         }
     }
     let scalar = |c: usize, r: usize| {
-        // SAFETY: callers pass c < w and r < h: element (c, r) of the tile, as above.
-        unsafe { dst.add(r * pitch + c).write((src.add(c * s0 + r * 2) as *const u16).read()) };
+        // SAFETY: callers pass c < w and r < h: element (c, r) of the tile, E bytes at each
+        // end, as above; tile and scratch do not overlap.
+        unsafe { core::ptr::copy_nonoverlapping(src.add(c * s0 + r * E), dst.add((r * pitch + c) * E), E) };
     };
     for c in 0..full_w {
         (full_h..h).for_each(|r| scalar(c, r));
