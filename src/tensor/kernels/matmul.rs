@@ -171,7 +171,7 @@ fn on_tiles(
     let threads = crate::tensor::parallel::threads_for(out.numel().saturating_mul(k), PARALLEL_FLOPS / 2);
     let plan = Plan::new(out.numel() / (n * m), n, k, m, threads, dt == DType::F16);
     let scratch = |len: Option<usize>| {
-        let len = len.ok_or_else(|| TensorError::SizeOverflow { op, shape: out_shape.clone(), dtype: DType::BF16 })?;
+        let len = len.ok_or_else(|| TensorError::SizeOverflow { op, shape: out_shape.clone(), dtype: dt })?;
         // SAFETY: `product` writes all of its scratch before reading it.
         unsafe { Tensor::output(op, &[len], DType::BF16, like) }
     };
