@@ -385,14 +385,15 @@ fn large_transposed_and_broadcast_inputs_match_the_reference() {
     assert_eq!(ct.get::<f32>(&[5, 7]).unwrap(), ra.at(&[7, 5]) as f32);
 }
 
-/// Transposed 1- and 2-byte tensors go through a register transpose of 16x16 or 8x8 blocks
-/// and element by element at the edges: sizes around multiples of 8 and 16 and of the tile,
-/// several tiles and a batch dimension, each element checked against its source.
+/// Transposed 1-, 2- and 4-byte tensors go through a register transpose of 16x16, 8x8 or 4x4
+/// blocks and element by element at the edges: sizes around multiples of 4, 8 and 16 and of the
+/// tile, several tiles and a batch dimension, each element checked against its source.
 #[test]
-fn transposed_narrow_tensors_gather_every_element() {
+fn transposed_tensors_gather_every_element() {
     let sizes = [
         (8, 8),
         (9, 8),
+        (10, 13),
         (8, 9),
         (16, 16),
         (16, 31),
@@ -405,9 +406,16 @@ fn transposed_narrow_tensors_gather_every_element() {
         (1000, 9),
     ];
     for &(rows, cols) in &sizes {
-        for &(batch, dt) in
-            &[(1, DType::I16), (2, DType::F16), (1, DType::BF16), (1, DType::U8), (2, DType::I8), (1, DType::Bool)]
-        {
+        for &(batch, dt) in &[
+            (1, DType::I16),
+            (2, DType::F16),
+            (1, DType::BF16),
+            (1, DType::U8),
+            (2, DType::I8),
+            (1, DType::Bool),
+            (1, DType::F32),
+            (2, DType::I32),
+        ] {
             let n = batch * rows * cols;
             // Small integers, exact in every one of these types; a third of them zero for bool.
             let data: Vec<f64> = (0..n)
@@ -420,7 +428,9 @@ fn transposed_narrow_tensors_gather_every_element() {
                 .collect();
             let t = Tensor::from_slice(&data, &[batch, rows, cols], DType::F64).unwrap().to_dtype(dt).unwrap();
             let tt = t.transpose(1, 2).unwrap();
-            for got in [tt.contiguous().unwrap(), tt.to_dtype(DType::F32).unwrap()] {
+            // A cast to a wider type reads through the same tiles.
+            let wider = if dt == DType::F32 { DType::F64 } else { DType::F32 };
+            for got in [tt.contiguous().unwrap(), tt.to_dtype(wider).unwrap()] {
                 assert!(got.is_contiguous());
                 let got = got.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
                 for b in 0..batch {

@@ -305,71 +305,26 @@ unsafe fn gather_tile(src: *mut u8, s0: usize, s1: usize, dst: *mut u8, w: usize
     }
     match e {
         #[cfg(target_arch = "x86_64")]
-        1 if s1 == 1 && h >= 16 && w >= 16 => {
+        1 | 2 | 4 if s1 == e && h.min(w) >= 16 / e => {
             // SAFETY: forwarded from our caller's contract (same elements, same layout).
-            unsafe { gather_tile_blocks::<1>(src, s0, dst, w, h, pitch) }
+            unsafe {
+                match e {
+                    1 => gather_tile_blocks::<1>(src, s0, dst, w, h, pitch),
+                    2 => gather_tile_blocks::<2>(src, s0, dst, w, h, pitch),
+                    _ => gather_tile_blocks::<4>(src, s0, dst, w, h, pitch),
+                }
+            }
         }
         1 => typed!(u8),
-        #[cfg(target_arch = "x86_64")]
-        2 if s1 == 2 && h >= 8 && w >= 8 => {
-            // SAFETY: forwarded from our caller's contract (same elements, same layout).
-            unsafe { gather_tile_blocks::<2>(src, s0, dst, w, h, pitch) }
-        }
         2 => typed!(u16),
-        #[cfg(target_arch = "x86_64")]
-        4 if s1 == 4 && h.is_multiple_of(4) => {
-            // SAFETY: forwarded from our caller's contract (same elements, same layout).
-            unsafe { gather_tile_4x4(src, s0, dst, w, h, pitch) }
-        }
         4 => typed!(u32),
         _ => typed!(u64),
     }
 }
 
-/// [`gather_tile`] for 4-byte elements whose source is contiguous along dimension 1 (the
-/// transposed case), 4x4 blocks at a time through SSE registers: four loads, a register
-/// transpose, four stores, instead of sixteen scalar loads and stores.
-///
-/// # Safety
-/// As [`gather_tile`] with `e == 4`, `s1 == 4` and `h % 4 == 0`.
-#[cfg(target_arch = "x86_64")]
-unsafe fn gather_tile_4x4(src: *mut u8, s0: usize, dst: *mut u8, w: usize, h: usize, pitch: usize) {
-    use core::arch::x86_64::{
-        _mm_loadu_ps, _mm_movehl_ps, _mm_movelh_ps, _mm_storeu_ps, _mm_unpackhi_ps, _mm_unpacklo_ps,
-    };
-    let dst = dst as *mut f32;
-    let full = w - w % 4;
-    for c in (0..full).step_by(4) {
-        prefetch(src.wrapping_add(c * s0 + h * 4));
-        prefetch(src.wrapping_add((c + 1) * s0 + h * 4));
-        prefetch(src.wrapping_add((c + 2) * s0 + h * 4));
-        prefetch(src.wrapping_add((c + 3) * s0 + h * 4));
-        for r in (0..h).step_by(4) {
-            // SAFETY: source elements (c..c+4, r..r+4) are in the tile (c + 3 < w, r + 3 < h)
-            // and contiguous along r (s1 == 4); destination rows r..r+4 hold columns c..c+4
-            // (pitch >= w); SSE is part of the x86_64 baseline; unaligned loads and stores.
-            unsafe {
-                let row = |i: usize| _mm_loadu_ps(src.add((c + i) * s0 + r * 4) as *const f32);
-                let (v0, v1, v2, v3) = (row(0), row(1), row(2), row(3));
-                let (t0, t1) = (_mm_unpacklo_ps(v0, v1), _mm_unpacklo_ps(v2, v3));
-                let (t2, t3) = (_mm_unpackhi_ps(v0, v1), _mm_unpackhi_ps(v2, v3));
-                _mm_storeu_ps(dst.add(r * pitch + c), _mm_movelh_ps(t0, t1));
-                _mm_storeu_ps(dst.add((r + 1) * pitch + c), _mm_movehl_ps(t1, t0));
-                _mm_storeu_ps(dst.add((r + 2) * pitch + c), _mm_movelh_ps(t2, t3));
-                _mm_storeu_ps(dst.add((r + 3) * pitch + c), _mm_movehl_ps(t3, t2));
-            }
-        }
-    }
-    for c in full..w {
-        for r in 0..h {
-            // SAFETY: element (c, r) of the tile, as above.
-            unsafe { dst.add(r * pitch + c).write((src.add(c * s0 + r * 4) as *const f32).read()) };
-        }
-    }
-}
-
-/// [`gather_tile`] for 1- and 2-byte elements (u8, i8, bool; f16, bf16, i16) whose source is
-/// contiguous along dimension 1, in square blocks of `n = 16 / E` elements through SSE2
+/// [`gather_tile`] for 1-, 2- and 4-byte elements (u8, i8, bool; f16, bf16, i16; f32, i32)
+/// whose source is contiguous along dimension 1 (a transposed input), in square blocks of
+/// `n = 16 / E` elements (16x16, 8x8, 4x4) through SSE2
 /// registers: `n` loads of one source column each, a transpose, `n` stores of one destination
 /// row each, instead of `n * n` scalar loads and stores. The transpose is `log2(n)` rounds of
 /// element-wide unpacks, each pairing register `i` with register `i + n/2` into registers `2i`
@@ -378,12 +333,12 @@ unsafe fn gather_tile_4x4(src: *mut u8, s0: usize, dst: *mut u8, w: usize, h: us
 /// element at a time.
 ///
 /// # Safety
-/// As [`gather_tile`] with `e == E` and `s1 == E`; `E` is 1 or 2.
+/// As [`gather_tile`] with `e == E` and `s1 == E`; `E` is 1, 2 or 4.
 #[cfg(target_arch = "x86_64")]
 unsafe fn gather_tile_blocks<const E: usize>(src: *mut u8, s0: usize, dst: *mut u8, w: usize, h: usize, pitch: usize) {
     use core::arch::x86_64::{
         __m128i, _mm_loadu_si128, _mm_setzero_si128, _mm_storeu_si128, _mm_unpackhi_epi8, _mm_unpackhi_epi16,
-        _mm_unpacklo_epi8, _mm_unpacklo_epi16,
+        _mm_unpackhi_epi32, _mm_unpacklo_epi8, _mm_unpacklo_epi16, _mm_unpacklo_epi32,
     };
     let n = 16 / E;
     let (full_w, full_h) = (w - w % n, h - h % n);
@@ -407,10 +362,10 @@ unsafe fn gather_tile_blocks<const E: usize>(src: *mut u8, s0: usize, dst: *mut 
                     let mut b = [_mm_setzero_si128(); 16];
                     for i in 0..n / 2 {
                         let (x, y) = (a[i], a[i + n / 2]);
-                        (b[2 * i], b[2 * i + 1]) = if E == 1 {
-                            (_mm_unpacklo_epi8(x, y), _mm_unpackhi_epi8(x, y))
-                        } else {
-                            (_mm_unpacklo_epi16(x, y), _mm_unpackhi_epi16(x, y))
+                        (b[2 * i], b[2 * i + 1]) = match E {
+                            1 => (_mm_unpacklo_epi8(x, y), _mm_unpackhi_epi8(x, y)),
+                            2 => (_mm_unpacklo_epi16(x, y), _mm_unpackhi_epi16(x, y)),
+                            _ => (_mm_unpacklo_epi32(x, y), _mm_unpackhi_epi32(x, y)),
                         };
                     }
                     a = b;
