@@ -52,6 +52,7 @@ mod shape;
 mod storage;
 mod transfer;
 mod view;
+mod vmath;
 
 pub use self::core::Tensor;
 pub use dtype::{DType, Element, QUANT_BLOCK};

@@ -5,6 +5,7 @@ use half::{bf16, f16};
 
 use super::Element;
 use super::halfconv::HalfFloat;
+use super::vmath;
 
 /// Arithmetic shared by every numeric element type.
 pub(crate) trait Num: Element {
@@ -115,26 +116,73 @@ macro_rules! float_num {
 }
 float_num!(f32, f64);
 
-macro_rules! float_fns {
-    ($($t:ident => $erf:path),*) => {$(
-        impl Float for $t {
-            #[inline(always)] fn div(self, o: Self) -> Self { self / o }
-            #[inline] fn exp(self) -> Self { $t::exp(self) }
-            #[inline] fn ln(self) -> Self { $t::ln(self) }
-            #[inline] fn sqrt(self) -> Self { $t::sqrt(self) }
-            #[inline] fn tanh(self) -> Self { $t::tanh(self) }
-            #[inline] fn sigmoid(self) -> Self { 1.0 / (1.0 + $t::exp(-self)) }
-            #[inline] fn gelu(self) -> Self {
-                0.5 * self * (1.0 + $erf(self * core::$t::consts::FRAC_1_SQRT_2))
-            }
-        }
-    )*};
+impl Float for f32 {
+    #[inline(always)]
+    fn div(self, o: Self) -> Self {
+        self / o
+    }
+    // `exp`, `sigmoid` and `gelu` are branch-free code the loops vectorise (see `vmath`).
+    #[inline(always)]
+    fn exp(self) -> Self {
+        vmath::exp(self)
+    }
+    #[inline]
+    fn ln(self) -> Self {
+        f32::ln(self)
+    }
+    #[inline]
+    fn sqrt(self) -> Self {
+        f32::sqrt(self)
+    }
+    #[inline]
+    fn tanh(self) -> Self {
+        f32::tanh(self)
+    }
+    #[inline(always)]
+    fn sigmoid(self) -> Self {
+        1.0 / (1.0 + vmath::exp(-self))
+    }
+    #[inline(always)]
+    fn gelu(self) -> Self {
+        vmath::gelu(self)
+    }
 }
-float_fns!(f32 => libm::erff, f64 => libm::erf);
 
-// The arithmetic converts with `HalfFloat` (inlined, so the loops vectorise); the functions that
-// call out to `powf`, `exp`, `tanh`, `erf` run one element at a time anyway, and there `half`'s
-// own conversions (one F16C instruction where the CPU has it) are faster. Both round alike.
+impl Float for f64 {
+    #[inline(always)]
+    fn div(self, o: Self) -> Self {
+        self / o
+    }
+    #[inline]
+    fn exp(self) -> Self {
+        f64::exp(self)
+    }
+    #[inline]
+    fn ln(self) -> Self {
+        f64::ln(self)
+    }
+    #[inline]
+    fn sqrt(self) -> Self {
+        f64::sqrt(self)
+    }
+    #[inline]
+    fn tanh(self) -> Self {
+        f64::tanh(self)
+    }
+    #[inline]
+    fn sigmoid(self) -> Self {
+        1.0 / (1.0 + f64::exp(-self))
+    }
+    #[inline]
+    fn gelu(self) -> Self {
+        0.5 * self * (1.0 + libm::erf(self * core::f64::consts::FRAC_1_SQRT_2))
+    }
+}
+
+// The arithmetic, `exp`, `sigmoid` and `gelu` convert with `HalfFloat` (inlined, so the loops
+// vectorise); the functions that call out to `powf`, `ln`, `tanh` run one element at a time
+// anyway, and there `half`'s own conversions (one F16C instruction where the CPU has it) are
+// faster. Both round alike.
 macro_rules! half_num {
     ($($t:ty),*) => {$(
         impl Num for $t {
@@ -158,13 +206,62 @@ macro_rules! half_num {
         }
         impl Float for $t {
             #[inline(always)] fn div(self, o: Self) -> Self { <$t as HalfFloat>::narrow(self.widen() / o.widen()) }
-            #[inline] fn exp(self) -> Self { <$t>::from_f32(self.to_f32().exp()) }
+            #[inline(always)] fn exp(self) -> Self { <$t as HalfFloat>::narrow(vmath::exp(self.widen())) }
             #[inline] fn ln(self) -> Self { <$t>::from_f32(self.to_f32().ln()) }
             #[inline] fn sqrt(self) -> Self { <$t as HalfFloat>::narrow(self.widen().sqrt()) }
             #[inline] fn tanh(self) -> Self { <$t>::from_f32(self.to_f32().tanh()) }
-            #[inline] fn sigmoid(self) -> Self { <$t>::from_f32(Float::sigmoid(self.to_f32())) }
-            #[inline] fn gelu(self) -> Self { <$t>::from_f32(Float::gelu(self.to_f32())) }
+            #[inline(always)] fn sigmoid(self) -> Self { <$t as HalfFloat>::narrow(Float::sigmoid(self.widen())) }
+            #[inline(always)] fn gelu(self) -> Self { <$t as HalfFloat>::narrow(vmath::gelu(self.widen())) }
         }
     )*};
 }
 half_num!(f16, bf16);
+
+/// The type a kernel computes `Self` in (PyTorch's `opmath_type`): `f32` for f16, bf16 and f32,
+/// `f64` for f64; and the conversions to it and back (rounding once).
+pub(crate) trait Opmath: Element {
+    type C: Float;
+    fn to_op(self) -> Self::C;
+    fn from_op(c: Self::C) -> Self;
+}
+
+impl Opmath for f32 {
+    type C = f32;
+    #[inline(always)]
+    fn to_op(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_op(c: f32) -> f32 {
+        c
+    }
+}
+
+impl Opmath for f64 {
+    type C = f64;
+    #[inline(always)]
+    fn to_op(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn from_op(c: f64) -> f64 {
+        c
+    }
+}
+
+macro_rules! half_opmath {
+    ($($t:ty),*) => {$(
+        impl Opmath for $t {
+            type C = f32;
+            #[inline(always)]
+            fn to_op(self) -> f32 {
+                HalfFloat::widen(self)
+            }
+            #[inline(always)]
+            fn from_op(c: f32) -> $t {
+                <$t as HalfFloat>::narrow(c)
+            }
+        }
+    )*};
+}
+half_opmath!(f16, bf16);

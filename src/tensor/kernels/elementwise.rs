@@ -28,7 +28,7 @@ use crate::tensor::{DType, Element, Result, Tensor, TensorError, TensorOptions};
 
 use super::cast::cast_into;
 use super::f16c;
-use super::loops::{Dest, run_binary, run_unary};
+use super::loops::{Dest, UnaryFn, run_binary, run_unary, run_unary_wide};
 
 /// The binary arithmetic operations.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -394,6 +394,26 @@ fn launch_compare(
     }, _ => Err(unsupported(op, a, "")))
 }
 
+/// One of the float-only [`Unary`] functions (`K` is the variant as a number), called
+/// through [`UnaryFn`] so that the loops inline it.
+#[derive(Clone, Copy)]
+struct FloatFn<const K: u8>;
+
+impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
+    #[inline(always)]
+    fn call(&self, x: T) -> T {
+        // `K` is a constant: each instance keeps one arm.
+        match K {
+            k if k == Unary::Exp as u8 => x.exp(),
+            k if k == Unary::Log as u8 => x.ln(),
+            k if k == Unary::Sqrt as u8 => x.sqrt(),
+            k if k == Unary::Gelu as u8 => x.gelu(),
+            k if k == Unary::Sigmoid as u8 => x.sigmoid(),
+            _ => x.tanh(),
+        }
+    }
+}
+
 fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tensor, dest: Dest) -> Result<()> {
     if [ct, a.dtype(), out.dtype()] == [DType::F16; 3] && f16c::has_f16c() && kind.is_float_only() {
         // The f32 kernel between F16C's conversions, as in `launch_binary`: every f16 function
@@ -402,13 +422,15 @@ fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tens
         return launch_unary(op, kind, DType::F32, out, a, dest);
     }
     if kind.is_float_only() {
+        // Compute-bound (vectorised `exp` and GELU, `sqrt`): compiled for the widest extension,
+        // through `FloatFn` (a closure around GELU is not inlined into the loops).
         return match_float!(ct, T => match kind {
-            Unary::Exp => run_unary(op, out, a, dest, |x: T| Float::exp(x)),
-            Unary::Log => run_unary(op, out, a, dest, |x: T| Float::ln(x)),
-            Unary::Sqrt => run_unary(op, out, a, dest, |x: T| Float::sqrt(x)),
-            Unary::Gelu => run_unary(op, out, a, dest, |x: T| Float::gelu(x)),
-            Unary::Sigmoid => run_unary(op, out, a, dest, |x: T| Float::sigmoid(x)),
-            _ => run_unary(op, out, a, dest, |x: T| Float::tanh(x)),
+            Unary::Exp => run_unary_wide::<T, T>(op, out, a, dest, FloatFn::<{ Unary::Exp as u8 }>),
+            Unary::Log => run_unary_wide::<T, T>(op, out, a, dest, FloatFn::<{ Unary::Log as u8 }>),
+            Unary::Sqrt => run_unary_wide::<T, T>(op, out, a, dest, FloatFn::<{ Unary::Sqrt as u8 }>),
+            Unary::Gelu => run_unary_wide::<T, T>(op, out, a, dest, FloatFn::<{ Unary::Gelu as u8 }>),
+            Unary::Sigmoid => run_unary_wide::<T, T>(op, out, a, dest, FloatFn::<{ Unary::Sigmoid as u8 }>),
+            _ => run_unary_wide::<T, T>(op, out, a, dest, FloatFn::<{ Unary::Tanh as u8 }>),
         }, _ => Err(unsupported(op, a, "")));
     }
     if ct == DType::Bool {

@@ -376,6 +376,41 @@ unsafe fn as_f32<T: Element, O: Element>(f: &impl Fn(T, T) -> O) -> impl Fn(f32,
     }
 }
 
+/// The function a unary kernel applies to each element: any closure, or a type whose `call`
+/// is `#[inline(always)]`. The loops call it in many places (each run kind, each vector
+/// extension), so the compiler does not inline a large closure into them; a call through
+/// such a type is always inlined, and vectorised with the loop (see
+/// [`vmath`](crate::tensor::vmath)).
+pub(crate) trait UnaryFn<T, O>: Copy + Send + Sync {
+    fn call(&self, x: T) -> O;
+}
+
+impl<T, O, F: Fn(T) -> O + Copy + Send + Sync> UnaryFn<T, O> for F {
+    #[inline(always)]
+    fn call(&self, x: T) -> O {
+        self(x)
+    }
+}
+
+/// `f` giving `T` where `O` is the same type (checked by the caller).
+struct SameType<F, O>(F, core::marker::PhantomData<fn() -> O>);
+
+impl<F: Copy, O> Clone for SameType<F, O> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<F: Copy, O> Copy for SameType<F, O> {}
+
+impl<T, O, F: UnaryFn<T, O>> UnaryFn<T, T> for SameType<F, O> {
+    #[inline(always)]
+    fn call(&self, x: T) -> T {
+        let r = self.0.call(x);
+        // SAFETY: `T` and `O` are the same type (the constructor's contract).
+        unsafe { core::mem::transmute_copy::<O, T>(&r) }
+    }
+}
+
 /// `out[i] = f(a[i])`; as [`run_binary`].
 pub(crate) fn run_unary<T: Element, O: Element>(
     op: &'static str,
@@ -384,6 +419,33 @@ pub(crate) fn run_unary<T: Element, O: Element>(
     dest: Dest,
     f: impl Fn(T) -> O + Sync + Send + Copy,
 ) -> Result<()> {
+    unary_in(op, out, a, dest, false, f)
+}
+
+/// As [`run_unary`], for a function that computes more than it moves (`exp`, GELU: see
+/// [`vmath`](crate::tensor::vmath)): its loops are compiled for the CPU's widest vector
+/// extension whatever the types, and f16 goes through the converting blocks (F16C
+/// conversions, then `f` vectorised) rather than the fused f16 loop, which takes a closure.
+pub(crate) fn run_unary_wide<T: Element, O: Element>(
+    op: &'static str,
+    out: &Tensor,
+    a: &Tensor,
+    dest: Dest,
+    f: impl UnaryFn<T, O>,
+) -> Result<()> {
+    unary_in(op, out, a, dest, true, f)
+}
+
+/// [`run_unary`], compiled for the widest extension when `wide`.
+fn unary_in<T: Element, O: Element>(
+    op: &'static str,
+    out: &Tensor,
+    a: &Tensor,
+    dest: Dest,
+    wide: bool,
+    f: impl UnaryFn<T, O>,
+) -> Result<()> {
+    let isa = if wide { super::isa::detected() } else { for_types::<T, O>() };
     let (inputs, alias, parallel) = match dest {
         Dest::Fresh => (vec![a.clone()], vec![false], true),
         Dest::Into => {
@@ -408,26 +470,23 @@ pub(crate) fn run_unary<T: Element, O: Element>(
     match (typed, alias[0]) {
         (true, false) => plan.run(parallel, &|p, s, n| {
             // SAFETY: as in `run_binary`: the output run overlaps the input run nowhere.
-            unsafe { distinct_unary(&f, p, s, n) }
+            unsafe { distinct_unary(&f, isa, p, s, n) }
         }),
         (true, true) if TypeId::of::<T>() == TypeId::of::<O>() => {
-            let g = move |x: T| -> T {
-                let r = f(x);
-                // SAFETY: `T` and `O` are the same type (checked above).
-                unsafe { core::mem::transmute_copy::<O, T>(&r) }
-            };
+            // `T` and `O` are the same type (checked above).
+            let g = SameType(f, core::marker::PhantomData);
             plan.run(parallel, &|p, s, n| {
                 // SAFETY: as in `run_binary`: the output is exactly the input.
-                unsafe { inplace_unary(&g, p, s, n) }
+                unsafe { inplace_unary(&g, isa, p, s, n) }
             })
         }
-        _ if f16_in_f32 => plan.run(parallel, &|p, s, n| {
+        _ if f16_in_f32 && !wide => plan.run(parallel, &|p, s, n| {
             // SAFETY: as in `run_binary`: both operands are f16, `T` and `O` are `f32`.
             unsafe { f16_unary(&f, la, so, p, s, n) }
         }),
         _ => plan.run(parallel, &|p, s, n| {
             // SAFETY: as in `run_binary`: the loader and storer match the dtypes.
-            unsafe { converting_unary(&f, la, so, p, s, n) }
+            unsafe { converting_unary(&f, isa, la, so, p, s, n) }
         }),
     }
     Ok(())
@@ -613,7 +672,7 @@ unsafe fn f16_binary<T: Element, O: Element>(
 /// As [`converting_unary`], with `T` and `O` `f32` and both operands f16.
 #[inline(always)]
 unsafe fn f16_unary<T: Element, O: Element>(
-    f: &impl Fn(T) -> O,
+    f: &impl UnaryFn<T, O>,
     la: LoadFn<T>,
     so: StoreFn<O>,
     p: [*mut u8; 2],
@@ -624,11 +683,11 @@ unsafe fn f16_unary<T: Element, O: Element>(
     // SAFETY: as in `f16_binary`.
     unsafe {
         if s == [H, H] {
-            let unary = |x: T, _: T| f(x);
+            let unary = |x: T, _: T| f.call(x);
             let g = as_f32(&unary);
             return f16c::map1_f16(&|x: f32| g(x, x), p[0].cast(), p[1].cast(), n);
         }
-        converting_unary(f, la, so, p, s, n)
+        converting_unary(f, for_types::<T, O>(), la, so, p, s, n)
     }
 }
 
@@ -637,15 +696,21 @@ unsafe fn f16_unary<T: Element, O: Element>(
 /// # Safety
 /// As [`distinct_binary`].
 #[inline(always)]
-unsafe fn distinct_unary<T: Element, O: Element>(f: &impl Fn(T) -> O, p: [*mut u8; 2], s: [usize; 2], n: usize) {
+unsafe fn distinct_unary<T: Element, O: Element>(
+    f: &impl UnaryFn<T, O>,
+    isa: Isa,
+    p: [*mut u8; 2],
+    s: [usize; 2],
+    n: usize,
+) {
     let (o, a) = (p[0] as *mut O, p[1] as *const T);
     // SAFETY: as in `distinct_binary`.
     unsafe {
         if s[0] == size_of::<O>() && s[1] == size_of::<T>() {
             let (out, a) = (slice::from_raw_parts_mut(o as *mut MaybeUninit<O>, n), slice::from_raw_parts(a, n));
-            return vectorised!(for_types::<T, O>(), {
+            return vectorised!(isa, {
                 for (o, &x) in out.iter_mut().zip(a) {
-                    o.write(f(x));
+                    o.write(f.call(x));
                 }
             });
         }
@@ -655,10 +720,10 @@ unsafe fn distinct_unary<T: Element, O: Element>(f: &impl Fn(T) -> O, p: [*mut u
             // A strided cast that rounds to halves or widens f16: gathered in blocks, converted
             // vectorised, scattered. Other unary ops keep the direct loop: most of them convert
             // nothing (or shift, from bf16), and the blocks cost more than they save there.
-            return converting_unary(f, load::<T, T>, store::<O, O>, p, s, n);
+            return converting_unary(f, isa, load::<T, T>, store::<O, O>, p, s, n);
         }
         for i in 0..n {
-            o.byte_add(i * s[0]).write(f(a.byte_add(i * s[1]).read()));
+            o.byte_add(i * s[0]).write(f.call(a.byte_add(i * s[1]).read()));
         }
     }
 }
@@ -668,21 +733,21 @@ unsafe fn distinct_unary<T: Element, O: Element>(f: &impl Fn(T) -> O, p: [*mut u
 /// # Safety
 /// `p[0] == p[1]`, `s[0] == s[1]`: valid, writable elements of `T`.
 #[inline(always)]
-unsafe fn inplace_unary<T: Element>(f: &impl Fn(T) -> T, p: [*mut u8; 2], s: [usize; 2], n: usize) {
+unsafe fn inplace_unary<T: Element>(f: &impl UnaryFn<T, T>, isa: Isa, p: [*mut u8; 2], s: [usize; 2], n: usize) {
     let o = p[0] as *mut T;
     // SAFETY: as in `inplace_binary`.
     unsafe {
         if s[0] == size_of::<T>() {
             let out = slice::from_raw_parts_mut(o, n);
-            return vectorised!(for_types::<T, T>(), {
+            return vectorised!(isa, {
                 for x in out {
-                    *x = f(*x);
+                    *x = f.call(*x);
                 }
             });
         }
         for i in 0..n {
             let d = o.byte_add(i * s[0]);
-            d.write(f(d.read()));
+            d.write(f.call(d.read()));
         }
     }
 }
@@ -693,7 +758,8 @@ unsafe fn inplace_unary<T: Element>(f: &impl Fn(T) -> T, p: [*mut u8; 2], s: [us
 /// As [`converting_binary`].
 #[inline(always)]
 unsafe fn converting_unary<T: Element, O: Element>(
-    f: &impl Fn(T) -> O,
+    f: &impl UnaryFn<T, O>,
+    isa: Isa,
     la: LoadFn<T>,
     so: StoreFn<O>,
     p: [*mut u8; 2],
@@ -702,15 +768,14 @@ unsafe fn converting_unary<T: Element, O: Element>(
 ) {
     let mut xa = [T::default(); BLOCK];
     let mut xo = [O::default(); BLOCK];
-    let isa = for_types::<T, O>();
     let mut start = 0;
     while start < n {
         let m = BLOCK.min(n - start);
         // SAFETY: as in `converting_binary`.
         unsafe { la(p[1].add(start * s[1]), s[1], &mut xa[..m]) };
         vectorised!(isa, {
-            for i in 0..m {
-                xo[i] = f(xa[i]);
+            for (o, &x) in xo[..m].iter_mut().zip(&xa[..m]) {
+                *o = f.call(x);
             }
         });
         // SAFETY: as in `converting_binary`.
