@@ -279,6 +279,33 @@ fn softmax_of_a_0_d_tensor_is_its_one_element_row() {
 }
 
 #[test]
+fn half_precision_softmax_sums_its_row_in_f32_as_pytorch_does() {
+    // torch.zeros(4096, dtype=...).softmax(0) is 1/4096 everywhere. Summed in the dtype, the
+    // row stalls at 2048 in f16 and at 256 in bf16 (1/2048 and 1/256 each).
+    for dt in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+        let p = Tensor::zeros(&[3, 4096], dt).unwrap().softmax(1).unwrap();
+        let v = p.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        assert!(v.iter().all(|&x| x == 1.0 / 4096.0), "{dt:?}: {}", v[0]);
+    }
+    // A long row of varied values against the f64 softmax of the same (half) values, rounded
+    // once: within one unit of the dtype's last place (or its smallest subnormal).
+    let n = 6000;
+    let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 / 100.0 - 5.0).collect();
+    for (dt, ulp, tiny) in [(DType::F16, 2f64.powi(-10), 2f64.powi(-24)), (DType::BF16, 2f64.powi(-7), 2f64.powi(-133))]
+    {
+        let t = Tensor::from_vec(x.clone(), &[n], DType::F64).unwrap().to_dtype(dt).unwrap();
+        let xs = t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        let m = xs.iter().cloned().fold(f64::MIN, f64::max);
+        let z: f64 = xs.iter().map(|v| (v - m).exp()).sum();
+        let got = t.softmax(0).unwrap().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        for (i, (&g, &v)) in got.iter().zip(&xs).enumerate() {
+            let want = (v - m).exp() / z;
+            assert!((g - want).abs() <= (want * ulp).max(tiny), "{dt:?} element {i}: {g} against {want}");
+        }
+    }
+}
+
+#[test]
 fn a_fill_value_the_dtype_cannot_hold_is_refused_as_pytorch_refuses_it() {
     let full = |v: f64, dt| Tensor::full(&[1], v, dt).map(|t| t.to_dtype(DType::F64).unwrap().item::<f64>().unwrap());
     // torch.full((1,), v, dtype=...) in PyTorch 2.15.

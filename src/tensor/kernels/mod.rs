@@ -17,3 +17,4 @@ pub(crate) use mask::FILL_HINT;
 mod loops;
 mod matmul;
 mod reduce;
+mod softmax;

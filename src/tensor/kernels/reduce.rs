@@ -1,5 +1,4 @@
-//! Reductions (`sum`, `mean`, `max`, `min`, `argmax`, over everything or one dimension) and
-//! `softmax`.
+//! Reductions (`sum`, `mean`, `max`, `min`, `argmax`, over everything or one dimension).
 //!
 //! The reduced dimension is moved innermost (a view, then `contiguous()`, which copies only
 //! when it was not already innermost), so every reduction reads contiguous rows. Float sums
@@ -13,7 +12,7 @@
 use crate::tensor::dtype::{match_float, match_numeric};
 use crate::tensor::halfconv::HalfFloat;
 use crate::tensor::iter::GRAIN;
-use crate::tensor::num::{Float, Num};
+use crate::tensor::num::Num;
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
@@ -383,72 +382,5 @@ impl Tensor {
     /// As [`argmax`](Self::argmax); [`TensorError::DimOutOfRange`].
     pub fn argmax_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
         self.argmax_impl(Some(dim), keepdim)
-    }
-
-    /// `exp(x - max) / sum(exp(x - max))` along `dim` (floating-point tensors).
-    ///
-    /// # Errors
-    /// [`TensorError::UnsupportedDType`] for non-float tensors; [`TensorError::DimOutOfRange`].
-    pub fn softmax(&self, dim: isize) -> Result<Tensor> {
-        let op = "softmax";
-        if !self.dtype().is_floating_point() {
-            return Err(TensorError::UnsupportedDType {
-                op,
-                dtype: self.dtype(),
-                shape: self.sizes().to_vec(),
-                hint: "softmax needs a floating-point tensor; convert with to_dtype first",
-            });
-        }
-        if self.dim() == 0 {
-            // One element, its own row: 1, or NaN for an infinity or NaN, as in PyTorch.
-            self.wrap_dim(op, dim)?;
-            return self.unsqueeze(0)?.softmax(0)?.squeeze_dim(0);
-        }
-        let d = self.wrap_dim(op, dim)?;
-        let x = self.movedim(d as isize, -1)?.contiguous()?;
-        let len = self.sizes()[d];
-        // SAFETY: every row of `y` is written below.
-        let y = unsafe { Tensor::output(op, x.sizes(), self.dtype(), self) }?;
-        x.host_ready(op)?;
-        let _g = lock_storages(None, &[x.storage()]);
-        let n = x.numel();
-        match_float!(self.dtype(), T => {
-            // SAFETY: `x` is contiguous with `n` elements of `T`, read-locked; `y` is a fresh,
-            // separate allocation of `n` elements of `T`, written through `MaybeUninit`.
-            let (src, dst) = unsafe {
-                (
-                    core::slice::from_raw_parts(x.data_ptr() as *const T, n),
-                    core::slice::from_raw_parts_mut(y.data_ptr() as *mut core::mem::MaybeUninit<T>, n),
-                )
-            };
-            let row = |(s, o): (&[T], &mut [core::mem::MaybeUninit<T>])| {
-                let m = s.iter().fold(T::LOWEST, |a, &v| Num::maximum(a, v));
-                let mut total = T::ZERO;
-                for (o, &v) in o.iter_mut().zip(s) {
-                    let e = Float::exp(Num::sub(v, m));
-                    total = Num::add(total, e);
-                    o.write(e);
-                }
-                for o in o.iter_mut() {
-                    // SAFETY: written just above.
-                    let e = unsafe { o.assume_init_read() };
-                    o.write(Float::div(e, total));
-                }
-            };
-            if len > 0 {
-                let threads = crate::tensor::parallel::threads_for(n, GRAIN);
-                if threads > 1 {
-                    let pieces = threads.min(n.div_ceil(GRAIN));
-                    crate::tensor::parallel::for_each_part(dst, pieces, len, |first, part| {
-                        src[first..first + part.len()].chunks(len).zip(part.chunks_mut(len)).for_each(row);
-                    });
-                } else {
-                    src.chunks(len).zip(dst.chunks_mut(len)).for_each(row);
-                }
-            }
-        }, _ => {});
-        drop(_g);
-        // Put `dim` back where it was.
-        y.movedim(-1, d as isize)?.contiguous()
     }
 }

@@ -1,0 +1,131 @@
+//! `softmax`: `exp(x - max) / sum(exp(x - max))` along one dimension.
+//!
+//! Each row is computed in `f32` (`f64` for `f64` tensors) and rounded once into the output, as
+//! PyTorch's CPU kernel does (its `opmath` type): f16 and bf16 rows are widened first, so that
+//! their sums do not stall (in f16, `2048 + 1` is 2048: a 4096-element row of zeros summed in
+//! f16 gave 1/2048 for each element, in bf16 1/256). The maximum and the sum run in 16
+//! independent lanes and `exp` is [`vmath::exp`](crate::tensor::vmath), so that the compiler
+//! vectorises all three passes; the row loop is compiled for the CPU's widest vector extension.
+
+use core::mem::MaybeUninit;
+
+use crate::tensor::dtype::match_float;
+use crate::tensor::iter::GRAIN;
+use crate::tensor::num::{Float, Num, Opmath};
+use crate::tensor::parallel::{for_each_part, threads_for};
+use crate::tensor::storage::lock_storages;
+use crate::tensor::{Result, Tensor, TensorError};
+
+use super::isa::{self, vectorised};
+
+/// Lanes of the maximum and the sum.
+const LANES: usize = 16;
+
+/// `fold` over `v` in [`LANES`] independent accumulators (which the compiler vectorises), then
+/// across them and the remainder.
+#[inline(always)]
+fn lanes<C: Copy>(v: &[C], init: C, fold: impl Fn(C, C) -> C) -> C {
+    let mut acc = [init; LANES];
+    let chunks = v.chunks_exact(LANES);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for k in 0..LANES {
+            acc[k] = fold(acc[k], c[k]);
+        }
+    }
+    acc.into_iter().chain(rem.iter().copied()).fold(init, fold)
+}
+
+/// One row: `tmp` (as long as the row) holds the widened values, then their exponentials.
+#[inline(always)]
+fn row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C]) {
+    for (t, &s) in tmp.iter_mut().zip(src) {
+        *t = s.to_op();
+    }
+    // NaN anywhere makes the maximum NaN, and with it the whole row, as in PyTorch.
+    let m = lanes(tmp, T::C::LOWEST, Num::maximum);
+    for t in tmp.iter_mut() {
+        *t = Float::exp(Num::sub(*t, m));
+    }
+    let total = lanes(tmp, T::C::ZERO, Num::add);
+    for (d, &e) in dst.iter_mut().zip(tmp.iter()) {
+        d.write(T::from_op(Float::div(e, total)));
+    }
+}
+
+/// Every row of `len` elements of `src` into `dst`, split across the kernel threads by rows.
+fn rows<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], len: usize) {
+    let run = |first: usize, part: &mut [MaybeUninit<T>]| {
+        let mut tmp = vec![T::C::ZERO; len];
+        vectorised!(isa::detected(), {
+            for (s, d) in src[first..first + part.len()].chunks(len).zip(part.chunks_mut(len)) {
+                row(s, d, &mut tmp);
+            }
+        });
+    };
+    let n = src.len();
+    let threads = threads_for(n, GRAIN);
+    if threads > 1 {
+        for_each_part(dst, threads.min(n.div_ceil(GRAIN)), len, run);
+    } else {
+        run(0, dst);
+    }
+}
+
+impl Tensor {
+    /// `exp(x - max) / sum(exp(x - max))` along `dim` (floating-point tensors), computed in
+    /// `f32` for `f16`/`bf16`/`f32` (in `f64` for `f64`) and rounded once, as in PyTorch.
+    ///
+    /// ```
+    /// use tensormem::tensor::{DType, Tensor};
+    ///
+    /// let x = Tensor::zeros(&[2, 4096], DType::BF16)?;
+    /// let p = x.softmax(-1)?.to_dtype(DType::F32)?.to_vec::<f32>()?;
+    /// assert!(p.iter().all(|&v| v == 1.0 / 4096.0));
+    /// # Ok::<(), tensormem::tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`TensorError::UnsupportedDType`] for non-float tensors; [`TensorError::DimOutOfRange`].
+    pub fn softmax(&self, dim: isize) -> Result<Tensor> {
+        let op = "softmax";
+        if !self.dtype().is_floating_point() {
+            return Err(TensorError::UnsupportedDType {
+                op,
+                dtype: self.dtype(),
+                shape: self.sizes().to_vec(),
+                hint: "softmax needs a floating-point tensor; convert with to_dtype first",
+            });
+        }
+        if self.dim() == 0 {
+            // One element, its own row: 1, or NaN for an infinity or NaN, as in PyTorch.
+            self.wrap_dim(op, dim)?;
+            return self.unsqueeze(0)?.softmax(0)?.squeeze_dim(0);
+        }
+        let d = self.wrap_dim(op, dim)?;
+        let x = self.movedim(d as isize, -1)?.contiguous()?;
+        let len = self.sizes()[d];
+        // SAFETY: every row of `y` is written below.
+        let y = unsafe { Tensor::output(op, x.sizes(), self.dtype(), self) }?;
+        x.host_ready(op)?;
+        let _g = lock_storages(None, &[x.storage()]);
+        let n = x.numel();
+        if len > 0 {
+            match_float!(self.dtype(), T => {
+                // SAFETY: `x` is contiguous with `n` elements of `T`, read-locked; `y` is a
+                // fresh, separate allocation of `n` elements of `T`, written through
+                // `MaybeUninit`.
+                let (src, dst) = unsafe {
+                    (
+                        core::slice::from_raw_parts(x.data_ptr() as *const T, n),
+                        core::slice::from_raw_parts_mut(y.data_ptr() as *mut MaybeUninit<T>, n),
+                    )
+                };
+                rows::<T>(src, dst, len)
+            }, _ => {});
+        }
+        drop(_g);
+        // Put `dim` back where it was.
+        y.movedim(-1, d as isize)?.contiguous()
+    }
+}
