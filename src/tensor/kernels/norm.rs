@@ -8,7 +8,12 @@ use crate::tensor::dtype::match_float;
 use crate::tensor::iter::GRAIN;
 use crate::tensor::parallel::{for_each_part, threads_for};
 use crate::tensor::storage::lock_storages;
+use core::mem::MaybeUninit;
+
+use crate::tensor::num::{Num, Opmath};
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
+
+use super::isa::{self, vectorised};
 
 /// Which normalisation.
 #[derive(Clone, Copy, PartialEq)]
@@ -17,82 +22,90 @@ enum Kind {
     Rms,
 }
 
-/// The compute type: `f32` (for every float dtype but `f64`) or `f64`.
-trait Acc: Copy + Send + Sync + Default {
-    fn from_f64(v: f64) -> Self;
-    fn to_f64(self) -> f64;
+/// Lanes of the statistics' sums.
+const LANES: usize = 16;
+
+/// `sum(f(x))` over a row, in `f64` lanes the compiler vectorises.
+#[inline(always)]
+fn lane_sum<T: Element>(src: &[T], f: impl Fn(f64) -> f64) -> f64 {
+    let mut acc = [0f64; LANES];
+    let chunks = src.chunks_exact(LANES);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for k in 0..LANES {
+            acc[k] += f(c[k].to_f64());
+        }
+    }
+    acc.iter().sum::<f64>() + rem.iter().map(|v| f(v.to_f64())).sum::<f64>()
 }
 
-impl Acc for f32 {
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-}
-
-impl Acc for f64 {
-    fn from_f64(v: f64) -> Self {
-        v
-    }
-    fn to_f64(self) -> f64 {
-        self
+/// One row: `(x - shift) * scale`, times `weight`, plus `bias`, in `T`'s compute type.
+#[inline(always)]
+fn write_row<T: Opmath>(
+    src: &[T],
+    dst: &mut [MaybeUninit<T>],
+    shift: T::C,
+    scale: T::C,
+    w: Option<&[T::C]>,
+    b: Option<&[T::C]>,
+) {
+    let y = |v: T| Num::mul(Num::sub(v.to_op(), shift), scale);
+    let pairs = dst.iter_mut().zip(src);
+    // One loop per case, so that each is a plain loop to vectorise.
+    match (w, b) {
+        (Some(w), Some(b)) => pairs.zip(w.iter().zip(b)).for_each(|((d, &v), (&w, &b))| {
+            d.write(T::from_op(Num::add(Num::mul(y(v), w), b)));
+        }),
+        (Some(w), None) => pairs.zip(w).for_each(|((d, &v), &w)| {
+            d.write(T::from_op(Num::mul(y(v), w)));
+        }),
+        (None, Some(b)) => pairs.zip(b).for_each(|((d, &v), &b)| {
+            d.write(T::from_op(Num::add(y(v), b)));
+        }),
+        (None, None) => pairs.for_each(|(d, &v)| {
+            d.write(T::from_op(y(v)));
+        }),
     }
 }
 
 /// Normalises each row of `x` (contiguous `T`, rows of `n`) into `out` (fresh, contiguous).
-#[allow(clippy::too_many_arguments)]
-fn normalize_rows<
-    T: Element,
-    C: Acc + core::ops::Sub<Output = C> + core::ops::Mul<Output = C> + core::ops::Add<Output = C>,
->(
+fn normalize_rows<T: Opmath>(
     kind: Kind,
     x: &[T],
-    out: &mut [core::mem::MaybeUninit<T>],
+    out: &mut [MaybeUninit<T>],
     n: usize,
-    weight: Option<&[C]>,
-    bias: Option<&[C]>,
+    weight: Option<&[T::C]>,
+    bias: Option<&[T::C]>,
     eps: f64,
 ) {
-    // Three passes over a row that stays in cache: no temporary is allocated.
-    let row = |src: &[T], dst: &mut [core::mem::MaybeUninit<T>]| {
+    // Statistics in `f64` (two passes for the variance), then the output: three passes over a
+    // row that stays in cache, and no temporary.
+    let row = |src: &[T], dst: &mut [MaybeUninit<T>]| {
         let (shift, scale) = match kind {
             Kind::Layer => {
-                let mean = src.iter().map(|v| v.to_f64()).sum::<f64>() / n as f64;
-                let var = src.iter().map(|v| (v.to_f64() - mean).powi(2)).sum::<f64>() / n as f64;
-                (C::from_f64(mean), C::from_f64(1.0 / (var + eps).sqrt()))
+                let mean = lane_sum(src, |v| v) / n as f64;
+                let var = lane_sum(src, |v| (v - mean) * (v - mean)) / n as f64;
+                (mean, 1.0 / (var + eps).sqrt())
             }
-            Kind::Rms => {
-                let ms = src.iter().map(|v| v.to_f64().powi(2)).sum::<f64>() / n as f64;
-                (C::default(), C::from_f64(1.0 / (ms + eps).sqrt()))
-            }
+            Kind::Rms => (0.0, 1.0 / (lane_sum(src, |v| v * v) / n as f64 + eps).sqrt()),
         };
-        for (i, (d, v)) in dst.iter_mut().zip(src).enumerate() {
-            let mut y = (C::from_f64(v.to_f64()) - shift) * scale;
-            if let Some(w) = weight {
-                y = y * w[i];
-            }
-            if let Some(b) = bias {
-                y = y + b[i];
-            }
-            d.write(T::from_f64(y.to_f64()));
-        }
+        let c = |v: f64| T::C::from_f64(v);
+        write_row(src, dst, c(shift), c(scale), weight, bias);
     };
-    let rows = x.len() / n.max(1);
+    let rows = |first: usize, part: &mut [MaybeUninit<T>]| {
+        let src = &x[first..first + part.len()];
+        vectorised!(isa::detected(), {
+            for (d, s) in part.chunks_mut(n).zip(src.chunks(n)) {
+                row(s, d);
+            }
+        })
+    };
     let threads = threads_for(x.len(), GRAIN);
     if threads > 1 {
         let pieces = threads.min(x.len().div_ceil(GRAIN));
-        for_each_part(&mut out[..rows * n], pieces, n, |first, part| {
-            let len = part.len();
-            for (d, s) in part.chunks_mut(n).zip(x[first..first + len].chunks(n)) {
-                row(s, d);
-            }
-        });
+        for_each_part(out, pieces, n, rows);
     } else {
-        for (d, s) in out.chunks_mut(n).zip(x.chunks(n)).take(rows) {
-            row(s, d);
-        }
+        rows(0, out);
     }
 }
 
@@ -160,16 +173,11 @@ impl Tensor {
             let (src, dst) = unsafe {
                 (
                     core::slice::from_raw_parts(x.data_ptr() as *const T, numel),
-                    core::slice::from_raw_parts_mut(out.data_ptr() as *mut core::mem::MaybeUninit<T>, numel),
+                    core::slice::from_raw_parts_mut(out.data_ptr() as *mut MaybeUninit<T>, numel),
                 )
             };
-            if acc == DType::F64 {
-                let (w, b) = (w.map(|t| t.to_vec::<f64>()).transpose()?, b.map(|t| t.to_vec::<f64>()).transpose()?);
-                normalize_rows::<T, f64>(kind, src, dst, n, w.as_deref(), b.as_deref(), eps);
-            } else {
-                let (w, b) = (w.map(|t| t.to_vec::<f32>()).transpose()?, b.map(|t| t.to_vec::<f32>()).transpose()?);
-                normalize_rows::<T, f32>(kind, src, dst, n, w.as_deref(), b.as_deref(), eps);
-            }
+            let (w, b) = (w.map(|t| t.to_vec::<<T as Opmath>::C>()).transpose()?, b.map(|t| t.to_vec::<<T as Opmath>::C>()).transpose()?);
+            normalize_rows::<T>(kind, src, dst, n, w.as_deref(), b.as_deref(), eps);
         }, _ => {});
         Ok(out)
     }
