@@ -38,6 +38,15 @@ WORKLOADS = [
     ("add_f16", "a + b, 4M, f16"),
     ("add_bf16", "a + b, 4M, bf16"),
     ("sum_f16", "sum 4M, f16"),
+    ("layer_norm", "layer_norm 1024x768, weight and bias"),
+    ("rms_norm", "rms_norm 1024x768, weight"),
+    ("gelu", "gelu 1024x3072"),
+    ("softmax", "softmax 12x256x256, last dim"),
+    ("scale", "scores * 0.125, 12x256x256"),
+    ("masked_fill", "masked_fill, causal 256x256 mask over 12x256x256"),
+    ("where", "where(mask, scores, zeros), 12x256x256"),
+    ("embedding", "embedding, 1024 ids into 50257x768"),
+    ("cat_kv", "cat 12x1023x64 + 12x1x64 on dim 1 (KV cache)"),
 ]
 if ARGS.workloads:
     WORKLOADS = [w for w in WORKLOADS if w[0] in ARGS.workloads.split(",")]
@@ -46,6 +55,12 @@ N = 1 << 22
 g = torch.Generator().manual_seed(0)
 T = {k: torch.rand(s, generator=g) for k, s in
      {"a": [N], "b": [N], "out": [N], "m": [2048, 2048], "m2": [2048, 2048], "row": [2048], "x": [512, 512], "y": [512, 512]}.items()}
+T.update({k: torch.rand(s, generator=g) for k, s in
+          {"h": [1024, 768], "w768": [768], "b768": [768], "mlp": [1024, 3072], "scores": [12, 256, 256],
+           "table": [50257, 768], "cache": [12, 1023, 64], "new_kv": [12, 1, 64]}.items()})
+T["zeros"] = torch.zeros(12, 256, 256)
+T["causal"] = torch.arange(256).unsqueeze(0) > torch.arange(256).unsqueeze(1)
+T["ids"] = torch.arange(1024) * 49 % 50257
 NP = {k: v.numpy().copy() for k, v in T.items()}
 for k in ("x", "y"):
     T[k + "16"] = T[k].to(torch.float16)
@@ -68,6 +83,15 @@ TORCH = {
     "add_f16": lambda t: t["a16"] + t["b16"],
     "add_bf16": lambda t: t["ab"] + t["bb"],
     "sum_f16": lambda t: t["a16"].sum(),
+    "layer_norm": lambda t: torch.nn.functional.layer_norm(t["h"], [768], t["w768"], t["b768"], 1e-5),
+    "rms_norm": lambda t: torch.nn.functional.rms_norm(t["h"], [768], t["w768"]),
+    "gelu": lambda t: torch.nn.functional.gelu(t["mlp"]),
+    "softmax": lambda t: t["scores"].softmax(-1),
+    "scale": lambda t: t["scores"] * 0.125,
+    "masked_fill": lambda t: t["scores"].masked_fill(t["causal"], float("-inf")),
+    "where": lambda t: torch.where(t["causal"], t["scores"], t["zeros"]),
+    "embedding": lambda t: torch.nn.functional.embedding(t["ids"], t["table"]),
+    "cat_kv": lambda t: torch.cat([t["cache"], t["new_kv"]], 1),
 }
 NUMPY = {
     "add": lambda t: t["a"] + t["b"],
@@ -80,6 +104,11 @@ NUMPY = {
     "matmul_f16": lambda t: t["x16"] @ t["y16"],
     "add_f16": lambda t: t["a16"] + t["b16"],
     "sum_f16": lambda t: t["a16"].sum(),
+    "scale": lambda t: t["scores"] * np.float32(0.125),
+    "masked_fill": lambda t: np.where(t["causal"], np.float32(-np.inf), t["scores"]),
+    "where": lambda t: np.where(t["causal"], t["scores"], t["zeros"]),
+    "embedding": lambda t: t["table"][t["ids"]],
+    "cat_kv": lambda t: np.concatenate([t["cache"], t["new_kv"]], 1),
 }
 
 

@@ -163,7 +163,7 @@ if (root / "add_4M_1t").is_dir():
         d = {k: v for k, v in faults.items() if k.endswith("/default") or k.endswith("/inplace") or k.endswith("/out")}
         print(f"| page faults per call, most of any default / inplace / out row | {max(d.values(), default=0):.1f} | | 0 |")
 
-# --- benches/tensor_kernels.rs, groups half_256K_1t and matmul_half_512_1t -----------------
+# --- benches/tensor_kernels.rs, groups half_256K_1t, matmul_half_512_1t, transformer_ops_1t ---
 def one_thread_table(group, title, unit, scale, base, subs, besides):
     """Each row's mean (in `unit`, ns / `scale`) and its ratio to row `base`, then for each
     `(key, label)` of `besides` the ratio of the calls side by side recorded under `group/key`."""
@@ -195,6 +195,9 @@ one_thread_table("matmul_half_512_1t", "matmul, 1 thread", "ms", 1e6, "f32",
                   "f16_tiles_beside_f32_route"],
                  [("bf16_tiles_beside_f32_route", "bf16 on tiles / bf16 through f32"),
                   ("f16_tiles_beside_f32_route", "f16 on tiles / f16 through f32")])
+one_thread_table("transformer_ops_1t", "GPT-2 block ops, 1 thread (copy: 12 MB)", "ms", 1e6, "copy",
+                 ["copy", "gelu", "gelu_bf16", "gelu_f16", "exp", "sigmoid", "softmax_12x256x256",
+                  "layer_norm_1024x768", "rms_norm_1024x768"], [])
 
 # --- benches/observe.rs --------------------------------------------------------------------
 if (root / "observe_pair_64B").is_dir():

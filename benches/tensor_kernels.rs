@@ -32,6 +32,11 @@
 //!    threads spinning between kernels (`spin_1ms`, the default) and sleeping at once
 //!    (`spin_0`), against the same calls back to back (`back_to_back`).
 //!
+//! 10. The element-wise and row ops of a GPT-2 block (`transformer_ops_1t`), at 1 thread,
+//!     beside a copy of the 12 MB of a 1024x3072 activation: GELU of that activation in f32,
+//!     bf16 and f16, `exp` and `sigmoid` of it, softmax of 12x256x256 attention scores, and
+//!     `layer_norm` / `rms_norm` of 1024x768 with a weight (and a bias).
+//!
 //! The `pool` rows call the default path beside each pool call, on the same tensors and on a
 //! second set allocated from the default allocator (the control), and write default / pool and
 //! default / default-again of those side-by-side calls to
@@ -488,6 +493,29 @@ fn half_precision(c: &mut Criterion) {
     g.finish();
 }
 
+/// The ops of a GPT-2 block that compute more than they move, at 1 thread (item 10 above).
+fn transformer_ops(c: &mut Criterion) {
+    let name = "transformer_ops_1t";
+    let x = Tensor::randn(&[1024, 3072], default_opts(13)).unwrap();
+    let (xb, xh) = (x.to_dtype(DType::BF16).unwrap(), x.to_dtype(DType::F16).unwrap());
+    let scores = Tensor::randn(&[12, 256, 256], default_opts(14)).unwrap();
+    let h = Tensor::randn(&[1024, 768], default_opts(15)).unwrap();
+    let (w, b) = (Tensor::rand(&[768], default_opts(16)).unwrap(), Tensor::rand(&[768], default_opts(17)).unwrap());
+    // The activation's 12 MB, read and written.
+    let bytes = x.numel() * 4;
+    let mut g = group(c, name, 1, bytes * 2);
+    copy_baseline(&mut g, name, 1, bytes);
+    bench(&mut g, name, "gelu", || x.gelu().unwrap());
+    bench(&mut g, name, "gelu_bf16", || xb.gelu().unwrap());
+    bench(&mut g, name, "gelu_f16", || xh.gelu().unwrap());
+    bench(&mut g, name, "exp", || x.exp().unwrap());
+    bench(&mut g, name, "sigmoid", || x.sigmoid().unwrap());
+    bench(&mut g, name, "softmax_12x256x256", || scores.softmax(-1).unwrap());
+    bench(&mut g, name, "layer_norm_1024x768", || h.layer_norm(&[768], Some(&w), Some(&b), 1e-5).unwrap());
+    bench(&mut g, name, "rms_norm_1024x768", || h.rms_norm(&[768], Some(&w), None).unwrap());
+    g.finish();
+}
+
 /// Half-precision matmul at 1 thread, beside the f32 product of the same sizes: 512^3 in f32,
 /// f16 and bf16; bf16 and f16 also as a GPT-2 MLP layer (128 tokens x 768 by a 3072 x 768
 /// weight, transposed, as `Linear` stores it); and bf16 and f16 on AMX tiles and through f32
@@ -575,6 +603,7 @@ criterion_group!(
     matmul,
     half_precision,
     matmul_half,
+    transformer_ops,
     after_a_gap
 );
 

@@ -8,7 +8,12 @@
 //! `add` (a + b, 4M, fresh output), `add_` (a += b), `add_out` (a + b into an existing tensor),
 //! `bcast` (2048x2048 + a 2048 row), `tadd` (a.t() + b, 2048x2048), `sum` (4M),
 //! `matmul` (512x512 by 512x512), `matmul_f16` and `matmul_bf16` (the same in half precision),
-//! `add_f16`, `add_bf16` and `sum_f16` (the 4M add and sum in half precision).
+//! `add_f16`, `add_bf16` and `sum_f16` (the 4M add and sum in half precision); and the ops of a
+//! GPT-2 block (1024 tokens, width 768, 12 heads of 64, 256 positions): `layer_norm` and
+//! `rms_norm` (1024x768, with weight), `gelu` (1024x3072), `softmax` and `scale` (`* 0.125`) of
+//! the 12x256x256 attention scores, `masked_fill` of them by a causal 256x256 mask, `where` of
+//! the mask between them and a zero tensor, `embedding` (1024 token ids into a 50257x768
+//! table) and `cat_kv` (a 12x1023x64 key cache grown by one position).
 //!
 //! ```text
 //! cargo build --release --example peers
@@ -38,6 +43,17 @@ struct Data {
     b16: Tensor,
     ab: Tensor,
     bb: Tensor,
+    h: Tensor,
+    w768: Tensor,
+    b768: Tensor,
+    mlp: Tensor,
+    scores: Tensor,
+    causal: Tensor,
+    zeros: Tensor,
+    table: Tensor,
+    ids: Tensor,
+    cache: Tensor,
+    new_kv: Tensor,
 }
 
 fn run(d: &Data, workload: &str) -> Result<()> {
@@ -54,6 +70,15 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "add_f16" => drop(black_box(d.a16.add(&d.b16)?)),
         "add_bf16" => drop(black_box(d.ab.add(&d.bb)?)),
         "sum_f16" => drop(black_box(d.a16.sum()?)),
+        "layer_norm" => drop(black_box(d.h.layer_norm(&[768], Some(&d.w768), Some(&d.b768), 1e-5)?)),
+        "rms_norm" => drop(black_box(d.h.rms_norm(&[768], Some(&d.w768), None)?)),
+        "gelu" => drop(black_box(d.mlp.gelu()?)),
+        "softmax" => drop(black_box(d.scores.softmax(-1)?)),
+        "scale" => drop(black_box(&d.scores * 0.125)),
+        "masked_fill" => drop(black_box(d.scores.masked_fill(&d.causal, f64::NEG_INFINITY)?)),
+        "where" => drop(black_box(d.scores.where_cond(&d.causal, &d.zeros)?)),
+        "embedding" => drop(black_box(d.table.embedding(&d.ids)?)),
+        "cat_kv" => drop(black_box(Tensor::cat(&[&d.cache, &d.new_kv], 1)?)),
         _ => panic!("unknown workload {workload:?}"),
     }
     Ok(())
@@ -79,6 +104,21 @@ fn main() -> Result<()> {
         b16: rand(&[n])?.to_dtype(DType::F16)?,
         ab: rand(&[n])?.to_dtype(DType::BF16)?,
         bb: rand(&[n])?.to_dtype(DType::BF16)?,
+        h: rand(&[1024, 768])?,
+        w768: rand(&[768])?,
+        b768: rand(&[768])?,
+        mlp: rand(&[1024, 3072])?,
+        scores: rand(&[12, 256, 256])?,
+        // True above the diagonal: the future positions a causal mask hides.
+        causal: {
+            let pos = Tensor::arange(0.0, 256.0, 1.0, DType::I64)?;
+            pos.unsqueeze(0)?.gt(&pos.unsqueeze(1)?)?
+        },
+        zeros: Tensor::zeros(&[12, 256, 256], DType::F32)?,
+        table: rand(&[50257, 768])?,
+        ids: Tensor::from_vec((0..1024i64).map(|i| i * 49 % 50257).collect(), &[1024], DType::I64)?,
+        cache: rand(&[12, 1023, 64])?,
+        new_kv: rand(&[12, 1, 64])?,
     };
     let mut stdout = std::io::stdout().lock();
     for line in std::io::stdin().lock().lines() {
