@@ -287,20 +287,30 @@ fn half_precision_softmax_sums_its_row_in_f32_as_pytorch_does() {
         let v = p.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
         assert!(v.iter().all(|&x| x == 1.0 / 4096.0), "{dt:?}: {}", v[0]);
     }
-    // A long row of varied values against the f64 softmax of the same (half) values, rounded
-    // once: within one unit of the dtype's last place (or its smallest subnormal).
-    let n = 6000;
-    let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 / 100.0 - 5.0).collect();
-    for (dt, ulp, tiny) in [(DType::F16, 2f64.powi(-10), 2f64.powi(-24)), (DType::BF16, 2f64.powi(-7), 2f64.powi(-133))]
-    {
-        let t = Tensor::from_vec(x.clone(), &[n], DType::F64).unwrap().to_dtype(dt).unwrap();
-        let xs = t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
-        let m = xs.iter().cloned().fold(f64::MIN, f64::max);
-        let z: f64 = xs.iter().map(|v| (v - m).exp()).sum();
-        let got = t.softmax(0).unwrap().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
-        for (i, (&g, &v)) in got.iter().zip(&xs).enumerate() {
-            let want = (v - m).exp() / z;
-            assert!((g - want).abs() <= (want * ulp).max(tiny), "{dt:?} element {i}: {g} against {want}");
+    // Long rows of varied values against the f64 softmax of the same (rounded) values, rounded
+    // once: halves within one unit of their last place (or the smallest subnormal), f32 within
+    // 8 (its exp, its sum of up to 20000 terms in 16 lanes, its division). 20000
+    // elements is past the scratch row: the exponentials are computed twice there.
+    for n in [6000, 20000] {
+        let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 / 100.0 - 5.0).collect();
+        let cases = [
+            (DType::F16, 2f64.powi(-10), 2f64.powi(-24)),
+            (DType::BF16, 2f64.powi(-7), 2f64.powi(-133)),
+            (DType::F32, 2f64.powi(-20), 0.0),
+        ];
+        for (dt, ulp, tiny) in cases {
+            let t = Tensor::from_vec(x.clone(), &[n], DType::F64).unwrap().to_dtype(dt).unwrap();
+            let xs = t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+            let m = xs.iter().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = xs.iter().map(|v| (v - m).exp()).sum();
+            let got = t.softmax(0).unwrap().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+            for (i, (&g, &v)) in got.iter().zip(&xs).enumerate() {
+                let want = (v - m).exp() / z;
+                assert!(
+                    (g - want).abs() <= (want * ulp).max(tiny),
+                    "{dt:?} row of {n}, element {i}: {g} against {want}"
+                );
+            }
         }
     }
 }

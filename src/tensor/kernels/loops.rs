@@ -392,7 +392,8 @@ impl<T, O, F: Fn(T) -> O + Copy + Send + Sync> UnaryFn<T, O> for F {
     }
 }
 
-/// `f` giving `T` where `O` is the same type (checked by the caller).
+/// `f` giving `T`, for `O` the same type as `T` (the kernels that use it check; `call` checks
+/// again, at compile time).
 struct SameType<F, O>(F, core::marker::PhantomData<fn() -> O>);
 
 impl<F: Copy, O> Clone for SameType<F, O> {
@@ -402,11 +403,13 @@ impl<F: Copy, O> Clone for SameType<F, O> {
 }
 impl<F: Copy, O> Copy for SameType<F, O> {}
 
-impl<T, O, F: UnaryFn<T, O>> UnaryFn<T, T> for SameType<F, O> {
+impl<T: 'static, O: 'static, F: UnaryFn<T, O>> UnaryFn<T, T> for SameType<F, O> {
     #[inline(always)]
     fn call(&self, x: T) -> T {
+        // A constant for each instance: the branch not taken is compiled out.
+        assert!(TypeId::of::<T>() == TypeId::of::<O>(), "SameType over two types");
         let r = self.0.call(x);
-        // SAFETY: `T` and `O` are the same type (the constructor's contract).
+        // SAFETY: `T` and `O` are the same type (asserted above).
         unsafe { core::mem::transmute_copy::<O, T>(&r) }
     }
 }

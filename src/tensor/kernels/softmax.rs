@@ -21,42 +21,51 @@ use super::isa::{self, vectorised};
 /// Lanes of the maximum and the sum.
 const LANES: usize = 16;
 
-/// `fold` over `v` in [`LANES`] independent accumulators (which the compiler vectorises), then
-/// across them and the remainder.
+/// Rows up to this long keep their exponentials in a scratch row (64 KiB of f32, in L2);
+/// longer ones compute each exponential twice rather than allocate scratch as large as the row.
+const SCRATCH: usize = 16 << 10;
+
+/// `fold` of `map(x)` over `v` in [`LANES`] independent accumulators (which the compiler
+/// vectorises), then across them and the remainder.
 #[inline(always)]
-fn lanes<C: Copy>(v: &[C], init: C, fold: impl Fn(C, C) -> C) -> C {
+fn lanes<X: Copy, C: Copy>(v: &[X], init: C, map: impl Fn(X) -> C, fold: impl Fn(C, C) -> C) -> C {
     let mut acc = [init; LANES];
     let chunks = v.chunks_exact(LANES);
     let rem = chunks.remainder();
     for c in chunks {
         for k in 0..LANES {
-            acc[k] = fold(acc[k], c[k]);
+            acc[k] = fold(acc[k], map(c[k]));
         }
     }
-    acc.into_iter().chain(rem.iter().copied()).fold(init, fold)
+    acc.into_iter().chain(rem.iter().map(|&x| map(x))).fold(init, fold)
 }
 
-/// One row: `tmp` (as long as the row) holds the widened values, then their exponentials.
+/// One row, with `tmp` as scratch (see [`SCRATCH`]).
 #[inline(always)]
 fn row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C]) {
-    for (t, &s) in tmp.iter_mut().zip(src) {
-        *t = s.to_op();
-    }
     // NaN anywhere makes the maximum NaN, and with it the whole row, as in PyTorch.
-    let m = lanes(tmp, T::C::LOWEST, Num::maximum);
-    for t in tmp.iter_mut() {
-        *t = Float::exp(Num::sub(*t, m));
-    }
-    let total = lanes(tmp, T::C::ZERO, Num::add);
-    for (d, &e) in dst.iter_mut().zip(tmp.iter()) {
-        d.write(T::from_op(Float::div(e, total)));
+    let m = lanes(src, T::C::LOWEST, T::to_op, Num::maximum);
+    let e = |x: T| Float::exp(Num::sub(x.to_op(), m));
+    if let Some(tmp) = tmp.get_mut(..src.len()) {
+        for (t, &x) in tmp.iter_mut().zip(src) {
+            *t = e(x);
+        }
+        let total = lanes(tmp, T::C::ZERO, |v| v, Num::add);
+        for (d, &v) in dst.iter_mut().zip(tmp.iter()) {
+            d.write(T::from_op(Float::div(v, total)));
+        }
+    } else {
+        let total = lanes(src, T::C::ZERO, e, Num::add);
+        for (d, &x) in dst.iter_mut().zip(src) {
+            d.write(T::from_op(Float::div(e(x), total)));
+        }
     }
 }
 
 /// Every row of `len` elements of `src` into `dst`, split across the kernel threads by rows.
 fn rows<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], len: usize) {
     let run = |first: usize, part: &mut [MaybeUninit<T>]| {
-        let mut tmp = vec![T::C::ZERO; len];
+        let mut tmp = vec![T::C::ZERO; len.min(SCRATCH)];
         vectorised!(isa::detected(), {
             for (s, d) in src[first..first + part.len()].chunks(len).zip(part.chunks_mut(len)) {
                 row(s, d, &mut tmp);
