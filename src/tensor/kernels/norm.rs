@@ -1,5 +1,6 @@
-//! Fused normalisations: `layer_norm` and `rms_norm`, one pass over each row for the
-//! statistics and one for the output (not five separate ops and their temporaries).
+//! Fused normalisations: `layer_norm` and `rms_norm`, passes over each row for the statistics
+//! (two for `layer_norm`'s mean and variance, one for `rms_norm`) and one for the output, not
+//! five separate ops and their temporaries.
 //!
 //! Rows are the trailing `normalized_shape` elements; `f16`/`bf16`/`f32` compute in `f32`,
 //! `f64` in `f64`, with the statistics summed in `f64`; the result keeps the input's dtype.
