@@ -1,7 +1,7 @@
 //! f16 through F16C's conversion instructions (`vcvtph2ps` / `vcvtps2ph`), which every CPU
 //! above the baseline [`Isa`] has: the converting blocks' loads and stores ([`widen_f16`],
-//! [`narrow_f16`]), the f16 sum, and the fused loops of arithmetic on f16 tensors ([`map2_f16`],
-//! [`map1_f16`]).
+//! [`narrow_f16`]), the f16 sum, and the fused loop of binary arithmetic on f16 tensors
+//! ([`map2_f16`]).
 //!
 //! Every f16 op widens its operands to f32, computes there and rounds once, so arithmetic on f16
 //! tensors runs as the f32 kernel between these conversions, with the same values. The fused
@@ -244,18 +244,6 @@ pub(crate) unsafe fn map2_f16<F: Fn(f32, f32) -> f32>(
     }
 }
 
-/// `o[i] = f16(f(a[i]))` for `i < n`, as [`map2_f16`].
-///
-/// # Safety
-/// `a + i` for `i < n` are valid, aligned f16 values; `o + i` valid for writes, overlapping `a`
-/// only element for element.
-pub(crate) unsafe fn map1_f16<F: Fn(f32) -> f32>(f: &F, o: *mut f16, a: *const f16, n: usize) {
-    // One operand is two with the second ignored: `b` is `a` again (read, never used).
-    let g = |x: f32, _: f32| f(x);
-    // SAFETY: the function's contract, with `b = a` (valid wherever `a` is).
-    unsafe { map2_f16(&g, o, a, 1, a, 1, n) }
-}
-
 /// The fused loop compiled for one extension: whole chunks read in place, the last one through
 /// padded copies.
 macro_rules! fused_loop {
@@ -414,7 +402,7 @@ mod tests {
             assert_eq!(bits(&x), bits(&want), "in place, n {n}");
             let mut y = vec![f16::ZERO; n];
             // SAFETY: as above.
-            unsafe { map1_f16(&|x: f32| x.exp(), y.as_mut_ptr(), a.as_ptr(), n) };
+            unsafe { map2_f16(&|x: f32, _: f32| x.exp(), y.as_mut_ptr(), a.as_ptr(), 1, a.as_ptr(), 1, n) };
             let want: Vec<f16> = (0..n).map(|i| f16::narrow(a[i].widen().exp())).collect();
             assert_eq!(bits(&y), bits(&want), "unary, n {n}");
         }

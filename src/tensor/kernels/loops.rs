@@ -427,8 +427,8 @@ pub(crate) fn run_unary<T: Element, O: Element>(
 
 /// As [`run_unary`], for a function that computes more than it moves (`exp`, GELU: see
 /// [`vmath`](crate::tensor::vmath)): its loops are compiled for the CPU's widest vector
-/// extension whatever the types, and f16 goes through the converting blocks (F16C
-/// conversions, then `f` vectorised) rather than the fused f16 loop, which takes a closure.
+/// extension whatever the types. f16 tensors computing in f32 go through the converting
+/// blocks (F16C conversions, then `f` vectorised).
 pub(crate) fn run_unary_wide<T: Element, O: Element>(
     op: &'static str,
     out: &Tensor,
@@ -468,7 +468,6 @@ fn unary_in<T: Element, O: Element>(
     let _g = lock_storages((dest == Dest::Into).then(|| out.storage()), &[a.storage()]);
     let plan = Plan::new(out.sizes(), [operand(out, out.strides()), operand(a, &sa)]);
     let typed = a.dtype() == T::DTYPE && out.dtype() == O::DTYPE;
-    let f16_in_f32 = computes_f32::<T, O>() && [a.dtype(), out.dtype()] == [DType::F16; 2];
     // Sound as in `run_binary`.
     match (typed, alias[0]) {
         (true, false) => plan.run(parallel, &|p, s, n| {
@@ -483,10 +482,6 @@ fn unary_in<T: Element, O: Element>(
                 unsafe { inplace_unary(&g, isa, p, s, n) }
             })
         }
-        _ if f16_in_f32 && !wide => plan.run(parallel, &|p, s, n| {
-            // SAFETY: as in `run_binary`: both operands are f16, `T` and `O` are `f32`.
-            unsafe { f16_unary(&f, la, so, p, s, n) }
-        }),
         _ => plan.run(parallel, &|p, s, n| {
             // SAFETY: as in `run_binary`: the loader and storer match the dtypes.
             unsafe { converting_unary(&f, isa, la, so, p, s, n) }
@@ -666,31 +661,6 @@ unsafe fn f16_binary<T: Element, O: Element>(
             return f16c::map2_f16(&g, p[0].cast(), p[1].cast(), s[1] / H, p[2].cast(), s[2] / H, n);
         }
         converting_binary(f, la, lb, so, p, s, n)
-    }
-}
-
-/// As [`f16_binary`], for a unary kernel.
-///
-/// # Safety
-/// As [`converting_unary`], with `T` and `O` `f32` and both operands f16.
-#[inline(always)]
-unsafe fn f16_unary<T: Element, O: Element>(
-    f: &impl UnaryFn<T, O>,
-    la: LoadFn<T>,
-    so: StoreFn<O>,
-    p: [*mut u8; 2],
-    s: [usize; 2],
-    n: usize,
-) {
-    const H: usize = size_of::<f16>();
-    // SAFETY: as in `f16_binary`.
-    unsafe {
-        if s == [H, H] {
-            let unary = |x: T, _: T| f.call(x);
-            let g = as_f32(&unary);
-            return f16c::map1_f16(&|x: f32| g(x, x), p[0].cast(), p[1].cast(), n);
-        }
-        converting_unary(f, for_types::<T, O>(), la, so, p, s, n)
     }
 }
 

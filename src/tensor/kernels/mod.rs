@@ -18,3 +18,22 @@ mod loops;
 mod matmul;
 mod reduce;
 mod softmax;
+
+/// Independent accumulators of [`lanes`] (one AVX-512 vector of f32).
+const LANES: usize = 16;
+
+/// `fold` of `map(x)` over `v` in [`LANES`] independent accumulators (which the compiler
+/// vectorises, where a single running fold is one chain of dependent operations), then across
+/// them and the remainder. For softmax's maximum and sum and the norms' statistics.
+#[inline(always)]
+pub(super) fn lanes<X: Copy, C: Copy>(v: &[X], init: C, map: impl Fn(X) -> C, fold: impl Fn(C, C) -> C) -> C {
+    let mut acc = [init; LANES];
+    let chunks = v.chunks_exact(LANES);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for k in 0..LANES {
+            acc[k] = fold(acc[k], map(c[k]));
+        }
+    }
+    acc.into_iter().chain(rem.iter().map(|&x| map(x))).fold(init, fold)
+}

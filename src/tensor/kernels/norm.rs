@@ -15,6 +15,7 @@ use crate::tensor::num::{Num, Opmath};
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
 use super::isa::{self, vectorised};
+use super::lanes;
 
 /// Which normalisation.
 #[derive(Clone, Copy, PartialEq)]
@@ -23,21 +24,10 @@ enum Kind {
     Rms,
 }
 
-/// Lanes of the statistics' sums.
-const LANES: usize = 16;
-
-/// `sum(f(x))` over a row, in `f64` lanes the compiler vectorises.
+/// `sum(f(x))` over a row, in `f64` lanes.
 #[inline(always)]
 fn lane_sum<T: Element>(src: &[T], f: impl Fn(f64) -> f64) -> f64 {
-    let mut acc = [0f64; LANES];
-    let chunks = src.chunks_exact(LANES);
-    let rem = chunks.remainder();
-    for c in chunks {
-        for k in 0..LANES {
-            acc[k] += f(c[k].to_f64());
-        }
-    }
-    acc.iter().sum::<f64>() + rem.iter().map(|v| f(v.to_f64())).sum::<f64>()
+    lanes(src, 0.0, |v: T| f(v.to_f64()), |a, b| a + b)
 }
 
 /// One row: `(x - shift) * scale`, times `weight`, plus `bias`, in `T`'s compute type.

@@ -17,28 +17,11 @@ use crate::tensor::storage::lock_storages;
 use crate::tensor::{Result, Tensor, TensorError};
 
 use super::isa::{self, vectorised};
-
-/// Lanes of the maximum and the sum.
-const LANES: usize = 16;
+use super::lanes;
 
 /// Rows up to this long keep their exponentials in a scratch row (64 KiB of f32, in L2);
 /// longer ones compute each exponential twice rather than allocate scratch as large as the row.
 const SCRATCH: usize = 16 << 10;
-
-/// `fold` of `map(x)` over `v` in [`LANES`] independent accumulators (which the compiler
-/// vectorises), then across them and the remainder.
-#[inline(always)]
-fn lanes<X: Copy, C: Copy>(v: &[X], init: C, map: impl Fn(X) -> C, fold: impl Fn(C, C) -> C) -> C {
-    let mut acc = [init; LANES];
-    let chunks = v.chunks_exact(LANES);
-    let rem = chunks.remainder();
-    for c in chunks {
-        for k in 0..LANES {
-            acc[k] = fold(acc[k], map(c[k]));
-        }
-    }
-    acc.into_iter().chain(rem.iter().map(|&x| map(x))).fold(init, fold)
-}
 
 /// One row, with `tmp` as scratch (see [`SCRATCH`]).
 #[inline(always)]
