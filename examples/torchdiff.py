@@ -50,7 +50,7 @@ KNOWN = [
     (r"torch refused \(.*(same dtype|expected scalar type|addmv input tensors|dot : expected|mixed dtype|.bmm. not implemented for 'Bool')", "tensormem promotes mixed dtypes in matmul and the norms' parameters; PyTorch refuses them (a bool operand beside another dtype: a batched product refuses the bool first; tensormem refuses bool @ bool)"),
     (r"torch refused \(.*Found dtype .* but expected", "PyTorch's abs/neg out= need the exact dtype; tensormem casts as other out= forms do"),
     (r"torch refused \(.*alpha must not be a floating point", "add_scaled takes alpha as f64; an integral alpha is taken on integer tensors"),
-    (r"torch refused \(.*(Subtraction, the `-` operator, with a bool|Boolean inputs not supported|abs_cpu\" not implemented for 'Bool'|GeluKernelImpl|negative integer powers)", "tensormem computes these (bool-int subtraction, relu/abs of bool, gelu of integers in f32, negative integer powers) where PyTorch refuses"),
+    (r"torch refused \(.*(Subtraction, the `-` operator, with a bool|Boolean inputs not supported|abs_cpu\" not implemented for 'Bool'|GeluKernelImpl|silu_cpu\" not implemented|negative integer powers)", "tensormem computes these (bool-int subtraction, relu/abs of bool, gelu and silu of integers and bools in f32, negative integer powers) where PyTorch refuses"),
     (r"torch refused \(.*(index_select\(\): Expected dtype int|gather\(\): Expected dtype int|scalar types: Long, Int)", "any integer dtype indexes"),
     (r"we refused \(pow_?: not supported for dtype bool", "pow of bool tensors is refused, as sub and neg are"),
     (r"torch refused \(.*some elements of the input tensor and the written-to tensor refer to a single memory location", "PyTorch calls same-element views with different strides on size-1 dimensions a partial overlap"),
@@ -171,9 +171,12 @@ def pyscal(s):
 
 BINOPS = ["add", "sub", "mul", "div", "maximum", "minimum", "pow"]
 CMPS = ["eq", "ne", "lt", "le", "gt", "ge"]
-UNOPS = ["neg", "abs", "relu", "exp", "log", "sqrt", "gelu", "sigmoid", "tanh"]
+UNOPS = ["neg", "abs", "relu", "exp", "log", "sqrt", "gelu", "gelu_tanh", "sigmoid", "silu", "tanh"]
 TUN = {"neg": torch.neg, "abs": torch.abs, "relu": torch.relu, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
-       "gelu": torch.nn.functional.gelu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}
+       "gelu": torch.nn.functional.gelu, "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+       "sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu, "tanh": torch.tanh}
+# Functions torch has only in torch.nn.functional: no `x.f_()` and no `out=`.
+FUNCTIONAL = ("gelu", "gelu_tanh", "silu")
 
 
 def gen():
@@ -702,17 +705,17 @@ def t_run(case):
         if op == u:
             return one(tf(x))
         if op == u + "_":
-            if u == "gelu":
-                torch.nn.functional.gelu(x).clone()  # no gelu_ in torch; emulate in-place semantic checks
+            if u in FUNCTIONAL:
+                tf(x).clone()  # no gelu_ in torch; emulate in-place semantic checks
                 if not x.dtype.is_floating_point:
                     raise RuntimeError("gelu int")
-                x.copy_(torch.nn.functional.gelu(x))
+                x.copy_(tf(x))
             else:
                 getattr(x, u + "_")()
             return after()
         if op == u + "_out":
-            if u == "gelu":
-                r = torch.nn.functional.gelu(x)
+            if u in FUNCTIONAL:
+                r = tf(x)
                 if not torch.can_cast(r.dtype, ins[1].dtype):
                     raise RuntimeError("cast")
                 if list(ins[1].shape) != list(r.shape):

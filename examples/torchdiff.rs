@@ -176,7 +176,9 @@ fn run(case: &Value) -> Result<Value, String> {
         "log" => log, log_, log_out;
         "sqrt" => sqrt, sqrt_, sqrt_out;
         "gelu" => gelu, gelu_, gelu_out;
+        "gelu_tanh" => gelu_tanh, gelu_tanh_, gelu_tanh_out;
         "sigmoid" => sigmoid, sigmoid_, sigmoid_out;
+        "silu" => silu, silu_, silu_out;
         "tanh" => tanh, tanh_, tanh_out;
     }
     if let Some(rest) = op.strip_prefix("alias_") {

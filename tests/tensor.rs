@@ -332,6 +332,11 @@ fn unary_kernels_compute_pytorch_values() {
     close(x.gelu().unwrap(), [-0.15865525393145707, 0.0, 0.8413447460685429, 1.9544997361036416]);
     close(x.sigmoid().unwrap(), [0.2689414213699951, 0.5, 0.7310585786300049, 0.8807970779778823]);
     close(x.tanh().unwrap(), [-0.7615941559557649, 0.0, 0.7615941559557649, 0.9640275800758169]);
+    // PyTorch's `gelu(x, approximate='tanh')` and `silu(x)` in f64.
+    close(x.gelu_tanh().unwrap(), [-0.15880800939172324, 0.0, 0.8411919906082768, 1.954597694087775]);
+    close(x.silu().unwrap(), [-0.2689414213699951, 0.0, 0.7310585786300049, 1.7615941559557646]);
+    let positive = Tensor::from_vec(vec![0.5f64, 1.0, 2.0, 10.0], &[4], DType::F64).unwrap();
+    close(positive.log().unwrap(), [-std::f64::consts::LN_2, 0.0, std::f64::consts::LN_2, std::f64::consts::LN_10]);
     close(x.relu().unwrap(), [0.0, 0.0, 1.0, 2.0]);
     close(x.abs().unwrap(), [1.0, 0.0, 1.0, 2.0]);
     close(x.neg().unwrap(), [1.0, -0.0, -1.0, -2.0]);

@@ -540,6 +540,133 @@ fn safetensors_bad_files_are_errors_not_crashes() {
     drop(f);
 }
 
+// ---- activations ----
+
+/// The distance from `got` to the exact `want`, in units of the last place of `want` as an
+/// `f32` (at least the smallest subnormal).
+fn ulps(got: f32, want: f64) -> f64 {
+    if got == want as f32 || (got.is_nan() && want.is_nan()) {
+        return 0.0;
+    }
+    let w = (want as f32).abs();
+    let ulp = (f64::from(f32::from_bits(w.to_bits() + 1)) - f64::from(w)).max(f64::from(f32::from_bits(1)));
+    (f64::from(got) - want).abs() / ulp
+}
+
+#[test]
+fn activations_match_their_formulas_down_the_tails() {
+    // -12 to 12 in steps of 1/64, and then the far tails.
+    let mut xs: Vec<f32> = (-768..=768).map(|i| i as f32 / 64.0).collect();
+    xs.extend([-100.0, -103.0, -104.5, -88.0, -11.0, -10.5, 1e-30, -1e-30, 3e-39, 1e30, -1e30]);
+    let x = t32(&xs, &[xs.len()]);
+    fn two_u(x: f64) -> f64 {
+        2.0 * (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)
+    }
+    type Fun = fn(&Tensor) -> tensormem::tensor::Result<Tensor>;
+    type Case = (&'static str, Fun, fn(f64) -> f64, f64);
+    let cases: [Case; 4] = [
+        ("tanh", Tensor::tanh, f64::tanh, 2.0),
+        ("sigmoid", Tensor::sigmoid, |x| 1.0 / (1.0 + (-x).exp()), 3.0),
+        ("silu", Tensor::silu, |x| x / (1.0 + (-x).exp()), 4.0),
+        // The rounding of 2u costs up to |2u| units, as in PyTorch (whose formula gives 0 below
+        // -4.3 besides).
+        ("gelu_tanh", Tensor::gelu_tanh, |x| x / (1.0 + (-two_u(x)).exp()), 3.0),
+    ];
+    for (name, f, exact, bound) in cases {
+        let got = f(&x).unwrap().to_vec::<f32>().unwrap();
+        for (&v, &g) in xs.iter().zip(&got) {
+            let want = exact(f64::from(v));
+            let mut e = ulps(g, want);
+            if name == "gelu_tanh" {
+                e /= 1.0 + two_u(f64::from(v)).abs();
+            }
+            assert!(e <= bound, "{name}({v:e}) = {g:e}, exact {want:e}: {e} ulp");
+        }
+    }
+    // Values PyTorch's f32 formulas lose: sigmoid(-100) and silu(-100) are numbers, not 0, and
+    // so is the tanh GELU at -8 (PyTorch: -0).
+    let tail = t32(&[-100.0, -8.0], &[2]);
+    let s = tail.sigmoid().unwrap().to_vec::<f32>().unwrap();
+    assert!(ulps(s[0], (-100f64).exp() / (1.0 + (-100f64).exp())) <= 3.0 && s[0] > 0.0, "{s:?}");
+    let g = tail.gelu_tanh().unwrap().to_vec::<f32>().unwrap();
+    assert!((f64::from(g[1]) / (-8.0 / (1.0 + (-two_u(-8.0)).exp())) - 1.0).abs() < 1e-4, "{g:?}");
+
+    // log: every binade, subnormals, and its special values.
+    let mut ps: Vec<f32> = (-149..128).map(|e| 2f32.powi(e) * 1.3).filter(|v| v.is_finite() && *v > 0.0).collect();
+    ps.extend([0.0, -0.0, -1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1.0, f32::MAX, f32::from_bits(1)]);
+    let got = t32(&ps, &[ps.len()]).log().unwrap().to_vec::<f32>().unwrap();
+    for (&v, &g) in ps.iter().zip(&got) {
+        match v {
+            v if v == 0.0 => assert_eq!(g, f32::NEG_INFINITY, "log({v})"),
+            f32::INFINITY => assert_eq!(g, f32::INFINITY),
+            v if v < 0.0 || v.is_nan() => assert!(g.is_nan(), "log({v}) = {g}"),
+            v => assert!(ulps(g, f64::from(v).ln()) <= 1.0, "log({v:e}) = {g:e}"),
+        }
+    }
+    let specials = t32(&[f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -0.0], &[4]);
+    let bits = |t: Tensor| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let nan = f32::NAN.to_bits();
+    let fix = |v: Vec<u32>| v.into_iter().map(|b| if f32::from_bits(b).is_nan() { nan } else { b }).collect::<Vec<_>>();
+    assert_eq!(fix(bits(specials.tanh().unwrap())), [1f32.to_bits(), (-1f32).to_bits(), nan, (-0f32).to_bits()]);
+    // -inf: -inf * 0 and -inf / inf, the NaN of PyTorch's formulas.
+    assert_eq!(fix(bits(specials.silu().unwrap())), [f32::INFINITY.to_bits(), nan, nan, (-0f32).to_bits()]);
+    assert_eq!(fix(bits(specials.gelu_tanh().unwrap())), [f32::INFINITY.to_bits(), nan, nan, (-0f32).to_bits()]);
+}
+
+#[test]
+fn activations_have_in_place_and_out_forms_and_take_integers_as_f32() {
+    let x = t32(&[-2.0, -0.5, 0.0, 1.5], &[2, 2]);
+    for (name, fresh, inplace, out) in [
+        (
+            "gelu_tanh",
+            x.gelu_tanh().unwrap(),
+            {
+                let y = Tensor::zeros(&[2, 2], DType::F32).unwrap();
+                y.copy_(&x).unwrap();
+                y.gelu_tanh_().unwrap();
+                y
+            },
+            {
+                let o = Tensor::zeros(&[2, 2], DType::F64).unwrap();
+                x.gelu_tanh_out(&o).unwrap();
+                o
+            },
+        ),
+        (
+            "silu",
+            x.silu().unwrap(),
+            {
+                let y = Tensor::zeros(&[2, 2], DType::F32).unwrap();
+                y.copy_(&x).unwrap();
+                y.silu_().unwrap();
+                y
+            },
+            {
+                let o = Tensor::zeros(&[2, 2], DType::F64).unwrap();
+                x.silu_out(&o).unwrap();
+                o
+            },
+        ),
+    ] {
+        let f = fresh.to_vec::<f32>().unwrap();
+        assert_eq!(inplace.to_vec::<f32>().unwrap(), f, "{name}_");
+        let o: Vec<f32> = out.to_vec::<f64>().unwrap().iter().map(|&v| v as f32).collect();
+        assert_eq!(o, f, "{name}_out into f64");
+    }
+    let silu = x.silu().unwrap().to_vec::<f32>().unwrap();
+    for (v, s) in [-2.0f32, -0.5, 0.0, 1.5].iter().zip(&silu) {
+        assert!((s - v / (1.0 + (-v).exp())).abs() <= 1e-6, "silu({v}) = {s}");
+    }
+    // Integers compute in f32 (as `exp` does); their in-place forms are refused.
+    let ints = Tensor::from_vec(vec![-1i32, 0, 3], &[3], DType::I32).unwrap();
+    let g = ints.gelu_tanh().unwrap();
+    assert_eq!(g.dtype(), DType::F32);
+    assert!((g.to_vec::<f32>().unwrap()[2] - 2.996_362_7).abs() < 1e-6);
+    assert!(matches!(ints.silu_(), Err(TensorError::UnsupportedDType { op: "silu_", .. })));
+    let wrong = Tensor::zeros(&[3], DType::F32).unwrap();
+    assert!(matches!(x.silu_out(&wrong), Err(TensorError::BadShape { op: "silu_out", .. })));
+}
+
 // ---- large inputs: the parallel paths ----
 
 #[test]

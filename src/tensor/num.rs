@@ -38,6 +38,10 @@ pub(crate) trait Float: Num {
     fn sigmoid(self) -> Self;
     /// The exact GELU, `x * Φ(x)` with the error function (PyTorch's default).
     fn gelu(self) -> Self;
+    /// GELU's tanh approximation (PyTorch's `approximate='tanh'`).
+    fn gelu_tanh(self) -> Self;
+    /// `x * sigmoid(x)`.
+    fn silu(self) -> Self;
 }
 
 /// Integer power by squaring, wrapping; negative exponents give 0 unless the base is ±1
@@ -121,30 +125,39 @@ impl Float for f32 {
     fn div(self, o: Self) -> Self {
         self / o
     }
-    // `exp`, `sigmoid` and `gelu` are branch-free code the loops vectorise (see `vmath`).
+    // Every function but `sqrt` (one instruction) is branch-free code the loops vectorise
+    // (see `vmath`).
     #[inline(always)]
     fn exp(self) -> Self {
         vmath::exp(self)
     }
-    #[inline]
+    #[inline(always)]
     fn ln(self) -> Self {
-        f32::ln(self)
+        vmath::ln(self)
     }
     #[inline]
     fn sqrt(self) -> Self {
         f32::sqrt(self)
     }
-    #[inline]
+    #[inline(always)]
     fn tanh(self) -> Self {
-        f32::tanh(self)
+        vmath::tanh(self)
     }
     #[inline(always)]
     fn sigmoid(self) -> Self {
-        1.0 / (1.0 + vmath::exp(-self))
+        vmath::sigmoid(self)
     }
     #[inline(always)]
     fn gelu(self) -> Self {
         vmath::gelu(self)
+    }
+    #[inline(always)]
+    fn gelu_tanh(self) -> Self {
+        vmath::gelu_tanh(self)
+    }
+    #[inline(always)]
+    fn silu(self) -> Self {
+        vmath::silu(self)
     }
 }
 
@@ -177,12 +190,21 @@ impl Float for f64 {
     fn gelu(self) -> Self {
         0.5 * self * (1.0 + libm::erf(self * core::f64::consts::FRAC_1_SQRT_2))
     }
+    #[inline]
+    fn gelu_tanh(self) -> Self {
+        // x (1 + tanh(u)) / 2 = x / (1 + e^(-2u)), u = √(2/π) (x + 0.044715 x³), as in f32.
+        let two_u = 2.0 * (2.0 / core::f64::consts::PI).sqrt() * (self + 0.044_715 * self * self * self);
+        self / (1.0 + f64::exp(-two_u))
+    }
+    #[inline]
+    fn silu(self) -> Self {
+        self / (1.0 + f64::exp(-self))
+    }
 }
 
-// The arithmetic, `exp`, `sigmoid` and `gelu` convert with `HalfFloat` (inlined, so the loops
-// vectorise); the functions that call out to `powf`, `ln`, `tanh` run one element at a time
-// anyway, and there `half`'s own conversions (one F16C instruction where the CPU has it) are
-// faster. Both round alike.
+// The arithmetic and the `vmath` functions convert with `HalfFloat` (inlined, so the loops
+// vectorise); `powf` runs one element at a time anyway, and there `half`'s own conversions (one
+// F16C instruction where the CPU has it) are faster. Both round alike.
 macro_rules! half_num {
     ($($t:ty),*) => {$(
         impl Num for $t {
@@ -207,11 +229,13 @@ macro_rules! half_num {
         impl Float for $t {
             #[inline(always)] fn div(self, o: Self) -> Self { <$t as HalfFloat>::narrow(self.widen() / o.widen()) }
             #[inline(always)] fn exp(self) -> Self { <$t as HalfFloat>::narrow(vmath::exp(self.widen())) }
-            #[inline] fn ln(self) -> Self { <$t>::from_f32(self.to_f32().ln()) }
+            #[inline(always)] fn ln(self) -> Self { <$t as HalfFloat>::narrow(vmath::ln(self.widen())) }
             #[inline] fn sqrt(self) -> Self { <$t as HalfFloat>::narrow(self.widen().sqrt()) }
-            #[inline] fn tanh(self) -> Self { <$t>::from_f32(self.to_f32().tanh()) }
-            #[inline(always)] fn sigmoid(self) -> Self { <$t as HalfFloat>::narrow(Float::sigmoid(self.widen())) }
+            #[inline(always)] fn tanh(self) -> Self { <$t as HalfFloat>::narrow(vmath::tanh(self.widen())) }
+            #[inline(always)] fn sigmoid(self) -> Self { <$t as HalfFloat>::narrow(vmath::sigmoid(self.widen())) }
             #[inline(always)] fn gelu(self) -> Self { <$t as HalfFloat>::narrow(vmath::gelu(self.widen())) }
+            #[inline(always)] fn gelu_tanh(self) -> Self { <$t as HalfFloat>::narrow(vmath::gelu_tanh(self.widen())) }
+            #[inline(always)] fn silu(self) -> Self { <$t as HalfFloat>::narrow(vmath::silu(self.widen())) }
         }
     )*};
 }

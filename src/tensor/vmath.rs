@@ -3,19 +3,28 @@
 //! comparisons and integer operations on the bits (no fused multiply-add, so a loop gives the
 //! same bits whichever vector extension it is compiled for).
 //!
-//! `f32::exp` and `libm::erff` are calls into scalar code, one element at a time (4-5 ns an
-//! element here): GELU of a GPT-2 MLP activation (1024x3072) took 12x PyTorch's time, and
-//! softmax of its attention scores 6x. These are the methods of
-//! Cephes' `expf` (Cody and Waite's range reduction, a degree-7 polynomial) and, for GELU,
-//! the complementary error function of Numerical Recipes' `erfcc` (relative error below
-//! 1.2e-7 for every argument) with `x^2` carried in two parts.
+//! `f32::exp`, `f32::tanh`, `f32::ln` and `libm::erff` are calls into scalar code, one element at
+//! a time (4-13 ns an element here): GELU of a GPT-2 MLP activation (1024x3072) took 12x
+//! PyTorch's time, softmax of its attention scores 6x, `tanh` of that activation 5x. These are
+//! the methods of Cephes' `expf` (Cody and Waite's range reduction, a degree-7 polynomial),
+//! `tanhf` and `logf`; for GELU, the complementary error function of Numerical Recipes'
+//! `erfcc` (relative error below 1.2e-7 for every argument) with `x^2` carried in two parts;
+//! and for the sigmoid family (`sigmoid`, `silu`, GELU's tanh form) `s e^v / (1 + e^v)` below 0,
+//! so that the tail is a number where PyTorch's `1 / (1 + e^-v)` overflows to 0.
 //!
-//! Accuracy over every `f32` (`exhaustive_accuracy`, ignored: it walks all 2^32 values, 25
-//! minutes in release; a spread of a million of them is checked in every run): `exp` within
-//! 0.99 ulp of the exact result, `gelu` within 7.6 ulp (at -4.02; counting a subnormal result's
-//! ulp as the smallest subnormal). The old `0.5 * x * (1 + erff(x / √2))` lost the tail to
-//! cancellation: 10% off at -5. PyTorch's vectorised loops are of the same kind (Sleef's 1-ulp
-//! `exp`); its GELU's `erf` has an absolute error of 1.5e-7, 26% of `gelu(-5)`.
+//! Accuracy over every `f32` (`exhaustive_accuracy`, ignored: it walks all 2^32 values, 10
+//! minutes in release on 2 cores; a spread of a million of them is checked in every run),
+//! counting a subnormal result's ulp as the smallest subnormal: `exp` within 0.99 ulp of the
+//! exact result, `ln` 0.83, `tanh` 1.33, `sigmoid` 2.4, `silu` 3.4, `gelu` 7.6 (at -4.02), and
+//! `gelu_tanh` within 2.8 ulp per unit of its argument `2u` (the error that `2u`'s own rounding
+//! carries through `e^(-2u)`, as in every f32 evaluation of that formula). The old
+//! `0.5 * x * (1 + erff(x / √2))` lost the tail to cancellation: 10% off at -5. PyTorch's
+//! vectorised loops are of the same kind (Sleef's 1-ulp `exp`); its GELU's `erf` has an
+//! absolute error of 1.5e-7, 26% of `gelu(-5)`.
+//!
+//! Results that are subnormal (`gelu` below -13, `gelu_tanh` below -10.3, `silu` below -87)
+//! are computed, not flushed: on x86 each costs a microcode assist, so a tensor with many of
+//! them runs slower.
 
 /// `e^x`.
 #[inline(always)]
@@ -26,23 +35,31 @@ pub(crate) fn exp(x: f32) -> f32 {
 /// `scale * e^(hi + lo)`, for an argument computed in two parts (`lo` a few units at most),
 /// rounded once even where the result is subnormal: the reduction subtracts `n ln 2` from `hi`
 /// before `lo` is added, so that the bits `hi + lo` would round away are kept, and `scale`
-/// (a normal number) multiplies before the power of two. NaN gives NaN; beyond `f32`'s range
-/// `e^(hi + lo)` is taken as `inf` or 0.
+/// (`|scale|` below e^46) multiplies before the power of two. NaN gives NaN; above 89
+/// `e^(hi + lo)` is taken as `inf`, and below -150 the result as `scale * 0`.
 #[inline(always)]
 fn scaled_exp(hi: f32, lo: f32, scale: f32) -> f32 {
+    exp_both(hi, lo, scale).0
+}
+
+/// [`scaled_exp`] and `e^(hi + lo)`, from one reduction.
+#[inline(always)]
+fn exp_both(hi: f32, lo: f32, scale: f32) -> (f32, f32) {
     const LOG2E: f32 = core::f32::consts::LOG2_E;
     // ln 2 in two parts: `LN2_HI` has 9 significant bits, so `n * LN2_HI` is exact for the
-    // `|n| <= 150` used here, and `x - n * LN2_HI` is exact too (Cody and Waite).
+    // `|n| <= 217` used here, and `x - n * LN2_HI` is exact too (Cody and Waite).
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     // 1.5 * 2^23: adding it rounds to an integer (in the default rounding mode), which its
     // low bits then hold.
     const SHIFT: f32 = 12_582_912.0;
-    // Beyond these, e^x is `inf` (e^88.73 > f32::MAX) or rounds to 0 (e^-103.98 < 2^-150).
-    // Not `clamp`: that is `min`/`max`, which would turn NaN into a bound.
+    // Above 89, e^x is `inf` (e^88.73 > f32::MAX); below -150, `scale e^x` rounds to 0 for
+    // every `|scale| < e^46` (e^-103.98 < 2^-150), and the clamp keeps `n` where its two
+    // factors below are normal. Not `clamp`: that is `min`/`max`, which would turn NaN into a
+    // bound.
     let s = hi + lo;
-    let (x, lo) = if s < -104.0 {
-        (-104.0, 0.0)
+    let (x, lo) = if s < -150.0 {
+        (-150.0, 0.0)
     } else if s > 89.0 {
         (89.0, 0.0)
     } else {
@@ -57,13 +74,31 @@ fn scaled_exp(hi: f32, lo: f32, scale: f32) -> f32 {
         * r
         + 0.5;
     let e = p * (r * r) + r + 1.0;
-    // 2^n in two factors, each a normal number (n is in [-150, 129]), so that subnormal
+    // 2^n in two factors, each a normal number (n is in [-217, 129]), so that subnormal
     // results and 2^128 round once, in the last product (`e * scale` is a normal number).
     let n = (t.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32);
     let n1 = n >> 1;
     let n2 = n.wrapping_sub(n1);
     let pow2 = |k: i32| f32::from_bits((k.wrapping_add(127) as u32).wrapping_shl(23));
-    e * scale * pow2(n1) * pow2(n2)
+    let (p1, p2) = (pow2(n1), pow2(n2));
+    let r = e * scale * p1 * p2;
+    (if s < -150.0 { scale * 0.0 } else { r }, e * p1 * p2)
+}
+
+/// `scale / (1 + e^-v)`, for a `scale` of the sign of `v` (or 1). Where `v < 0` as
+/// `scale e^v / (1 + e^v)`, with `scale e^v` rounded once: `e^-v` overflows from -88.7 while
+/// `scale σ(v)` is a number down to about -104 (PyTorch's `1 / (1 + e^-v)` gives 0 there).
+#[inline(always)]
+fn scaled_sigmoid(scale: f32, v: f32) -> f32 {
+    let neg = v < 0.0;
+    let (w, e) = exp_both(-v.abs(), 0.0, if neg { scale } else { 1.0 });
+    (if neg { w } else { scale }) / (1.0 + e)
+}
+
+/// `1 / (1 + e^-x)`.
+#[inline(always)]
+pub(crate) fn sigmoid(x: f32) -> f32 {
+    scaled_sigmoid(1.0, x)
 }
 
 /// `x * Φ(x)`, the exact GELU (`0.5 * x * (1 + erf(x / √2))`). Near 0 (`|x| < 0.7`, `erf` of
@@ -114,6 +149,82 @@ pub(crate) fn gelu(x: f32) -> f32 {
     }
 }
 
+/// `tanh(x)`, as Cephes' `tanhf`: an odd polynomial of degree 11 for `|x| <= 0.625`, and
+/// `1 - 2 / (e^(2|x|) + 1)` beyond (1 from `|x| > 44`, where `e^(2|x|)` is `inf`); the sign of
+/// `x` last, so that `tanh(-0)` is -0.
+#[inline(always)]
+pub(crate) fn tanh(x: f32) -> f32 {
+    let a = x.abs();
+    let z = a * a;
+    let small = ((((-5.704_988_7e-3 * z + 2.063_908_8e-2) * z - 5.373_971_5e-2) * z + 1.333_144_2e-1) * z
+        - 3.333_328e-1)
+        * z
+        * a
+        + a;
+    let large = 1.0 - 2.0 / (exp(a + a) + 1.0);
+    // NaN fails the comparison and keeps the polynomial's NaN.
+    let t = if a > 0.625 { large } else { small };
+    t.copysign(x)
+}
+
+/// `ln(x)`, as Cephes' `logf`: `x = m 2^e` with `m` in `[√½, √2)`, `ln(m)` by a polynomial of
+/// degree 8 in `m - 1`, and `e ln 2` added in two parts. Subnormals are scaled by 2^23 first.
+/// `ln(0) = -inf`, `ln(inf) = inf`, NaN below 0 and for NaN.
+#[inline(always)]
+pub(crate) fn ln(x: f32) -> f32 {
+    let sub = x < f32::MIN_POSITIVE;
+    let y = if sub { x * 8_388_608.0 } else { x };
+    let bits = y.to_bits();
+    // `y = m 2^e` with `m` in [0.5, 1).
+    let e = ((bits >> 23) & 0xff) as i32 - if sub { 126 + 23 } else { 126 };
+    let m = f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000);
+    let low = m < core::f32::consts::FRAC_1_SQRT_2;
+    let e = (if low { e - 1 } else { e }) as f32;
+    let m = if low { m + m - 1.0 } else { m - 1.0 };
+    let z = m * m;
+    let p = ((((((((7.037_683_6e-2 * m - 1.151_461e-1) * m + 1.167_699_84e-1) * m - 1.242_014_1e-1) * m
+        + 1.424_932_3e-1)
+        * m
+        - 1.666_805_7e-1)
+        * m
+        + 2.000_071_4e-1)
+        * m
+        - 2.499_999_4e-1)
+        * m
+        + 3.333_333e-1)
+        * m
+        * z;
+    // ln 2 in two parts, as in `scaled_exp`.
+    let r = m + (p + -2.121_944_4e-4 * e - 0.5 * z) + 0.693_359_4 * e;
+    if x == f32::INFINITY {
+        x
+    } else if x == 0.0 {
+        f32::NEG_INFINITY
+    } else if x >= 0.0 {
+        r
+    } else {
+        f32::NAN
+    }
+}
+
+/// `x σ(x) = x / (1 + e^-x)` (SiLU, or swish), as PyTorch computes it: -0 where `e^-x` is
+/// `inf`, NaN for `-inf`.
+#[inline(always)]
+pub(crate) fn silu(x: f32) -> f32 {
+    scaled_sigmoid(x, x)
+}
+
+/// GELU's tanh approximation (PyTorch's `approximate='tanh'`), `x (1 + tanh(u)) / 2` with
+/// `u = √(2/π) (x + 0.044715 x³)`, computed as `x / (1 + e^(-2u))`, which is the same function:
+/// no cancellation in `1 + tanh(u)`, so the negative tail keeps its relative accuracy
+/// (PyTorch's formula gives -0 below about -4.3, where `tanh(u)` rounds to -1). The error is
+/// that of `2u`'s rounding carried through `e^(-2u)`: about `|2u|` units in the last place.
+#[inline(always)]
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
+    // 2√(2/π) and 2√(2/π) 0.044715.
+    scaled_sigmoid(x, x * (1.595_769_2 + 7.135_481_4e-2 * (x * x)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,15 +252,66 @@ mod tests {
         0.5 * x * libm::erfc(-x * core::f64::consts::FRAC_1_SQRT_2)
     }
 
-    /// The worst errors of `exp` and `gelu` (ulp, at which `x`) over the `f32`s whose bits are
-    /// `0, step, 2 * step, ..`.
-    fn worst(step: usize) -> [(f64, f32); 2] {
-        let mut w = [(0f64, 0f32); 2];
-        for bits in (0..=u32::MAX).step_by(step) {
-            let x = f32::from_bits(bits);
-            for (k, u) in [ulps(exp(x), f64::from(x).exp()), ulps(gelu(x), gelu_exact(x))].into_iter().enumerate() {
-                if u > w[k].0 {
-                    w[k] = (u, x);
+    /// `2u` of [`gelu_tanh`], in f64.
+    fn two_u(x: f32) -> f64 {
+        let x = f64::from(x);
+        2.0 * (2.0 / core::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)
+    }
+
+    /// The functions checked, each with its exact result in f64 and its bound in ulp (for
+    /// `gelu_tanh` in ulp per unit of `1 + |2u|`, the error its argument's rounding brings).
+    /// A function's name, itself, its exact value and its bound.
+    type Checked = (&'static str, fn(f32) -> f32, fn(f32) -> f64, f64);
+
+    const FUNCTIONS: [Checked; 7] = [
+        ("sigmoid", sigmoid, |x| 1.0 / (1.0 + (-f64::from(x)).exp()), 3.0),
+        ("exp", exp, |x| f64::from(x).exp(), 1.0),
+        ("gelu", gelu, gelu_exact, 8.0),
+        ("tanh", tanh, |x| f64::from(x).tanh(), 2.0),
+        ("ln", ln, |x| f64::from(x).ln(), 1.0),
+        ("silu", silu, |x| f64::from(x) / (1.0 + (-f64::from(x)).exp()), 4.0),
+        ("gelu_tanh", gelu_tanh, |x| f64::from(x) / (1.0 + (-two_u(x)).exp()), 3.0),
+    ];
+
+    /// The error of function `k` at `x`, in the unit its bound is given in.
+    fn error(k: usize, x: f32) -> f64 {
+        let (_, f, exact, _) = FUNCTIONS[k];
+        let u = ulps(f(x), exact(x));
+        if FUNCTIONS[k].0 == "gelu_tanh" { u / (1.0 + two_u(x).abs().min(1e30)) } else { u }
+    }
+
+    /// The worst errors of the functions (and where) over the `f32`s whose bits are
+    /// `0, step, 2 * step, ..`, on every core.
+    fn worst(step: usize) -> [(f64, f32); 7] {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        let span = (1u64 << 32).div_ceil(threads);
+        let parts: Vec<[(f64, f32); 7]> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    s.spawn(move || {
+                        let mut w = [(0f64, 0f32); 7];
+                        let first = (t * span).div_ceil(step as u64) * step as u64;
+                        let end = ((t + 1) * span).min(1 << 32);
+                        for bits in (first..end).step_by(step) {
+                            let x = f32::from_bits(bits as u32);
+                            for (k, worst) in w.iter_mut().enumerate() {
+                                let e = error(k, x);
+                                if e > worst.0 {
+                                    *worst = (e, x);
+                                }
+                            }
+                        }
+                        w
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("no panic")).collect()
+        });
+        let mut w = [(0f64, 0f32); 7];
+        for part in parts {
+            for (k, p) in part.into_iter().enumerate() {
+                if p.0 > w[k].0 {
+                    w[k] = p;
                 }
             }
         }
@@ -157,21 +319,21 @@ mod tests {
     }
 
     fn check(step: usize) {
-        let [e, g] = worst(step);
-        assert!(e.0 <= 1.0, "exp({:e}): {} ulp", e.1, e.0);
-        assert!(g.0 <= 8.0, "gelu({:e}): {} ulp", g.1, g.0);
+        let w = worst(step);
+        for (k, (name, _, _, bound)) in FUNCTIONS.iter().enumerate() {
+            eprintln!("{name}: {} at {:e}", w[k].0, w[k].1);
+            assert!(w[k].0 <= *bound, "{name}({:e}): {} ulp", w[k].1, w[k].0);
+        }
     }
 
     #[test]
-    fn exp_and_gelu_within_their_bounds_on_a_spread_of_floats() {
+    fn functions_within_their_bounds_on_a_spread_of_floats() {
         check(4099);
     }
 
     #[test]
-    #[ignore = "walks all 2^32 floats: 25 minutes in release (cargo test --release --lib -- --ignored vmath)"]
+    #[ignore = "walks all 2^32 floats: 10 minutes in release on 2 cores (cargo test --release --lib -- --ignored vmath)"]
     fn exhaustive_accuracy() {
-        let [e, g] = worst(1);
-        eprintln!("exp: {} ulp at {:e}; gelu: {} ulp at {:e}", e.0, e.1, g.0, g.1);
         check(1);
     }
 
@@ -193,5 +355,27 @@ mod tests {
         assert!(gelu(-0.0).is_sign_negative());
         assert_eq!(gelu(30.0), 30.0);
         assert_eq!(gelu(-30.0), -0.0);
+        assert_eq!(tanh(0.0).to_bits(), 0.0f32.to_bits());
+        assert_eq!(tanh(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(tanh(f32::INFINITY), 1.0);
+        assert_eq!(tanh(f32::NEG_INFINITY), -1.0);
+        assert_eq!(tanh(50.0), 1.0);
+        assert!(tanh(f32::NAN).is_nan());
+        assert_eq!(ln(1.0).to_bits(), 0.0f32.to_bits());
+        assert_eq!(ln(0.0), f32::NEG_INFINITY);
+        assert_eq!(ln(-0.0), f32::NEG_INFINITY);
+        assert_eq!(ln(f32::INFINITY), f32::INFINITY);
+        assert!(ln(-1.0).is_nan() && ln(f32::NEG_INFINITY).is_nan() && ln(f32::NAN).is_nan());
+        assert!(ulps(ln(f32::from_bits(1)), f64::from(f32::from_bits(1)).ln()) <= 1.0);
+        assert_eq!(silu(0.0), 0.0);
+        assert_eq!(silu(-200.0).to_bits(), (-0.0f32).to_bits());
+        assert!(silu(f32::NEG_INFINITY).is_nan(), "-inf / inf, as PyTorch's formula gives");
+        assert_eq!(silu(f32::INFINITY), f32::INFINITY);
+        assert_eq!(gelu_tanh(f32::INFINITY), f32::INFINITY);
+        assert!(gelu_tanh(f32::NEG_INFINITY).is_nan(), "-inf * 0, as PyTorch's formula gives");
+        assert_eq!(gelu_tanh(1e30), 1e30);
+        assert_eq!(gelu_tanh(-1e30).to_bits(), (-0.0f32).to_bits());
+        assert!(gelu_tanh(-0.0).is_sign_negative());
+        assert!(gelu_tanh(f32::NAN).is_nan() && silu(f32::NAN).is_nan());
     }
 }

@@ -5,9 +5,9 @@
 //! Binary operations compute in [`DType::result_type`] of their operands (PyTorch's rules),
 //! converting an operand of another dtype inside the loop (block by block, never a whole copy).
 //! `div` of integers or bools gives `f32` (true division, as `torch.div`); `exp`, `log`,
-//! `sqrt`, `gelu`, `sigmoid` and `tanh` of integers give `f32`. On bool tensors `add`/`maximum`
-//! are logical or, `mul`/`minimum` logical and; `sub`, `pow` and `neg` are refused. Integer
-//! arithmetic wraps.
+//! `sqrt`, `gelu`, `gelu_tanh`, `sigmoid`, `silu` and `tanh` of integers give `f32` (PyTorch
+//! refuses integers for `gelu` and `silu`). On bool tensors `add`/`maximum` are logical or,
+//! `mul`/`minimum` logical and; `sub`, `pow` and `neg` are refused. Integer arithmetic wraps.
 //!
 //! In-place and `_out` forms compute in the same result type and convert once to the
 //! destination's dtype (an `f16` tensor plus an `f32` one adds in `f32`), and refuse a result
@@ -111,6 +111,8 @@ pub(crate) enum Unary {
     Gelu,
     Sigmoid,
     Tanh,
+    GeluTanh,
+    Silu,
 }
 
 impl Unary {
@@ -125,6 +127,8 @@ impl Unary {
             Unary::Gelu => ["gelu", "gelu_", "gelu_out"],
             Unary::Sigmoid => ["sigmoid", "sigmoid_", "sigmoid_out"],
             Unary::Tanh => ["tanh", "tanh_", "tanh_out"],
+            Unary::GeluTanh => ["gelu_tanh", "gelu_tanh_", "gelu_tanh_out"],
+            Unary::Silu => ["silu", "silu_", "silu_out"],
         };
         names[form as usize]
     }
@@ -409,6 +413,8 @@ impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
             k if k == Unary::Sqrt as u8 => x.sqrt(),
             k if k == Unary::Gelu as u8 => x.gelu(),
             k if k == Unary::Sigmoid as u8 => x.sigmoid(),
+            k if k == Unary::GeluTanh as u8 => x.gelu_tanh(),
+            k if k == Unary::Silu as u8 => x.silu(),
             _ => x.tanh(),
         }
     }
@@ -422,7 +428,7 @@ fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tens
         return launch_unary(op, kind, DType::F32, out, a, dest);
     }
     if kind.is_float_only() {
-        // Compute-bound (vectorised `exp` and GELU, `sqrt`): compiled for the widest extension,
+        // Compute-bound (the `vmath` functions, `sqrt`): compiled for the widest extension,
         // through `FloatFn` (a closure around GELU is not inlined into the loops).
         return match_float!(ct, T => match kind {
             Unary::Exp => run_unary_wide::<T, T>(op, out, a, dest, FloatFn::<{ Unary::Exp as u8 }>),
@@ -430,6 +436,8 @@ fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tens
             Unary::Sqrt => run_unary_wide::<T, T>(op, out, a, dest, FloatFn::<{ Unary::Sqrt as u8 }>),
             Unary::Gelu => run_unary_wide::<T, T>(op, out, a, dest, FloatFn::<{ Unary::Gelu as u8 }>),
             Unary::Sigmoid => run_unary_wide::<T, T>(op, out, a, dest, FloatFn::<{ Unary::Sigmoid as u8 }>),
+            Unary::GeluTanh => run_unary_wide::<T, T>(op, out, a, dest, FloatFn::<{ Unary::GeluTanh as u8 }>),
+            Unary::Silu => run_unary_wide::<T, T>(op, out, a, dest, FloatFn::<{ Unary::Silu as u8 }>),
             _ => run_unary_wide::<T, T>(op, out, a, dest, FloatFn::<{ Unary::Tanh as u8 }>),
         }, _ => Err(unsupported(op, a, "")));
     }
@@ -840,8 +848,24 @@ unary_methods! {
     sqrt, sqrt_, sqrt_out => Sqrt;
     /// GELU with the exact error function (PyTorch's default `approximate='none'`).
     gelu, gelu_, gelu_out => Gelu;
+    /// GELU's tanh approximation, `x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2` (PyTorch's
+    /// `gelu(x, approximate='tanh')`, GPT-2's activation), computed as the equal
+    /// `x / (1 + e^(-2√(2/π) (x + 0.044715 x³)))`, so that the negative tail keeps its value
+    /// where `1 + tanh` would round to 0.
+    ///
+    /// ```
+    /// use tensormem::tensor::{DType, Tensor};
+    /// let x = Tensor::from_vec(vec![-1.0f32, 0.0, 1.0], &[3], DType::F32)?;
+    /// let y = x.gelu_tanh()?.to_vec::<f32>()?;
+    /// assert!((y[0] - -0.158_808).abs() < 1e-6 && y[1] == 0.0 && (y[2] - 0.841_192).abs() < 1e-6);
+    /// # Ok::<(), tensormem::tensor::TensorError>(())
+    /// ```
+    gelu_tanh, gelu_tanh_, gelu_tanh_out => GeluTanh;
     /// `1 / (1 + e^-self)`.
     sigmoid, sigmoid_, sigmoid_out => Sigmoid;
+    /// `self * sigmoid(self)` (SiLU, or swish: the activation of Llama's MLP; PyTorch's
+    /// `torch.nn.functional.silu`).
+    silu, silu_, silu_out => Silu;
     /// Hyperbolic tangent.
     tanh, tanh_, tanh_out => Tanh;
 }
