@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tensormem::tensor::{DType, SafeTensors, Tensor, TensorError, TensorOptions, save_safetensors};
+use tensormem::tensor::{DType, SafeTensors, Tensor, TensorError, TensorOptions, save_safetensors, set_num_threads};
 use tensormem::{AllocatorRegistry, TrackingAllocator};
 
 fn t32(v: &[f32], shape: &[usize]) -> Tensor {
@@ -697,4 +697,30 @@ fn parallel_row_kernels_match_plain_loops() {
         assert!(mean.abs() < 1e-4, "layer_norm row {r} mean {mean}");
     }
     assert!((f64::from(total) - want_total).abs() < 0.05, "{total} vs {want_total}");
+}
+
+#[test]
+fn embedding_split_across_threads_copies_every_row() {
+    // 1,500 lookups of 257-element f32 rows (1.5 MB out: split between kernel threads, at
+    // boundaries that are no multiple of a row), of a strided view of the table, and in f16.
+    set_num_threads(2);
+    let (vocab, dim, n) = (3000usize, 257usize, 1500usize);
+    // Values f16 holds exactly.
+    let table: Vec<f32> = (0..vocab * 2 * dim).map(|i| (i % 2039) as f32).collect();
+    // Every other row of a [2 * vocab, dim] table: a row stride of 2 * dim.
+    let wide = t32(&table, &[2 * vocab, dim]);
+    let view = wide.slice(0, 0, (2 * vocab) as isize, 2).unwrap();
+    let ids: Vec<i64> = (0..n as i64).map(|i| i * 7919 % vocab as i64).collect();
+    let idx = i64s(&ids, &[n]);
+    for (what, weight) in [("contiguous", view.contiguous().unwrap()), ("strided", view.clone())] {
+        let got = weight.embedding(&idx).unwrap();
+        assert_eq!(got.sizes(), [n, dim]);
+        let got = got.to_vec::<f32>().unwrap();
+        for (r, &i) in ids.iter().enumerate() {
+            let want = &table[2 * i as usize * dim..(2 * i as usize + 1) * dim];
+            assert_eq!(&got[r * dim..(r + 1) * dim], want, "{what}: row {r} (id {i})");
+        }
+        let halves = weight.to_dtype(DType::F16).unwrap().embedding(&idx).unwrap();
+        assert_eq!(halves.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(), got, "{what}: f16");
+    }
 }

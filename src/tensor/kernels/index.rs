@@ -3,10 +3,17 @@
 //! Elements are moved as bytes (any dtype), in the largest contiguous pieces the layouts allow:
 //! an embedding lookup copies whole rows.
 
+use core::mem::MaybeUninit;
+
 use crate::tensor::core::for_each_offset;
+use crate::tensor::parallel::{for_each_part, threads_for};
 use crate::tensor::shape::{is_contiguous, wrap_dim};
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Result, Tensor, TensorError};
+
+/// Bytes of output per kernel thread, at least: below twice this, a gather runs on one thread
+/// (an embedding lookup for one token's row stays serial; 1024 GPT-2 rows, 3 MiB, split).
+const GRAIN_BYTES: usize = 256 << 10;
 
 /// Byte offset of element offset `off` (a multiple of a block for quantised dtypes).
 fn byte_offset(dtype: DType, off: usize) -> usize {
@@ -93,6 +100,32 @@ impl Tensor {
         let inner_bytes = dtype.size_of(inner_n).unwrap_or(0);
         let inner_contiguous = is_contiguous(inner, inner_st);
         let (src, dst) = (self.data_ptr() as *const u8, out.data_ptr());
+        let out_bytes = values.len() * inner_bytes;
+        if outer.is_empty() && inner_contiguous && threads_for(out_bytes, GRAIN_BYTES) > 1 {
+            // Whole rows of the first dimension (an embedding lookup), split across the kernel
+            // threads by output rows.
+            let stride = self.strides()[0];
+            // SAFETY: the view's rows `0..sizes[0]` (at least one: an index was in range) start
+            // `stride` elements apart from `src` and hold `inner_bytes` each, inside the storage,
+            // which is read-locked and is not `out`. `out` is fresh: `out_bytes` bytes that
+            // nothing else refers to, each written below before `out` is returned.
+            let (from, to) = unsafe {
+                (
+                    core::slice::from_raw_parts(src, byte_offset(dtype, (self.sizes()[0] - 1) * stride) + inner_bytes),
+                    core::slice::from_raw_parts_mut(dst as *mut MaybeUninit<u8>, out_bytes),
+                )
+            };
+            let pieces = threads_for(out_bytes, GRAIN_BYTES).min(out_bytes / GRAIN_BYTES);
+            for_each_part(to, pieces, inner_bytes, |first, part| {
+                for (k, row) in part.chunks_mut(inner_bytes).enumerate() {
+                    let at = byte_offset(dtype, values[first / inner_bytes + k] as usize * stride);
+                    for (d, &v) in row.iter_mut().zip(&from[at..at + inner_bytes]) {
+                        d.write(v);
+                    }
+                }
+            });
+            return Ok(out);
+        }
         let mut row = 0usize;
         for_each_offset(outer, outer_st, |o| {
             for &i in &values {
