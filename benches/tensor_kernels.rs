@@ -34,7 +34,8 @@
 //!
 //! 10. The element-wise and row ops of a GPT-2 block (`transformer_ops_1t`), at 1 thread,
 //!     beside a copy of the 12 MB of a 1024x3072 activation: GELU of that activation in f32,
-//!     bf16 and f16, `exp` and `sigmoid` of it, softmax of 12x256x256 attention scores, and
+//!     bf16 and f16, its tanh approximation, `silu`, `exp`, `sigmoid`, `tanh` and `log` (of its
+//!     absolute value) of it, softmax of 12x256x256 attention scores, and
 //!     `layer_norm` / `rms_norm` of 1024x768 with a weight (and a bias).
 //!
 //! The `pool` rows call the default path beside each pool call, on the same tensors and on a
@@ -498,6 +499,7 @@ fn transformer_ops(c: &mut Criterion) {
     let name = "transformer_ops_1t";
     let x = Tensor::randn(&[1024, 3072], default_opts(13)).unwrap();
     let (xb, xh) = (x.to_dtype(DType::BF16).unwrap(), x.to_dtype(DType::F16).unwrap());
+    let positive = x.abs().unwrap();
     let scores = Tensor::randn(&[12, 256, 256], default_opts(14)).unwrap();
     let h = Tensor::randn(&[1024, 768], default_opts(15)).unwrap();
     let (w, b) = (Tensor::rand(&[768], default_opts(16)).unwrap(), Tensor::rand(&[768], default_opts(17)).unwrap());
@@ -508,8 +510,12 @@ fn transformer_ops(c: &mut Criterion) {
     bench(&mut g, name, "gelu", || x.gelu().unwrap());
     bench(&mut g, name, "gelu_bf16", || xb.gelu().unwrap());
     bench(&mut g, name, "gelu_f16", || xh.gelu().unwrap());
+    bench(&mut g, name, "gelu_tanh", || x.gelu_tanh().unwrap());
+    bench(&mut g, name, "silu", || x.silu().unwrap());
     bench(&mut g, name, "exp", || x.exp().unwrap());
     bench(&mut g, name, "sigmoid", || x.sigmoid().unwrap());
+    bench(&mut g, name, "tanh", || x.tanh().unwrap());
+    bench(&mut g, name, "log", || positive.log().unwrap());
     bench(&mut g, name, "softmax_12x256x256", || scores.softmax(-1).unwrap());
     bench(&mut g, name, "layer_norm_1024x768", || h.layer_norm(&[768], Some(&w), Some(&b), 1e-5).unwrap());
     bench(&mut g, name, "rms_norm_1024x768", || h.rms_norm(&[768], Some(&w), None).unwrap());

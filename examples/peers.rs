@@ -10,10 +10,11 @@
 //! `matmul` (512x512 by 512x512), `matmul_f16` and `matmul_bf16` (the same in half precision),
 //! `add_f16`, `add_bf16` and `sum_f16` (the 4M add and sum in half precision); and the ops of a
 //! GPT-2 block (1024 tokens, width 768, 12 heads of 64, 256 positions): `layer_norm` and
-//! `rms_norm` (1024x768, with weight), `gelu` (1024x3072), `softmax` and `scale` (`* 0.125`) of
-//! the 12x256x256 attention scores, `masked_fill` of them by a causal 256x256 mask, `where` of
-//! the mask between them and a zero tensor, `embedding` (1024 token ids into a 50257x768
-//! table) and `cat_kv` (a 12x1023x64 key cache grown by one position).
+//! `rms_norm` (1024x768, with weight), `gelu`, `gelu_tanh`, `silu`, `tanh` and `log` (1024x3072),
+//! `softmax` and `scale` (`* 0.125`) of the 12x256x256 attention scores, `masked_fill` of them
+//! by a causal 256x256 mask, `where` of the mask between them and a zero tensor, `embedding`
+//! (1024 token ids into a 50257x768 table) and `cat_kv` (a 12x1023x64 key cache grown by one
+//! position).
 //!
 //! ```text
 //! cargo build --release --example peers
@@ -73,6 +74,10 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "layer_norm" => drop(black_box(d.h.layer_norm(&[768], Some(&d.w768), Some(&d.b768), 1e-5)?)),
         "rms_norm" => drop(black_box(d.h.rms_norm(&[768], Some(&d.w768), None)?)),
         "gelu" => drop(black_box(d.mlp.gelu()?)),
+        "gelu_tanh" => drop(black_box(d.mlp.gelu_tanh()?)),
+        "silu" => drop(black_box(d.mlp.silu()?)),
+        "tanh" => drop(black_box(d.mlp.tanh()?)),
+        "log" => drop(black_box(d.mlp.log()?)),
         "softmax" => drop(black_box(d.scores.softmax(-1)?)),
         "scale" => drop(black_box(&d.scores * 0.125)),
         "masked_fill" => drop(black_box(d.scores.masked_fill(&d.causal, f64::NEG_INFINITY)?)),
