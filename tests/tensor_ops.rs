@@ -616,41 +616,22 @@ fn activations_match_their_formulas_down_the_tails() {
 #[test]
 fn activations_have_in_place_and_out_forms_and_take_integers_as_f32() {
     let x = t32(&[-2.0, -0.5, 0.0, 1.5], &[2, 2]);
-    for (name, fresh, inplace, out) in [
-        (
-            "gelu_tanh",
-            x.gelu_tanh().unwrap(),
-            {
-                let y = Tensor::zeros(&[2, 2], DType::F32).unwrap();
-                y.copy_(&x).unwrap();
-                y.gelu_tanh_().unwrap();
-                y
-            },
-            {
-                let o = Tensor::zeros(&[2, 2], DType::F64).unwrap();
-                x.gelu_tanh_out(&o).unwrap();
-                o
-            },
-        ),
-        (
-            "silu",
-            x.silu().unwrap(),
-            {
-                let y = Tensor::zeros(&[2, 2], DType::F32).unwrap();
-                y.copy_(&x).unwrap();
-                y.silu_().unwrap();
-                y
-            },
-            {
-                let o = Tensor::zeros(&[2, 2], DType::F64).unwrap();
-                x.silu_out(&o).unwrap();
-                o
-            },
-        ),
-    ] {
-        let f = fresh.to_vec::<f32>().unwrap();
-        assert_eq!(inplace.to_vec::<f32>().unwrap(), f, "{name}_");
-        let o: Vec<f32> = out.to_vec::<f64>().unwrap().iter().map(|&v| v as f32).collect();
+    type Fresh = fn(&Tensor) -> tensormem::tensor::Result<Tensor>;
+    type InPlace = for<'a> fn(&'a Tensor) -> tensormem::tensor::Result<&'a Tensor>;
+    type Out = for<'a> fn(&Tensor, &'a Tensor) -> tensormem::tensor::Result<&'a Tensor>;
+    let forms: [(&str, Fresh, InPlace, Out); 2] = [
+        ("gelu_tanh", Tensor::gelu_tanh, Tensor::gelu_tanh_, Tensor::gelu_tanh_out),
+        ("silu", Tensor::silu, Tensor::silu_, Tensor::silu_out),
+    ];
+    for (name, fresh, inplace, out) in forms {
+        let f = fresh(&x).unwrap().to_vec::<f32>().unwrap();
+        let y = Tensor::zeros(&[2, 2], DType::F32).unwrap();
+        y.copy_(&x).unwrap();
+        inplace(&y).unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap(), f, "{name}_");
+        let o = Tensor::zeros(&[2, 2], DType::F64).unwrap();
+        out(&x, &o).unwrap();
+        let o: Vec<f32> = o.to_vec::<f64>().unwrap().iter().map(|&v| v as f32).collect();
         assert_eq!(o, f, "{name}_out into f64");
     }
     let silu = x.silu().unwrap().to_vec::<f32>().unwrap();
