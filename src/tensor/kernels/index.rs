@@ -101,9 +101,9 @@ impl Tensor {
         let inner_contiguous = is_contiguous(inner, inner_st);
         let (src, dst) = (self.data_ptr() as *const u8, out.data_ptr());
         let out_bytes = values.len() * inner_bytes;
-        if outer.is_empty() && inner_contiguous && threads_for(out_bytes, GRAIN_BYTES) > 1 {
+        if outer.is_empty() && inner_contiguous {
             // Whole rows of the first dimension (an embedding lookup), split across the kernel
-            // threads by output rows.
+            // threads by output rows when there are enough of them.
             let stride = self.strides()[0];
             // SAFETY: the view's rows `0..sizes[0]` (at least one: an index was in range) start
             // `stride` elements apart from `src` and hold `inner_bytes` each, inside the storage,
@@ -115,7 +115,7 @@ impl Tensor {
                     core::slice::from_raw_parts_mut(dst as *mut MaybeUninit<u8>, out_bytes),
                 )
             };
-            let pieces = threads_for(out_bytes, GRAIN_BYTES).min(out_bytes / GRAIN_BYTES);
+            let pieces = threads_for(out_bytes, GRAIN_BYTES).min(out_bytes / GRAIN_BYTES).max(1);
             for_each_part(to, pieces, inner_bytes, |first, part| {
                 for (k, row) in part.chunks_mut(inner_bytes).enumerate() {
                     let at = byte_offset(dtype, values[first / inner_bytes + k] as usize * stride);

@@ -18,9 +18,8 @@ use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
 use super::f16c;
 use super::isa::{self, vectorised};
+use super::{LANES, lanes};
 
-/// Lanes of the float sum.
-const LANES: usize = 16;
 /// Elements summed in `f32` lanes before the partial sum moves to `f64`.
 const BLOCK: usize = 4096;
 
@@ -47,18 +46,6 @@ fn lanes_f32(x: &[f32]) -> f64 {
     total
 }
 
-fn lanes_f64(x: &[f64]) -> f64 {
-    let mut acc = [0f64; LANES];
-    let chunks = x.chunks_exact(LANES);
-    let rem = chunks.remainder();
-    for c in chunks {
-        for k in 0..LANES {
-            acc[k] += c[k];
-        }
-    }
-    acc.iter().sum::<f64>() + rem.iter().sum::<f64>()
-}
-
 impl SumAcc for f32 {
     type Acc = f64;
     fn sum_slice(x: &[f32]) -> f64 {
@@ -68,7 +55,7 @@ impl SumAcc for f32 {
 impl SumAcc for f64 {
     type Acc = f64;
     fn sum_slice(x: &[f64]) -> f64 {
-        lanes_f64(x)
+        lanes(x, 0.0, |v| v, |a, b| a + b)
     }
 }
 macro_rules! half_sum {
