@@ -38,6 +38,9 @@ WORKLOADS = [
     ("add_f16", "a + b, 4M, f16"),
     ("add_bf16", "a + b, 4M, bf16"),
     ("sum_f16", "sum 4M, f16"),
+    ("linear_bf16", "128x768 by a 3072x768 weight, transposed, bf16"),
+    ("linear16_bf16", "16x768 by the same weight, bf16"),
+    ("linear1_bf16", "1x768 by the same weight, bf16 (a decode step)"),
     ("layer_norm", "layer_norm 1024x768, weight and bias"),
     ("rms_norm", "rms_norm 1024x768, weight"),
     ("gelu", "gelu 1024x3072"),
@@ -66,6 +69,9 @@ T["zeros"] = torch.zeros(12, 256, 256)
 T["causal"] = torch.arange(256).unsqueeze(0) > torch.arange(256).unsqueeze(1)
 T["ids"] = torch.arange(1024) * 49 % 50257
 NP = {k: v.numpy().copy() for k, v in T.items()}
+# bf16 only in torch (numpy has no bf16).
+T.update({k: torch.rand(s, generator=g).to(torch.bfloat16) for k, s in
+          {"weight": [3072, 768], "tok128": [128, 768], "tok16": [16, 768], "tok1": [1, 768]}.items()})
 for k in ("x", "y"):
     T[k + "16"] = T[k].to(torch.float16)
     T[k + "b"] = T[k].to(torch.bfloat16)
@@ -87,6 +93,9 @@ TORCH = {
     "add_f16": lambda t: t["a16"] + t["b16"],
     "add_bf16": lambda t: t["ab"] + t["bb"],
     "sum_f16": lambda t: t["a16"].sum(),
+    "linear_bf16": lambda t: t["tok128"] @ t["weight"].T,
+    "linear16_bf16": lambda t: t["tok16"] @ t["weight"].T,
+    "linear1_bf16": lambda t: t["tok1"] @ t["weight"].T,
     "layer_norm": lambda t: torch.nn.functional.layer_norm(t["h"], [768], t["w768"], t["b768"], 1e-5),
     "rms_norm": lambda t: torch.nn.functional.rms_norm(t["h"], [768], t["w768"]),
     "gelu": lambda t: torch.nn.functional.gelu(t["mlp"]),

@@ -191,10 +191,10 @@ one_thread_table("half_256K_1t", "half precision, 256K elements, 1 thread", "µs
                   "f16_sum", "bf16_sum"],
                  [("f16_beside_f32", "f16 add / f32 add")])
 one_thread_table("matmul_half_512_1t", "matmul, 1 thread", "ms", 1e6, "f32",
-                 ["f32", "f16", "bf16", "bf16_gpt2_mlp", "f16_gpt2_mlp", "bf16_tiles_beside_f32_route",
-                  "f16_tiles_beside_f32_route"],
-                 [("bf16_tiles_beside_f32_route", "bf16 on tiles / bf16 through f32"),
-                  ("f16_tiles_beside_f32_route", "f16 on tiles / f16 through f32")])
+                 ["f32", "f16", "bf16", "bf16_gpt2_mlp", "f16_gpt2_mlp", "bf16_default_beside_f32_route",
+                  "f16_default_beside_f32_route"],
+                 [("bf16_default_beside_f32_route", "bf16 on its default route / bf16 through f32"),
+                  ("f16_default_beside_f32_route", "f16 on its default route / f16 through f32")])
 one_thread_table("transformer_ops_1t", "GPT-2 block ops, 1 thread (copy: 12 MB)", "ms", 1e6, "copy",
                  ["copy", "gelu", "gelu_bf16", "gelu_f16", "gelu_tanh", "silu", "exp", "sigmoid", "tanh", "log",
                   "softmax_12x256x256",

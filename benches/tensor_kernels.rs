@@ -25,7 +25,8 @@
 //!    beside the f32 add of the same elements, at 1 thread.
 //!
 //! 8. Half-precision matmul (`matmul_half_512_1t`): 512^3 in f32, f16 and bf16, a GPT-2 MLP
-//!    layer in bf16 and f16, and bf16 and f16 on AMX tiles beside the f32 route, call by call.
+//!    layer in bf16 and f16, and bf16 and f16 on their default route (AMX tiles, or AVX512-BF16
+//!    registers for bf16) beside the f32 route, call by call.
 //!
 //! 9. `a + b` on 1M elements at 2 threads, each call 200 µs after the last (sleeping, untimed):
 //!    a kernel issued shortly after another, as in a model's forward pass, with the kernel
@@ -69,8 +70,8 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, measurement::WallTime};
 use rayon::prelude::*;
 use tensormem::tensor::{
-    DEFAULT_KERNEL_SPIN, DType, Tensor, TensorOptions, amx_enabled, kernel_spin, set_amx, set_kernel_spin,
-    set_num_threads,
+    DEFAULT_KERNEL_SPIN, DType, Tensor, TensorOptions, amx_enabled, avx512_bf16_enabled, kernel_spin, set_amx,
+    set_avx512_bf16, set_kernel_spin, set_num_threads,
 };
 use tensormem::{Allocator, AllocatorRegistry, PoolAllocator};
 
@@ -524,9 +525,10 @@ fn transformer_ops(c: &mut Criterion) {
 
 /// Half-precision matmul at 1 thread, beside the f32 product of the same sizes: 512^3 in f32,
 /// f16 and bf16; bf16 and f16 also as a GPT-2 MLP layer (128 tokens x 768 by a 3072 x 768
-/// weight, transposed, as `Linear` stores it); and bf16 and f16 on AMX tiles and through f32
-/// call by call (`*_tiles_beside_f32_route`: tiles / f32 route of those calls; on a CPU without
-/// AMX both are the f32 route).
+/// weight, transposed, as `Linear` stores it); and bf16 and f16 on their default route and
+/// through f32 call by call (`*_default_beside_f32_route`: default / f32 route of those calls).
+/// The default is AMX tiles where the CPU has them, else AVX512-BF16 registers for bf16, else
+/// the f32 route (then both calls take it).
 fn matmul_half(c: &mut Criterion) {
     const M: usize = 512;
     let name = "matmul_half_512_1t";
@@ -546,25 +548,29 @@ fn matmul_half(c: &mut Criterion) {
     bench(&mut g, name, "bf16_gpt2_mlp", || x.matmul(&w.t().unwrap()).unwrap());
     bench(&mut g, name, "f16_gpt2_mlp", || xh.matmul(&wh.t().unwrap()).unwrap());
     g.throughput(Throughput::Elements((2 * M * M * M) as u64));
-    let tiles = amx_enabled();
-    for (row, l, r) in [("bf16_tiles_beside_f32_route", &ab, &bb), ("f16_tiles_beside_f32_route", &ah, &bh)] {
+    let routes = (amx_enabled(), avx512_bf16_enabled());
+    let set = |(amx, dots): (bool, bool)| {
+        set_amx(amx);
+        set_avx512_bf16(dots);
+    };
+    for (row, l, r) in [("bf16_default_beside_f32_route", &ab, &bb), ("f16_default_beside_f32_route", &ah, &bh)] {
         bench_side_by_side(
             &mut g,
             name,
             row,
             &mut [
                 &mut || {
-                    set_amx(tiles);
+                    set(routes);
                     drop(black_box(l.matmul(r).unwrap()))
                 },
                 &mut || {
-                    set_amx(false);
+                    set((false, false));
                     drop(black_box(l.matmul(r).unwrap()))
                 },
             ],
         );
     }
-    set_amx(tiles);
+    set(routes);
     g.finish();
 }
 

@@ -8,7 +8,10 @@
 //! `add` (a + b, 4M, fresh output), `add_` (a += b), `add_out` (a + b into an existing tensor),
 //! `bcast` (2048x2048 + a 2048 row), `tadd` (a.t() + b, 2048x2048), `sum` (4M),
 //! `matmul` (512x512 by 512x512), `matmul_f16` and `matmul_bf16` (the same in half precision),
-//! `add_f16`, `add_bf16` and `sum_f16` (the 4M add and sum in half precision); and the ops of a
+//! `add_f16`, `add_bf16` and `sum_f16` (the 4M add and sum in half precision); `linear_bf16`,
+//! `linear16_bf16` and `linear1_bf16` (128, 16 and 1 tokens of width 768 by a 3072x768 bf16
+//! weight, transposed, as `Linear` stores it: GPT-2's MLP up-projection at prefill and at decode
+//! steps); and the ops of a
 //! GPT-2 block (1024 tokens, width 768, 12 heads of 64, 256 positions): `layer_norm` and
 //! `rms_norm` (1024x768, with weight), `gelu`, `gelu_tanh`, `silu`, `tanh` and `log` (1024x3072),
 //! `softmax` and `scale` (`* 0.125`) of the 12x256x256 attention scores, `masked_fill` of them
@@ -55,6 +58,8 @@ struct Data {
     ids: Tensor,
     cache: Tensor,
     new_kv: Tensor,
+    weight: Tensor,
+    tokens: [Tensor; 3],
 }
 
 fn run(d: &Data, workload: &str) -> Result<()> {
@@ -71,6 +76,9 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "add_f16" => drop(black_box(d.a16.add(&d.b16)?)),
         "add_bf16" => drop(black_box(d.ab.add(&d.bb)?)),
         "sum_f16" => drop(black_box(d.a16.sum()?)),
+        "linear_bf16" => drop(black_box(d.tokens[0].matmul(&d.weight.t()?)?)),
+        "linear16_bf16" => drop(black_box(d.tokens[1].matmul(&d.weight.t()?)?)),
+        "linear1_bf16" => drop(black_box(d.tokens[2].matmul(&d.weight.t()?)?)),
         "layer_norm" => drop(black_box(d.h.layer_norm(&[768], Some(&d.w768), Some(&d.b768), 1e-5)?)),
         "rms_norm" => drop(black_box(d.h.rms_norm(&[768], Some(&d.w768), None)?)),
         "gelu" => drop(black_box(d.mlp.gelu()?)),
@@ -124,6 +132,12 @@ fn main() -> Result<()> {
         ids: Tensor::from_vec((0..1024i64).map(|i| i * 49 % 50257).collect(), &[1024], DType::I64)?,
         cache: rand(&[12, 1023, 64])?,
         new_kv: rand(&[12, 1, 64])?,
+        weight: rand(&[3072, 768])?.to_dtype(DType::BF16)?,
+        tokens: [
+            rand(&[128, 768])?.to_dtype(DType::BF16)?,
+            rand(&[16, 768])?.to_dtype(DType::BF16)?,
+            rand(&[1, 768])?.to_dtype(DType::BF16)?,
+        ],
     };
     let mut stdout = std::io::stdout().lock();
     for line in std::io::stdin().lock().lines() {

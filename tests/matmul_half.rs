@@ -1,24 +1,64 @@
-//! bf16 and f16 matmul on AMX tiles (Intel Xeon 4th generation and later) against the f32
-//! route: the same values where the sums are exact, within one rounding elsewhere; AMX's
-//! subnormal flushing (bf16 only); f16 infinities and NaNs; the switch and its environment
-//! variable. Where the CPU has no AMX every product takes the f32 route and these tests check
-//! that route alone (they say so on stderr).
+//! bf16 and f16 matmul on AMX tiles (Intel Xeon 4th generation and later) and bf16 on
+//! AVX512-BF16 registers (Cooper Lake, Zen 4 and later) against the f32 route: the same values
+//! where the sums are exact, within one rounding elsewhere; the hardware routes' subnormal
+//! flushing (bf16 only); f16 infinities and NaNs; the switches and their environment variables.
+//! The bf16 tests run every route this CPU has in turn; where it has neither AMX nor
+//! AVX512-BF16 they check the f32 route alone (they say so on stderr).
 
-use tensormem::tensor::{AMX_ENV, DType, Tensor, amx_enabled, set_amx};
+use std::sync::Mutex;
 
-/// Whether Linux lists AMX-BF16, AMX-TILE and AVX-512BW for this CPU (read independently of the
-/// library's own detection).
-fn cpu_lists_amx() -> bool {
+use tensormem::tensor::{
+    AMX_ENV, AVX512_BF16_ENV, DType, Tensor, amx_enabled, avx512_bf16_enabled, set_amx, set_avx512_bf16,
+};
+
+/// Whether Linux lists each of `wanted` (and AVX-512 F, BW and VL) for this CPU (read
+/// independently of the library's own detection).
+fn cpu_lists(wanted: &[&str]) -> bool {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
     let has = |f: &str| flags.split_whitespace().any(|x| x == f);
-    cfg!(all(target_arch = "x86_64", target_os = "linux")) && has("amx_bf16") && has("amx_tile") && has("avx512bw")
+    cfg!(all(target_arch = "x86_64", target_os = "linux"))
+        && ["avx512f", "avx512bw", "avx512vl"].iter().chain(wanted).all(|f| has(f))
+}
+
+fn cpu_lists_amx() -> bool {
+    cpu_lists(&["amx_bf16", "amx_tile"])
+}
+
+fn cpu_lists_avx512_bf16() -> bool {
+    cpu_lists(&["avx512_bf16"])
 }
 
 fn note_route() {
     if !amx_enabled() {
-        eprintln!("no AMX here: bf16 matmul takes the f32 route, which these tests check alone");
+        eprintln!("no AMX here: f16 matmul takes the f32 route, which these tests check alone");
     }
+}
+
+/// The name [`on_each_bf16_route`] gives the f32 route.
+const F32_ROUTE: &str = "f32 route";
+
+/// Serialises the tests that turn the switches, so that each product takes the route its test set.
+static SWITCHES: Mutex<()> = Mutex::new(());
+
+/// Runs `check(route)` on every bf16 route this CPU has, in turn: AMX tiles, AVX512-BF16
+/// registers, the f32 route; then restores the switches.
+fn on_each_bf16_route(mut check: impl FnMut(&str)) {
+    let _only_us = SWITCHES.lock().unwrap_or_else(|e| e.into_inner());
+    let before = (amx_enabled(), avx512_bf16_enabled());
+    if set_amx(true) {
+        check("AMX tiles");
+    }
+    set_amx(false);
+    if set_avx512_bf16(true) {
+        check("AVX512-BF16");
+    } else {
+        eprintln!("no AVX512-BF16 here: that route is not checked");
+    }
+    set_avx512_bf16(false);
+    check(F32_ROUTE);
+    set_amx(before.0);
+    set_avx512_bf16(before.1);
 }
 
 /// `a x b` through the f32 route: exact f32 products, f32 sums, rounded once to `a`'s dtype.
@@ -72,7 +112,7 @@ fn layout(rows: usize, cols: usize, kind: usize, seed: u64) -> Tensor {
 
 /// The product sizes the exactness tests run: edges of every tile dimension, few and many
 /// panels of 32 rows, and sizes below the tile route's.
-const SHAPES: [(usize, usize, usize); 14] = [
+const SHAPES: [(usize, usize, usize); 19] = [
     (16, 32, 16),
     (17, 33, 19),
     (31, 63, 33),
@@ -84,8 +124,17 @@ const SHAPES: [(usize, usize, usize); 14] = [
     (40, 1536, 200), // a long inner dimension: several column groups of B, the last one partial
     (300, 96, 40),   // more than 8 panels of 32 rows: B packed whole before the products
     (520, 64, 80),
-    (15, 64, 64), // below the tile route's sizes: f32 route either way
-    (64, 31, 64), // likewise (k < 32)
+    // Fewer than 16 rows: the f32 route, or dot products of rows and columns on AVX512-BF16
+    // where B's columns are contiguous (layout 1; also for the shapes above of fewer than 32
+    // rows); inner sizes below, at and past 32 per step, columns past the kernel's blocks of 4,
+    // a single column and a single inner element.
+    (15, 64, 64),
+    (1, 768, 70),
+    (7, 33, 5),
+    (5, 1, 9),
+    (2, 100, 1),
+    (13, 300, 200),
+    (64, 31, 64), // below the tile route's sizes: f32 route either way (k < 32)
     (64, 64, 15), // likewise
 ];
 
@@ -102,10 +151,16 @@ fn every_shape_and_layout(mut check: impl FnMut(usize, usize, usize, usize, usiz
 }
 
 /// `a x b` (matrices) has `a`'s dtype, `n x m` elements and the f32 route's bits.
-fn same_as_the_f32_route(a: &Tensor, b: &Tensor, what: &str) {
+/// With `any_zero`, a zero of either sign matches a zero: the bf16 hardware routes start each
+/// sum at +0 and add the zero pairs that pad an odd inner size, so an exact sum of -0 products
+/// (`0 x -3`) comes out +0 there, as on oneDNN's kernels.
+fn same_as_the_f32_route(a: &Tensor, b: &Tensor, what: &str, any_zero: bool) {
     let c = a.matmul(b).unwrap();
     assert_eq!((c.dtype(), c.sizes()), (a.dtype(), &[a.sizes()[0], b.sizes()[1]][..]), "{what}");
-    assert_eq!(bits(&c), via_f32(a, b), "{what}");
+    let zero = |v: Vec<u16>| -> Vec<u16> {
+        if any_zero { v.into_iter().map(|x| if x == 0x8000 { 0 } else { x }).collect() } else { v }
+    };
+    assert_eq!(zero(bits(&c)), zero(via_f32(a, b)), "{what}");
 }
 
 /// Random normal `n x k` by `k x m` products in `dt` (the right operand a transposed weight,
@@ -137,76 +192,146 @@ fn within_one_rounding(dt: DType, shapes: &[(usize, usize, usize)], unit: f64, f
 
 #[test]
 fn whole_number_products_match_the_f32_route_bit_for_bit_in_every_layout_and_edge_size() {
-    note_route();
-    every_shape_and_layout(|n, k, m, ka, kb, seed| {
-        // A product of NaNs first: its freed scratch comes back to the next product, whose
-        // padding must be written, not inherited.
-        let nan = |r: usize, c: usize| Tensor::full(&[r, c], f64::NAN, DType::BF16).unwrap();
-        drop(nan(n, k).matmul(&nan(k, m)).unwrap());
-        let (a, b) = (layout(n, k, ka, seed), layout(k, m, kb, seed + 1000));
-        same_as_the_f32_route(&a, &b, &format!("{n}x{k}x{m}, layouts {ka}/{kb}"));
+    on_each_bf16_route(|route| {
+        every_shape_and_layout(|n, k, m, ka, kb, seed| {
+            // A product of NaNs first: its freed scratch comes back to the next product, whose
+            // padding must be written, not inherited.
+            let nan = |r: usize, c: usize| Tensor::full(&[r, c], f64::NAN, DType::BF16).unwrap();
+            drop(nan(n, k).matmul(&nan(k, m)).unwrap());
+            let (a, b) = (layout(n, k, ka, seed), layout(k, m, kb, seed + 1000));
+            let what = format!("{route}: {n}x{k}x{m}, layouts {ka}/{kb}");
+            same_as_the_f32_route(&a, &b, &what, route != F32_ROUTE);
+        });
     });
 }
 
 #[test]
 fn batched_and_broadcast_products_match_each_matrix_product() {
-    note_route();
-    let a = ints(&[3, 1, 40, 64], 1);
-    let b = ints(&[2, 64, 48], 2).transpose(1, 2).unwrap().contiguous().unwrap().transpose(1, 2).unwrap();
-    let c = a.matmul(&b).unwrap();
-    assert_eq!(c.sizes(), [3, 2, 40, 48]);
-    for i in 0..3 {
-        for j in 0..2 {
-            let want = via_f32(&a.select(0, i).unwrap().select(0, 0).unwrap(), &b.select(0, j).unwrap());
-            assert_eq!(bits(&c.select(0, i).unwrap().select(0, j).unwrap()), want, "batch {i}, {j}");
+    on_each_bf16_route(|route| {
+        let a = ints(&[3, 1, 40, 64], 1);
+        let b = ints(&[2, 64, 48], 2).transpose(1, 2).unwrap().contiguous().unwrap().transpose(1, 2).unwrap();
+        let c = a.matmul(&b).unwrap();
+        assert_eq!(c.sizes(), [3, 2, 40, 48]);
+        for i in 0..3 {
+            for j in 0..2 {
+                let want = via_f32(&a.select(0, i).unwrap().select(0, 0).unwrap(), &b.select(0, j).unwrap());
+                assert_eq!(bits(&c.select(0, i).unwrap().select(0, j).unwrap()), want, "{route}: batch {i}, {j}");
+            }
         }
-    }
-    // A matrix times a batch of vectors laid out as matrices, and a 1-D operand.
-    let v = ints(&[64], 3);
-    let mv = ints(&[50, 64], 4).matmul(&v).unwrap();
-    assert_eq!(bits(&mv), via_f32(&ints(&[50, 64], 4), &v.unsqueeze(1).unwrap()));
+        // A matrix times a batch of vectors laid out as matrices, and a 1-D operand.
+        let v = ints(&[64], 3);
+        let mv = ints(&[50, 64], 4).matmul(&v).unwrap();
+        assert_eq!(bits(&mv), via_f32(&ints(&[50, 64], 4), &v.unsqueeze(1).unwrap()), "{route}");
+        // A decode step: a vector times a transposed weight, and one query per head times the
+        // transposed keys (few rows, B's columns contiguous).
+        let w = ints(&[96, 64], 5);
+        let vw = v.matmul(&w.t().unwrap()).unwrap();
+        assert_eq!(vw.sizes(), [96]);
+        assert_eq!(bits(&vw), via_f32(&v.unsqueeze(0).unwrap(), &w.t().unwrap()), "{route}: vector x weight");
+        // The weight broadcast over a batch of token groups, and a right operand whose batch
+        // dimension has stride 1 (its rows do not: the route reads B's rows' stride, not that).
+        let x = ints(&[2, 3, 64], 8);
+        let xw = x.matmul(&w.t().unwrap()).unwrap();
+        for i in 0..2 {
+            let want = via_f32(&x.select(0, i).unwrap(), &w.t().unwrap());
+            assert_eq!(bits(&xw.select(0, i).unwrap()), want, "{route}: weight broadcast, batch {i}");
+        }
+        let odd = ints(&[64, 40, 3], 9).permute(&[2, 0, 1]).unwrap();
+        assert_eq!(odd.strides(), [1, 120, 3]);
+        let xo = ints(&[2, 3, 4, 64], 10);
+        let c = xo.matmul(&odd).unwrap();
+        for i in 0..2 {
+            for j in 0..3 {
+                let (l, r) = (xo.select(0, i).unwrap().select(0, j).unwrap(), odd.select(0, j).unwrap());
+                assert_eq!(bits(&c.select(0, i).unwrap().select(0, j).unwrap()), via_f32(&l, &r), "{route}: {i}, {j}");
+            }
+        }
+        let (q, keys) = (ints(&[12, 1, 64], 6), ints(&[12, 40, 64], 7));
+        let scores = q.matmul(&keys.transpose(1, 2).unwrap()).unwrap();
+        assert_eq!(scores.sizes(), [12, 1, 40]);
+        for h in 0..12 {
+            let want = via_f32(&q.select(0, h).unwrap(), &keys.select(0, h).unwrap().t().unwrap());
+            assert_eq!(bits(&scores.select(0, h).unwrap()), want, "{route}: head {h}");
+        }
+    });
 }
 
 #[test]
 fn random_products_are_within_one_bf16_rounding_of_the_exact_result() {
-    note_route();
     // One bf16 rounding is 2^-8 relative.
-    within_one_rounding(DType::BF16, &[(64, 512, 64), (33, 4096, 40), (256, 256, 256)], 1.0 / 256.0, 0.0);
+    on_each_bf16_route(|route| {
+        eprintln!("{route}");
+        let shapes = [(64, 512, 64), (33, 4096, 40), (256, 256, 256), (4, 1000, 37)];
+        within_one_rounding(DType::BF16, &shapes, 1.0 / 256.0, 0.0);
+    });
 }
 
 #[test]
 fn infinities_and_nans_propagate_like_ieee_arithmetic() {
-    let mut a = vec![1.0f32; 32 * 64];
-    a[0] = f32::INFINITY; // row 0
-    a[64] = f32::NAN; // row 1
-    let mut b = vec![1.0f32; 64 * 32];
-    b[5] = 0.0; // inner row 0, column 5
-    let a = Tensor::from_vec(a, &[32, 64], DType::F32).unwrap().to_dtype(DType::BF16).unwrap();
-    let b = Tensor::from_vec(b, &[64, 32], DType::F32).unwrap().to_dtype(DType::BF16).unwrap();
-    let c = a.matmul(&b).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
-    assert_eq!(c[0], f32::INFINITY);
-    assert!(c[5].is_nan(), "inf x 0 is NaN");
-    assert!(c[32..64].iter().all(|x| x.is_nan()), "a NaN row gives NaN");
-    for (i, &x) in c.iter().enumerate().skip(64) {
-        assert_eq!(x, if i % 32 == 5 { 63.0 } else { 64.0 }, "element {i}");
-    }
+    on_each_bf16_route(|route| {
+        let mut a = vec![1.0f32; 32 * 64];
+        a[0] = f32::INFINITY; // row 0
+        a[64] = f32::NAN; // row 1
+        let mut b = vec![1.0f32; 64 * 32];
+        b[5] = 0.0; // inner row 0, column 5
+        let a = Tensor::from_vec(a, &[32, 64], DType::F32).unwrap().to_dtype(DType::BF16).unwrap();
+        let b = Tensor::from_vec(b, &[64, 32], DType::F32).unwrap().to_dtype(DType::BF16).unwrap();
+        let c = a.matmul(&b).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(c[0], f32::INFINITY, "{route}");
+        assert!(c[5].is_nan(), "{route}: inf x 0 is NaN");
+        assert!(c[32..64].iter().all(|x| x.is_nan()), "{route}: a NaN row gives NaN");
+        for (i, &x) in c.iter().enumerate().skip(64) {
+            assert_eq!(x, if i % 32 == 5 { 63.0 } else { 64.0 }, "{route}: element {i}");
+        }
+    });
 }
 
 #[test]
-fn the_switch_turns_the_tile_route_off_and_on_and_only_amx_flushes_subnormals() {
-    let before = amx_enabled();
+fn the_switches_turn_the_hardware_routes_off_and_on_and_only_they_flush_subnormals() {
+    let _only_us = SWITCHES.lock().unwrap_or_else(|e| e.into_inner());
+    let before = (amx_enabled(), avx512_bf16_enabled());
     // A tiny normal bf16 (2^-120) times 2^-10 is 2^-130: subnormal in f32 and bf16.
     let a = Tensor::full(&[32, 64], 2f64.powi(-120), DType::BF16).unwrap();
     let mut b = vec![0.0f32; 64 * 32];
     b[..32].fill(2f32.powi(-10)); // inner row 0
     let b = Tensor::from_vec(b, &[64, 32], DType::F32).unwrap().to_dtype(DType::BF16).unwrap();
     let first = |c: Tensor| c.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap()[0];
+    // And a subnormal input: 2^-130 (in bf16) times 1.
+    let tiny = Tensor::full(&[32, 64], 2f64.powi(-130), DType::BF16).unwrap();
+    let mut ones = vec![0.0f32; 64 * 32];
+    ones[..32].fill(1.0);
+    let ones = Tensor::from_vec(ones, &[64, 32], DType::F32).unwrap().to_dtype(DType::BF16).unwrap();
 
     assert!(!set_amx(false));
     assert!(!amx_enabled());
+    assert!(!set_avx512_bf16(false));
+    assert!(!avx512_bf16_enabled());
     // 2^-130 is 2^19 times 2^-149, the smallest subnormal (`powi(-130)` overflows on the way
     // in a debug build and gives 0).
-    assert_eq!(first(a.matmul(&b).unwrap()), f32::from_bits(1 << 19), "the f32 route keeps subnormal results");
+    let subnormal = f32::from_bits(1 << 19);
+    assert_eq!(first(a.matmul(&b).unwrap()), subnormal, "the f32 route keeps subnormal results");
+    assert_eq!(first(tiny.matmul(&ones).unwrap()), subnormal, "and reads subnormal inputs");
+
+    let on = set_avx512_bf16(true);
+    assert_eq!(on, cpu_lists_avx512_bf16(), "set_avx512_bf16(true) is on exactly where the CPU lists AVX512-BF16");
+    assert_eq!(avx512_bf16_enabled(), on);
+    if on {
+        assert_eq!(first(a.matmul(&b).unwrap()), 0.0, "vdpbf16ps flushes subnormal results to zero");
+        assert_eq!(first(tiny.matmul(&ones).unwrap()), 0.0, "and reads subnormal inputs as zero");
+        // Fewer than 16 rows: dot products on the same registers where B's columns are
+        // contiguous, else the f32 route.
+        let few = |t: &Tensor| t.slice(0, 0, 15, 1).unwrap();
+        let b_columns = b.t().unwrap().contiguous().unwrap().t().unwrap();
+        assert_eq!(first(few(&a).matmul(&b_columns).unwrap()), 0.0, "15 rows by B's columns flush too");
+        assert_eq!(first(few(&tiny).matmul(&b_columns).unwrap()), 0.0, "and read subnormal inputs as zero");
+        assert_eq!(first(few(&a).matmul(&b).unwrap()), subnormal, "15 rows by B's rows take the f32 route");
+        // f16 products do not take it.
+        let (ah, bh) = (a.to_dtype(DType::F16).unwrap(), b.to_dtype(DType::F16).unwrap());
+        assert_eq!(bits(&ah.matmul(&bh).unwrap()), via_f32(&ah, &bh), "f16 takes the f32 route");
+    } else {
+        eprintln!("no AVX512-BF16 here: bf16 matmul without AMX takes the f32 route");
+    }
+    set_avx512_bf16(false);
 
     let on = set_amx(true);
     assert_eq!(on, cpu_lists_amx(), "set_amx(true) is on exactly where the CPU lists AMX-BF16");
@@ -215,38 +340,48 @@ fn the_switch_turns_the_tile_route_off_and_on_and_only_amx_flushes_subnormals() 
         assert_eq!(first(a.matmul(&b).unwrap()), 0.0, "AMX flushes subnormal results to zero, as oneDNN does");
     } else {
         note_route();
+        assert_eq!(first(a.matmul(&b).unwrap()), subnormal, "AVX512-BF16 stays off: the f32 route");
     }
-    set_amx(before);
+    set_amx(before.0);
+    set_avx512_bf16(before.1);
 }
 
-/// Runs this test binary again with `TENSORMEM_AMX` set, on `child_reads_the_environment`.
-fn child(value: &str) -> bool {
+/// Runs this test binary again with `env` set to `value`, on `child_reads_the_environment`;
+/// returns what the child reports for (`amx_enabled`, `avx512_bf16_enabled`).
+fn child(env: &str, value: &str) -> (bool, bool) {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_reads_the_environment", "--nocapture"])
-        .env(AMX_ENV, value)
+        .env_remove(AMX_ENV)
+        .env_remove(AVX512_BF16_ENV)
+        .env(env, value)
         .env("TENSORMEM_TEST_AMX_CHILD", "1")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "child with {AMX_ENV}={value} failed: {stdout}");
-    let line = stdout.lines().find_map(|l| l.strip_prefix("amx_enabled=")).expect("the child reports");
-    line.trim() == "true"
+    assert!(out.status.success(), "child with {env}={value} failed: {stdout}");
+    let line = stdout.lines().find_map(|l| l.strip_prefix("enabled=")).expect("the child reports");
+    let mut v = line.trim().split(',').map(|x| x == "true");
+    (v.next().unwrap(), v.next().unwrap())
 }
 
 #[test]
 fn child_reads_the_environment() {
     if std::env::var_os("TENSORMEM_TEST_AMX_CHILD").is_some() {
-        println!("amx_enabled={}", amx_enabled());
+        println!("enabled={},{}", amx_enabled(), avx512_bf16_enabled());
     }
 }
 
 #[test]
-fn the_environment_variable_turns_the_route_off_at_startup() {
+fn the_environment_variables_turn_the_routes_off_at_startup() {
+    let (amx, dots) = (cpu_lists_amx(), cpu_lists_avx512_bf16());
     for off in ["0", "off", "FALSE", " false "] {
-        assert!(!child(off), "{AMX_ENV}={off:?} turns AMX off");
+        assert_eq!(child(AMX_ENV, off), (false, dots), "{AMX_ENV}={off:?} turns AMX off, AVX512-BF16 alone");
+        assert_eq!(child(AVX512_BF16_ENV, off), (amx, false), "{AVX512_BF16_ENV}={off:?} turns AVX512-BF16 off");
     }
     for on in ["1", "on", "true", "", "maybe"] {
-        assert_eq!(child(on), cpu_lists_amx(), "{AMX_ENV}={on:?} leaves AMX on where the CPU has it");
+        for env in [AMX_ENV, AVX512_BF16_ENV] {
+            assert_eq!(child(env, on), (amx, dots), "{env}={on:?} leaves both on where the CPU has them");
+        }
     }
 }
 
@@ -276,7 +411,7 @@ fn f16_products_with_exact_sums_match_the_f32_route_bit_for_bit_in_every_layout_
         drop(fine(&[n, k], 7).matmul(&fine(&[k, m], 8)).unwrap());
         for (left, right) in [(fine as Make, small as Make), (small, fine)] {
             let (a, b) = (layout_of(n, k, ka, seed, left), layout_of(k, m, kb, seed + 1000, right));
-            same_as_the_f32_route(&a, &b, &format!("{n}x{k}x{m}, layouts {ka}/{kb}"));
+            same_as_the_f32_route(&a, &b, &format!("{n}x{k}x{m}, layouts {ka}/{kb}"), false);
         }
     });
 }

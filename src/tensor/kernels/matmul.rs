@@ -4,7 +4,9 @@
 //! gemm's own f16 path runs its AVX2 kernels only, and converting around its AVX-512 f32
 //! kernels is 20-25% faster (BENCHMARKS.md, "Half precision"). On CPUs with AMX (Intel Xeon 4th
 //! generation and later) bf16 and f16 products of at least 16 x 32 x 16 run on its tiles instead
-//! ([`amx`](super::amx)); PyTorch does so for bf16 there.
+//! ([`amx`](super::amx)); PyTorch does so for bf16 there. Without AMX, bf16 products of those
+//! sizes, and those of fewer than 32 rows by a transposed weight, run on AVX512-BF16's
+//! `vdpbf16ps` where the CPU has it (Cooper Lake, Zen 4 and later), as oneDNN does.
 
 use crate::tensor::core::for_each_offset;
 use crate::tensor::dtype::match_numeric;
@@ -35,11 +37,19 @@ impl Tensor {
     /// arithmetic as in PyTorch there: f32 sums, subnormal inputs and results read and written
     /// as zero. f16 products run on the same tiles, each value split into two exact bf16
     /// parts, with the f32 route's arithmetic (exact products, f32 sums, subnormals kept);
-    /// f16 operands holding an infinity or a NaN take the f32 route. [`set_amx`]`(false)` or
-    /// `TENSORMEM_AMX=0` chooses the f32 route everywhere.
+    /// f16 operands holding an infinity or a NaN take the f32 route. Without AMX, bf16 products
+    /// run on AVX512-BF16 registers where the CPU has them ([`avx512_bf16_enabled`]), as oneDNN
+    /// does there, with AMX's arithmetic: those of at least 16 x 32 x 16, and those of fewer
+    /// than 32 rows whose right operand has contiguous columns (`x.matmul(&w.t()?)` with a
+    /// `Linear` weight `w`, a decode step). On these routes a sum of zero products is +0, where
+    /// the f32 route keeps the sign of a sum of -0 products. [`set_amx`]`(false)` and
+    /// [`set_avx512_bf16`]`(false)` (or `TENSORMEM_AMX=0` and `TENSORMEM_AVX512_BF16=0`) choose
+    /// the f32 route everywhere.
     ///
     /// [`amx_enabled`]: crate::tensor::amx_enabled
+    /// [`avx512_bf16_enabled`]: crate::tensor::avx512_bf16_enabled
     /// [`set_amx`]: crate::tensor::set_amx
+    /// [`set_avx512_bf16`]: crate::tensor::set_avx512_bf16
     ///
     /// # Errors
     /// [`TensorError::MatmulShape`] when the inner dimensions differ;
@@ -109,11 +119,19 @@ impl Tensor {
             Ok(out)
         };
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-        if matches!(dt, DType::BF16 | DType::F16)
-            && super::amx::worth(n, k, m)
-            && let Some(out) = on_tiles(self, &a, &b, dt, &batch, n, k, m)?
-        {
-            return squeeze(out);
+        if matches!(dt, DType::BF16 | DType::F16) {
+            use super::amx::Route;
+            // `b` is expanded: its rows' stride follows the batch dimensions.
+            let b_columns = b.dtype() == DType::BF16 && (b.strides()[batch.len()] == 1 || k <= 1);
+            match super::amx::route(n, k, m, dt == DType::F16, b_columns) {
+                Some(Route::FewRows) => return squeeze(few_rows(self, &a, &b, &batch, (n, k, m))?),
+                Some(route) => {
+                    if let Some(out) = on_tiles(self, &a, &b, dt, &batch, (n, k, m), route)? {
+                        return squeeze(out);
+                    }
+                }
+                None => {}
+            }
         }
         let compute = if matches!(dt, DType::BF16 | DType::F16) { DType::F32 } else { dt };
         let (a, b) = (a.to_dtype(compute)?, b.to_dtype(compute)?);
@@ -141,20 +159,19 @@ fn batch_offsets(t: &Tensor, batch: &[usize]) -> Vec<usize> {
     v
 }
 
-/// `a x b` in `dt` (bf16 or f16) on AMX tiles ([`amx`](super::amx)); `a` and `b` are expanded to
+/// `a x b` in `dt` (bf16 or f16) packed for AMX tiles and multiplied on `route` (the tiles, or
+/// AVX512-BF16 registers for bf16: [`amx`](super::amx)); `a` and `b` are expanded to
 /// `batch + [n, k]` and `batch + [k, m]`, of any dtype that promotes to `dt`. `None` when an f16
 /// operand holds an infinity or a NaN: those products take the f32 route.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-#[allow(clippy::too_many_arguments)]
 fn on_tiles(
     like: &Tensor,
     a: &Tensor,
     b: &Tensor,
     dt: DType,
     batch: &[usize],
-    n: usize,
-    k: usize,
-    m: usize,
+    (n, k, m): (usize, usize, usize),
+    route: super::amx::Route,
 ) -> Result<Option<Tensor>> {
     use super::amx::{Plan, product};
     let op = "matmul";
@@ -169,7 +186,7 @@ fn on_tiles(
         return Ok(Some(out));
     }
     let threads = crate::tensor::parallel::threads_for(out.numel().saturating_mul(k), PARALLEL_FLOPS / 2);
-    let plan = Plan::new(out.numel() / (n * m), n, k, m, threads, dt == DType::F16);
+    let plan = Plan::new(out.numel() / (n * m), n, k, m, threads, dt == DType::F16, route);
     let scratch = |len: Option<usize>| {
         let len = len.ok_or_else(|| TensorError::SizeOverflow { op, shape: out_shape.clone(), dtype: dt })?;
         // SAFETY: `product` writes all of its scratch before reading it.
@@ -180,9 +197,9 @@ fn on_tiles(
     let (ao, bo) = (batch_offsets(&a, batch), batch_offsets(&b, batch));
     let nb = batch.len();
     let mat = |t: &Tensor| Mat { ptr: t.data_ptr() as *const u16, rs: t.strides()[nb], cs: t.strides()[nb + 1] };
-    // SAFETY: `worth` held for these sizes (the caller's test). `a` and `b` are of the plan's
-    // dtype, host-ready and read-locked; each offset addresses one of their matrices with these
-    // strides. `out` and the scratch are fresh, of the sizes `product` needs, and alias nothing.
+    // SAFETY: `route` returned this route for these sizes and dtype (the caller's test). `a` and
+    // `b` are of the plan's dtype, host-ready and read-locked; each offset addresses one of their
+    // matrices with these strides. `out` and the scratch are fresh, of the sizes `product` needs, and alias nothing.
     let finite = unsafe {
         product(
             plan,
@@ -197,6 +214,43 @@ fn on_tiles(
         )
     };
     Ok(finite.then_some(out))
+}
+
+/// `a x b` in bf16 as dot products of rows and columns on AVX512-BF16 ([`amx`](super::amx)),
+/// for fewer than 32 rows; `a` and `b` are expanded to `batch + [n, k]` and `batch + [k, m]`, `b`
+/// bf16 with contiguous columns (or `k <= 1`), `a` of any dtype that promotes to bf16.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn few_rows(
+    like: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    batch: &[usize],
+    (n, k, m): (usize, usize, usize),
+) -> Result<Tensor> {
+    let op = "matmul";
+    let nb = batch.len();
+    let a = a.to_dtype(DType::BF16)?;
+    // Rows of `a` contiguous: a strided one (few rows, so cheap) is copied first.
+    let a = if a.strides()[nb + 1] == 1 || k <= 1 { a } else { a.contiguous()? };
+    let mut out_shape = batch.to_vec();
+    out_shape.extend([n, m]);
+    // SAFETY: `few_rows_product` writes every element of `out`.
+    let out = unsafe { Tensor::output(op, &out_shape, DType::BF16, like) }?;
+    a.host_ready(op)?;
+    b.host_ready(op)?;
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    let threads = crate::tensor::parallel::threads_for(out.numel().saturating_mul(k), PARALLEL_FLOPS / 2);
+    let _g = lock_storages(None, &[a.storage(), b.storage()]);
+    let (ao, bo) = (batch_offsets(&a, batch), batch_offsets(b, batch));
+    let mat = |t: &Tensor| Mat { ptr: t.data_ptr() as *const u16, rs: t.strides()[nb], cs: t.strides()[nb + 1] };
+    // SAFETY: `route` returned `FewRows` (the caller's test), so the CPU has AVX512-BF16. `a` and
+    // `b` are bf16, host-ready and read-locked, `a`'s rows and `b`'s columns contiguous (or
+    // `k <= 1`); each offset addresses one of their matrices with these strides. `out` is fresh,
+    // `batches * n * m` elements, and aliases nothing.
+    unsafe { super::amx::few_rows_product(mat(&a), &ao, mat(b), &bo, (n, k, m), out.data_ptr() as *mut u16, threads) };
+    Ok(out)
 }
 
 /// Runs one matrix product per batch index. `a` and `b` are expanded to `batch + [n, k]` and

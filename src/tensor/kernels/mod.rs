@@ -10,7 +10,7 @@ mod join;
 mod mask;
 mod norm;
 
-pub use amx::{AMX_ENV, amx_enabled, set_amx};
+pub use amx::{AMX_ENV, AVX512_BF16_ENV, amx_enabled, avx512_bf16_enabled, set_amx, set_avx512_bf16};
 pub(crate) use elementwise::BinaryOp;
 pub use elementwise::Scalar;
 pub(crate) use mask::FILL_HINT;

@@ -1,5 +1,5 @@
 //! bf16 and f16 matrix products on AMX tiles (Intel Xeon 4th generation, Sapphire Rapids, and
-//! later).
+//! later), and bf16 products on AVX512-BF16 registers where there is no AMX.
 //!
 //! The f32 route converts both operands to f32, runs gemm's AVX-512 kernels and rounds the
 //! result: 1.8-2.5 ms for a 512^3 bf16 product on the 2-vCPU VM, where PyTorch (oneDNN on AMX)
@@ -27,136 +27,71 @@
 //!
 //! Stable Rust has no AMX intrinsics; the tile instructions are written in `asm!`. Linux grants
 //! the tile registers to a process on request (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); without the
-//! grant (another OS, an old kernel, a CPU without AMX) matmul takes the f32 route.
+//! grant (another OS, an old kernel, a CPU without AMX) the tiles are not used.
+//!
+//! CPUs with AVX512-BF16 but no AMX (Intel Cooper Lake, AMD Zen 4 and later) run bf16 products
+//! from the same packed operands on AVX-512 registers instead ([`dots`]: `vdpbf16ps`, as oneDNN
+//! there), with the same arithmetic: 1.23 ms for 512^3 on one thread of a Zen 4 VM, where the
+//! f32 route took 2.42 and PyTorch 1.21-1.24 (BENCHMARKS.md, "bf16 matmul on AVX512-BF16").
+//! Products of fewer than 32 rows by a transposed weight skip the packing there: dot products of
+//! rows and columns in groups of 4 rows ([`few_rows_product`]). f16 takes the f32 route there.
+//! [`set_avx512_bf16`] and [`AVX512_BF16_ENV`] turn that route off; everything else takes the
+//! f32 route.
 
 #![cfg_attr(not(all(target_arch = "x86_64", target_os = "linux")), allow(dead_code))]
 
-use core::sync::atomic::{AtomicU8, Ordering};
+use core::sync::atomic::Ordering;
 
 #[cfg(target_arch = "x86_64")]
 use super::matmul::Mat;
 
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod dots;
 #[cfg(target_arch = "x86_64")]
 mod pack;
+mod switch;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod tiles;
 #[cfg(target_arch = "x86_64")]
 use pack::{pack_a_panel, pack_b_tile};
+pub use switch::{AMX_ENV, AVX512_BF16_ENV, amx_enabled, avx512_bf16_enabled, set_amx, set_avx512_bf16};
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 use tiles::Tiles;
 
-/// The environment variable that turns the AMX route off at startup: `0`, `off` or `false`
-/// (`1`, `on`, `true` or unset: on where the CPU has it; anything else is logged and ignored).
-pub const AMX_ENV: &str = "TENSORMEM_AMX";
+/// The hardware that multiplies the packed operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Route {
+    /// AMX tiles (`tdpbf16ps`): bf16, and f16 split into bf16 parts.
+    Tiles,
+    /// AVX512-BF16 registers (`vdpbf16ps`, [`dots`]): bf16 only.
+    Dots,
+    /// Fewer rows than a panel, bf16, the right operand with contiguous columns: dot products of
+    /// rows and columns on AVX512-BF16 registers, unpacked ([`few_rows_product`]).
+    FewRows,
+}
 
-/// 0: not decided yet; 1: off (no AMX, or turned off); 2: on.
-static STATE: AtomicU8 = AtomicU8::new(0);
-
-/// Whether bf16 and f16 matrix products run on AMX tiles: the CPU has AMX-BF16, the OS granted the
-/// tile registers, and neither [`set_amx`]`(false)` nor `TENSORMEM_AMX=0` turned the route off.
+/// The route an `n x k` by `k x m` product of `f16` (else bf16) operands takes, if any; `b_columns`:
+/// the right operand is bf16 with contiguous columns (a transposed weight, as `Linear` stores it).
 ///
-/// ```
-/// // true on Xeon 4th generation and later under Linux 5.16+, false elsewhere
-/// let _on_tiles: bool = tensormem::tensor::amx_enabled();
-/// ```
-pub fn amx_enabled() -> bool {
-    match STATE.load(Ordering::Relaxed) {
-        0 => {
-            let wanted = match std::env::var(AMX_ENV).map(|v| v.trim().to_ascii_lowercase()) {
-                Ok(v) if matches!(v.as_str(), "0" | "off" | "false") => false,
-                Ok(v) if matches!(v.as_str(), "" | "1" | "on" | "true") => true,
-                Ok(v) => {
-                    tracing::warn!(
-                        "{AMX_ENV}={v:?} is neither 0/off/false nor 1/on/true; AMX stays on where the CPU has it"
-                    );
-                    true
-                }
-                Err(_) => true,
-            };
-            let on = wanted && supported();
-            // A concurrent `set_amx` wins over the environment.
-            let _ = STATE.compare_exchange(0, if on { 2 } else { 1 }, Ordering::Relaxed, Ordering::Relaxed);
-            STATE.load(Ordering::Relaxed) == 2
-        }
-        s => s == 2,
+/// Panels go on AMX when on, else on AVX512-BF16 for bf16 when on, where the matrices fill tiles
+/// well enough: padding to 32 rows, 32 columns and 32 inner elements at most doubles each size
+/// there. Without AMX, fewer than 32 rows (a decode step's few tokens) go on AVX512-BF16 as dot
+/// products where `b`'s columns are contiguous: in groups of 4 rows instead of panels of 32,
+/// 0.36 against 0.80 ms for 15 or 16 rows by GPT-2's 768 x 3072 weight on one Zen 4 thread.
+/// Anything else (matrix-vector products of other layouts, tiny batched heads) takes the f32
+/// route.
+pub(super) fn route(n: usize, k: usize, m: usize, f16: bool, b_columns: bool) -> Option<Route> {
+    let panels = n >= 16 && m >= 16 && k >= 32;
+    let dots = !f16 && avx512_bf16_enabled();
+    if panels && amx_enabled() {
+        Some(Route::Tiles)
+    } else if dots && b_columns && n < PANEL {
+        Some(Route::FewRows)
+    } else if dots && panels {
+        Some(Route::Dots)
+    } else {
+        None
     }
-}
-
-/// Turns the AMX route for bf16 and f16 matmul on or off (like `torch.backends.mkldnn`'s switch); on has
-/// effect only where [`amx_enabled`] can be true. Returns whether the route is on afterwards.
-/// Products already running finish on the route they started on.
-///
-/// ```
-/// use tensormem::tensor::{DType, Tensor, set_amx};
-///
-/// let previous = tensormem::tensor::amx_enabled();
-/// set_amx(false); // bf16 matmul now converts to f32 and rounds once, on every machine
-/// let a = Tensor::ones(&[64, 64], DType::BF16)?;
-/// assert_eq!(a.matmul(&a)?.to_dtype(DType::F32)?.to_vec::<f32>()?[0], 64.0);
-/// set_amx(previous);
-/// # Ok::<(), tensormem::tensor::TensorError>(())
-/// ```
-pub fn set_amx(enabled: bool) -> bool {
-    let on = enabled && supported();
-    STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-    on
-}
-
-/// The CPU and the OS allow AMX-BF16 (checked once; asks Linux for the tile registers).
-fn supported() -> bool {
-    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SUPPORTED.get_or_init(detect)
-}
-
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn detect() -> bool {
-    use core::arch::x86_64::__cpuid_count;
-    // SAFETY: `cpuid` exists on every x86-64 CPU and never faults: a leaf above the maximum
-    // returns other data, which is not used (the maximum is checked first). (`__cpuid_count`
-    // is a safe function in recent Rust and unsafe in older; the crate builds with both.)
-    #[allow(unused_unsafe)]
-    let (max_leaf, leaf1, leaf7) = unsafe { (__cpuid_count(0, 0).eax, __cpuid_count(1, 0), __cpuid_count(7, 0)) };
-    let osxsave = leaf1.ecx & (1 << 27) != 0;
-    let (amx_bf16, amx_tile) = (leaf7.edx & (1 << 22) != 0, leaf7.edx & (1 << 24) != 0);
-    // Every AMX CPU has AVX-512, for which the packing and rounding loops are compiled.
-    let avx512 = super::isa::detected() == super::isa::Isa::Avx512;
-    if max_leaf < 7 || !osxsave || !amx_bf16 || !amx_tile || !avx512 {
-        return false;
-    }
-    // SAFETY: OSXSAVE is set, so `xgetbv` is enabled; register 0 is XCR0.
-    let xcr0 = unsafe { xcr0() };
-    // XTILECFG (bit 17) and XTILEDATA (bit 18): the OS saves the tile state.
-    if xcr0 & (0b11 << 17) != 0b11 << 17 {
-        return false;
-    }
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: arch_prctl with ARCH_REQ_XCOMP_PERM only changes this process's permitted
-    // extended-state features; it takes no pointers.
-    let granted = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) };
-    granted == 0
-}
-
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-fn detect() -> bool {
-    false
-}
-
-/// # Safety
-/// The CPU must report OSXSAVE.
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-#[target_feature(enable = "xsave")]
-unsafe fn xcr0() -> u64 {
-    // SAFETY: the caller checked OSXSAVE, so `xgetbv` does not fault.
-    unsafe { core::arch::x86_64::_xgetbv(0) }
-}
-
-/// Whether an `n x k` by `k x m` bf16 or f16 product goes on tiles: AMX is on and the matrices fill
-/// tiles well enough. Padding to 32 rows, 32 columns and 32 inner elements at most doubles each
-/// size here; below it (matrix-vector products, tiny batched heads) the f32 route is the better
-/// one.
-pub(super) fn worth(n: usize, k: usize, m: usize) -> bool {
-    n >= 16 && m >= 16 && k >= 32 && amx_enabled()
 }
 
 /// Rows of the result per panel (two tiles).
@@ -206,15 +141,17 @@ pub(super) struct Plan {
     /// Packed parts per element: 1 for bf16 operands; 2 for f16 ones, each split into a bf16
     /// high and low part (`x == hi + lo` exactly), packed one after the other per chunk or tile.
     parts: usize,
+    route: Route,
 }
 
 impl Plan {
-    /// The plan for `batches` products of `n x k` by `k x m`, of f16 operands if `f16`, else bf16.
-    pub(super) fn new(batches: usize, n: usize, k: usize, m: usize, threads: usize, f16: bool) -> Plan {
+    /// The plan for `batches` products of `n x k` by `k x m` on `route`, of f16 operands if `f16`
+    /// (which takes [`Route::Tiles`]), else bf16.
+    pub(super) fn new(batches: usize, n: usize, k: usize, m: usize, threads: usize, f16: bool, route: Route) -> Plan {
         let (chunks, panels) = (k.div_ceil(CHUNK), n.div_ceil(PANEL));
         let col_tiles = m.div_ceil(2 * TILE_COLS) * 2;
         let (threads, fused, parts) = (threads.max(1), panels <= FEW_PANELS, 1 + f16 as usize);
-        Plan { n, k, m, chunks, panels, col_tiles, batches, threads, fused, parts }
+        Plan { n, k, m, chunks, panels, col_tiles, batches, threads, fused, parts, route }
     }
 
     /// u16 elements of one packed A panel.
@@ -365,8 +302,8 @@ pub(super) unsafe fn product(
     let n_pieces = pieces(jobs);
     for_each_piece(n_pieces, |piece| {
         let mut acc = Block([0.0; PANEL * GROUP_COLS]);
-        // SAFETY: AMX is usable (our contract).
-        let tiles = unsafe { Tiles::configure() };
+        // SAFETY: the plan's route is usable (our contract).
+        let engine = unsafe { Engine::start(p.route) };
         let own_b = per_group * 2 * p.column_len();
         for job in range(jobs, n_pieces, piece) {
             if non_finite.load(Ordering::Relaxed) {
@@ -408,7 +345,7 @@ pub(super) unsafe fn product(
                 // this job writes it; AMX implies AVX-512 (`supported`).
                 unsafe {
                     let a_panel = pa.get().add((bi * p.panels + panel) * p.panel_len());
-                    group_block(&tiles, &p, a_panel, b_cols, pairs.len(), &mut acc);
+                    group_block(&engine, &p, a_panel, b_cols, pairs.len(), &mut acc);
                     let (r0, c0) = (panel * PANEL, pairs.start * 2 * TILE_COLS);
                     let rows = PANEL.min(p.n - r0);
                     let cols = (pairs.len() * 2 * TILE_COLS).min(p.m - c0);
@@ -424,9 +361,96 @@ pub(super) unsafe fn product(
     !non_finite.load(Ordering::Relaxed)
 }
 
+/// `dst[i] (n x m, row-major) = a[i] (n x k) * b[i] (k x m)` for each batch `i`, in bf16, as
+/// dot products of rows and columns ([`dots::few_rows`]), the columns split across `threads`
+/// pieces; `a_offsets[i]` / `b_offsets[i]` are the elements from `a.ptr` / `b.ptr` to matrix `i`.
+///
+/// # Safety
+/// [`route`] returned [`Route::FewRows`] (the CPU has AVX512-BF16), or [`Route::Dots`]; every matrix addresses
+/// initialised bf16 bits with the given strides, `a`'s rows contiguous (`a.cs == 1`) and `b`'s
+/// columns (`b.rs == 1`), or `k <= 1`; `dst` is valid for writes of `batches * n * m` elements and
+/// overlaps nothing else.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn few_rows_product(
+    a: Mat<u16>,
+    a_offsets: &[usize],
+    b: Mat<u16>,
+    b_offsets: &[usize],
+    (n, k, m): (usize, usize, usize),
+    dst: *mut u16,
+    threads: usize,
+) {
+    // Pieces take whole blocks of 4 columns (the kernel's), the last one clipped to `m`.
+    let blocks = m.div_ceil(4);
+    let pieces = threads.clamp(1, blocks.max(1));
+    let (a, b, out) = (Shared(a), Shared(b), Shared(dst));
+    crate::tensor::parallel::for_each_piece(pieces, |piece| {
+        let cols = (blocks * piece / pieces * 4).min(m)..(blocks * (piece + 1) / pieces * 4).min(m);
+        let (a, b) = (a.get(), b.get());
+        for (i, (&x, &y)) in a_offsets.iter().zip(b_offsets).enumerate() {
+            // SAFETY: matrix `i` of each operand is valid with these strides, rows of `a` and
+            // columns of `b` contiguous (our contract); result `i` is the `n * m` elements from
+            // `i * n * m` of `dst`, of which this piece writes its own columns; the CPU has
+            // AVX-512 F and BW (the route's `avx512_bf16_supported`) and AVX512-BF16.
+            unsafe {
+                dots::few_rows(a.ptr.add(x), a.rs, b.ptr.add(y), b.cs, n, k, cols.clone(), out.get().add(i * n * m), m)
+            };
+        }
+    });
+}
+
 /// One panel's f32 results across one column group, 64-byte aligned rows for the tile stores.
 #[repr(C, align(64))]
 struct Block([f32; PANEL * GROUP_COLS]);
+
+/// The hardware of a [`Route`], ready on this thread.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+enum Engine {
+    Tiles(Tiles),
+    Dots,
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+impl Engine {
+    /// # Safety
+    /// `route` is usable: [`route`] returned it.
+    unsafe fn start(route: Route) -> Engine {
+        match route {
+            // SAFETY: AMX is usable (our contract).
+            Route::Tiles => Engine::Tiles(unsafe { Tiles::configure() }),
+            // (Few-row products are not packed; their route would run on registers too.)
+            Route::Dots | Route::FewRows => Engine::Dots,
+        }
+    }
+
+    /// [`Tiles::multiply`] on this engine's hardware (`split` on tiles only).
+    ///
+    /// # Safety
+    /// As [`Tiles::multiply`]; `split` only on [`Engine::Tiles`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn multiply(
+        &self,
+        a: *const u16,
+        b0: *const u16,
+        b1: *const u16,
+        count: usize,
+        acc: *mut f32,
+        add: bool,
+        split: bool,
+    ) {
+        match self {
+            // SAFETY: our contract.
+            Engine::Tiles(tiles) => unsafe { tiles.multiply(a, b0, b1, count, acc, add, split) },
+            Engine::Dots => {
+                debug_assert!(!split, "f16 products take the tile route only");
+                // SAFETY: our contract (without `split`); the route is usable, so the CPU has
+                // AVX-512 F and AVX512-BF16 (`avx512_bf16_supported`).
+                unsafe { dots::multiply(a, b0, b1, count, acc, add) }
+            }
+        }
+    }
+}
 
 /// `acc[.., ..32 * pairs] = A panel x the B tile columns from `b_cols``, in passes of
 /// [`PASS`] chunks (each pass adds to the results the last one stored).
@@ -436,7 +460,14 @@ struct Block([f32; PANEL * GROUP_COLS]);
 /// `2 * pairs` packed tile columns of [`Plan::column_len`] elements each, one after the other;
 /// `pairs <= GROUP_PAIRS`.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-unsafe fn group_block(tiles: &Tiles, p: &Plan, a_panel: *const u16, b_cols: *const u16, pairs: usize, acc: &mut Block) {
+unsafe fn group_block(
+    engine: &Engine,
+    p: &Plan,
+    a_panel: *const u16,
+    b_cols: *const u16,
+    pairs: usize,
+    acc: &mut Block,
+) {
     let column = p.column_len();
     let mut first = 0;
     while first < p.chunks {
@@ -449,7 +480,7 @@ unsafe fn group_block(tiles: &Tiles, p: &Plan, a_panel: *const u16, b_cols: *con
                 let out = acc.0.as_mut_ptr().add(pair * 2 * TILE_COLS);
                 let b0 = b_cols.add(2 * pair * column + first * p.parts * B_TILE);
                 let a = a_panel.add(first * p.parts * A_CHUNK);
-                tiles.multiply(a, b0, b0.add(column), count, out, first > 0, p.parts == 2);
+                engine.multiply(a, b0, b0.add(column), count, out, first > 0, p.parts == 2);
             }
         }
         first += count;

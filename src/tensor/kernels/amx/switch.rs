@@ -1,0 +1,179 @@
+//! The switches of the two hardware routes for half-precision products: AMX tiles (bf16 and
+//! f16) and, on CPUs without AMX, AVX512-BF16 registers (bf16). Each is on where the CPU (and
+//! the OS) allows it, unless its environment variable or its setter turned it off.
+
+use core::sync::atomic::{AtomicU8, Ordering};
+
+/// The environment variable that turns the AMX route off at startup: `0`, `off` or `false`
+/// (`1`, `on`, `true` or unset: on where the CPU has it; anything else is logged and ignored).
+pub const AMX_ENV: &str = "TENSORMEM_AMX";
+
+/// The environment variable that turns the AVX512-BF16 route off at startup, with the values
+/// of [`AMX_ENV`].
+pub const AVX512_BF16_ENV: &str = "TENSORMEM_AVX512_BF16";
+
+/// One route's switch.
+struct Switch {
+    /// The route, for the log.
+    name: &'static str,
+    env: &'static str,
+    /// 0: not decided yet; 1: off (not supported, or turned off); 2: on.
+    state: AtomicU8,
+    supported: fn() -> bool,
+}
+
+static AMX: Switch = Switch { name: "AMX", env: AMX_ENV, state: AtomicU8::new(0), supported: amx_supported };
+static DOTS: Switch =
+    Switch { name: "AVX512-BF16", env: AVX512_BF16_ENV, state: AtomicU8::new(0), supported: avx512_bf16_supported };
+
+impl Switch {
+    fn enabled(&self) -> bool {
+        match self.state.load(Ordering::Relaxed) {
+            0 => {
+                let wanted = match std::env::var(self.env).map(|v| v.trim().to_ascii_lowercase()) {
+                    Ok(v) if matches!(v.as_str(), "0" | "off" | "false") => false,
+                    Ok(v) if matches!(v.as_str(), "" | "1" | "on" | "true") => true,
+                    Ok(v) => {
+                        tracing::warn!(
+                            "{}={v:?} is neither 0/off/false nor 1/on/true; {} stays on where the CPU has it",
+                            self.env,
+                            self.name
+                        );
+                        true
+                    }
+                    Err(_) => true,
+                };
+                let on = wanted && (self.supported)();
+                // A concurrent `set` wins over the environment.
+                let _ = self.state.compare_exchange(0, if on { 2 } else { 1 }, Ordering::Relaxed, Ordering::Relaxed);
+                self.state.load(Ordering::Relaxed) == 2
+            }
+            s => s == 2,
+        }
+    }
+
+    fn set(&self, enabled: bool) -> bool {
+        let on = enabled && (self.supported)();
+        self.state.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+        on
+    }
+}
+
+/// Whether bf16 and f16 matrix products run on AMX tiles: the CPU has AMX-BF16, the OS granted the
+/// tile registers, and neither [`set_amx`]`(false)` nor `TENSORMEM_AMX=0` turned the route off.
+///
+/// ```
+/// // true on Xeon 4th generation and later under Linux 5.16+, false elsewhere
+/// let _on_tiles: bool = tensormem::tensor::amx_enabled();
+/// ```
+pub fn amx_enabled() -> bool {
+    AMX.enabled()
+}
+
+/// Turns the AMX route for bf16 and f16 matmul on or off (like `torch.backends.mkldnn`'s switch); on has
+/// effect only where [`amx_enabled`] can be true. Returns whether the route is on afterwards.
+/// Products already running finish on the route they started on. With AMX off, bf16 products
+/// take the AVX512-BF16 route where [`avx512_bf16_enabled`], else the f32 route.
+///
+/// ```
+/// use tensormem::tensor::{DType, Tensor, set_amx, set_avx512_bf16};
+///
+/// let previous = (tensormem::tensor::amx_enabled(), tensormem::tensor::avx512_bf16_enabled());
+/// set_amx(false); // with both off, bf16 matmul converts to f32 and rounds once, on every machine
+/// set_avx512_bf16(false);
+/// let a = Tensor::ones(&[64, 64], DType::BF16)?;
+/// assert_eq!(a.matmul(&a)?.to_dtype(DType::F32)?.to_vec::<f32>()?[0], 64.0);
+/// set_amx(previous.0);
+/// set_avx512_bf16(previous.1);
+/// # Ok::<(), tensormem::tensor::TensorError>(())
+/// ```
+pub fn set_amx(enabled: bool) -> bool {
+    AMX.set(enabled)
+}
+
+/// Whether bf16 matrix products run on AVX512-BF16 registers (`vdpbf16ps`, as oneDNN does) when
+/// they do not run on AMX tiles: Linux on a CPU with AVX512-BF16 (Intel Cooper Lake and later,
+/// AMD Zen 4 and later), unless [`set_avx512_bf16`]`(false)` or `TENSORMEM_AVX512_BF16=0` turned
+/// the route off. Its arithmetic is AMX's (f32 sums, subnormals read and written as zero);
+/// f16 products take the f32 route here.
+///
+/// ```
+/// // true on Zen 4 or Cooper Lake under Linux, whatever AMX's switch says
+/// let _on_registers: bool = tensormem::tensor::avx512_bf16_enabled();
+/// ```
+pub fn avx512_bf16_enabled() -> bool {
+    DOTS.enabled()
+}
+
+/// Turns the AVX512-BF16 route for bf16 matmul on or off; on has effect only where the CPU has
+/// AVX512-BF16. Returns whether the route is on afterwards. AMX, where on, goes first.
+///
+/// ```
+/// let previous = tensormem::tensor::avx512_bf16_enabled();
+/// tensormem::tensor::set_avx512_bf16(false); // bf16 without AMX: the f32 route
+/// tensormem::tensor::set_avx512_bf16(previous);
+/// ```
+pub fn set_avx512_bf16(enabled: bool) -> bool {
+    DOTS.set(enabled)
+}
+
+/// The CPU and the OS allow AMX-BF16 (checked once; asks Linux for the tile registers).
+pub(super) fn amx_supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(detect_amx)
+}
+
+/// The CPU has AVX512-BF16, and the AVX-512 F, BW and VL the packing loops are compiled for.
+fn avx512_bf16_supported() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        super::super::isa::detected() == super::super::isa::Isa::Avx512 && is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        false
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn detect_amx() -> bool {
+    use core::arch::x86_64::__cpuid_count;
+    // SAFETY: `cpuid` exists on every x86-64 CPU and never faults: a leaf above the maximum
+    // returns other data, which is not used (the maximum is checked first). (`__cpuid_count`
+    // is a safe function in recent Rust and unsafe in older; the crate builds with both.)
+    #[allow(unused_unsafe)]
+    let (max_leaf, leaf1, leaf7) = unsafe { (__cpuid_count(0, 0).eax, __cpuid_count(1, 0), __cpuid_count(7, 0)) };
+    let osxsave = leaf1.ecx & (1 << 27) != 0;
+    let (amx_bf16, amx_tile) = (leaf7.edx & (1 << 22) != 0, leaf7.edx & (1 << 24) != 0);
+    // Every AMX CPU has AVX-512, for which the packing and rounding loops are compiled.
+    let avx512 = super::super::isa::detected() == super::super::isa::Isa::Avx512;
+    if max_leaf < 7 || !osxsave || !amx_bf16 || !amx_tile || !avx512 {
+        return false;
+    }
+    // SAFETY: OSXSAVE is set, so `xgetbv` is enabled; register 0 is XCR0.
+    let xcr0 = unsafe { xcr0() };
+    // XTILECFG (bit 17) and XTILEDATA (bit 18): the OS saves the tile state.
+    if xcr0 & (0b11 << 17) != 0b11 << 17 {
+        return false;
+    }
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with ARCH_REQ_XCOMP_PERM only changes this process's permitted
+    // extended-state features; it takes no pointers.
+    let granted = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) };
+    granted == 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn detect_amx() -> bool {
+    false
+}
+
+/// # Safety
+/// The CPU must report OSXSAVE.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[target_feature(enable = "xsave")]
+unsafe fn xcr0() -> u64 {
+    // SAFETY: the caller checked OSXSAVE, so `xgetbv` does not fault.
+    unsafe { core::arch::x86_64::_xgetbv(0) }
+}
