@@ -40,6 +40,7 @@
 
 #![cfg_attr(not(all(target_arch = "x86_64", target_os = "linux")), allow(dead_code))]
 
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 use core::sync::atomic::Ordering;
 
 #[cfg(target_arch = "x86_64")]
