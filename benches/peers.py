@@ -41,6 +41,8 @@ WORKLOADS = [
     ("linear_bf16", "128x768 by a 3072x768 weight, transposed, bf16"),
     ("linear16_bf16", "16x768 by the same weight, bf16"),
     ("linear1_bf16", "1x768 by the same weight, bf16 (a decode step)"),
+    ("linear16_f16", "16x768 by a 3072x768 weight, transposed, f16"),
+    ("linear1_f16", "1x768 by the same weight, f16"),
     ("layer_norm", "layer_norm 1024x768, weight and bias"),
     ("rms_norm", "rms_norm 1024x768, weight"),
     ("gelu", "gelu 1024x3072"),
@@ -69,9 +71,11 @@ T["zeros"] = torch.zeros(12, 256, 256)
 T["causal"] = torch.arange(256).unsqueeze(0) > torch.arange(256).unsqueeze(1)
 T["ids"] = torch.arange(1024) * 49 % 50257
 NP = {k: v.numpy().copy() for k, v in T.items()}
-# bf16 only in torch (numpy has no bf16).
+# bf16 only in torch (numpy has no bf16); the f16 weights too.
 T.update({k: torch.rand(s, generator=g).to(torch.bfloat16) for k, s in
           {"weight": [3072, 768], "tok128": [128, 768], "tok16": [16, 768], "tok1": [1, 768]}.items()})
+T.update({k: torch.rand(s, generator=g).to(torch.float16) for k, s in
+          {"weight16": [3072, 768], "tok16_16": [16, 768], "tok1_16": [1, 768]}.items()})
 for k in ("x", "y"):
     T[k + "16"] = T[k].to(torch.float16)
     T[k + "b"] = T[k].to(torch.bfloat16)
@@ -96,6 +100,8 @@ TORCH = {
     "linear_bf16": lambda t: t["tok128"] @ t["weight"].T,
     "linear16_bf16": lambda t: t["tok16"] @ t["weight"].T,
     "linear1_bf16": lambda t: t["tok1"] @ t["weight"].T,
+    "linear16_f16": lambda t: t["tok16_16"] @ t["weight16"].T,
+    "linear1_f16": lambda t: t["tok1_16"] @ t["weight16"].T,
     "layer_norm": lambda t: torch.nn.functional.layer_norm(t["h"], [768], t["w768"], t["b768"], 1e-5),
     "rms_norm": lambda t: torch.nn.functional.rms_norm(t["h"], [768], t["w768"]),
     "gelu": lambda t: torch.nn.functional.gelu(t["mlp"]),

@@ -11,7 +11,7 @@
 //! `add_f16`, `add_bf16` and `sum_f16` (the 4M add and sum in half precision); `linear_bf16`,
 //! `linear16_bf16` and `linear1_bf16` (128, 16 and 1 tokens of width 768 by a 3072x768 bf16
 //! weight, transposed, as `Linear` stores it: GPT-2's MLP up-projection at prefill and at decode
-//! steps); and the ops of a
+//! steps), and `linear16_f16` / `linear1_f16` the same in f16; and the ops of a
 //! GPT-2 block (1024 tokens, width 768, 12 heads of 64, 256 positions): `layer_norm` and
 //! `rms_norm` (1024x768, with weight), `gelu`, `gelu_tanh`, `silu`, `tanh` and `log` (1024x3072),
 //! `softmax` and `scale` (`* 0.125`) of the 12x256x256 attention scores, `masked_fill` of them
@@ -60,6 +60,8 @@ struct Data {
     new_kv: Tensor,
     weight: Tensor,
     tokens: [Tensor; 3],
+    weight16: Tensor,
+    tokens16: [Tensor; 2],
 }
 
 fn run(d: &Data, workload: &str) -> Result<()> {
@@ -79,6 +81,8 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "linear_bf16" => drop(black_box(d.tokens[0].matmul(&d.weight.t()?)?)),
         "linear16_bf16" => drop(black_box(d.tokens[1].matmul(&d.weight.t()?)?)),
         "linear1_bf16" => drop(black_box(d.tokens[2].matmul(&d.weight.t()?)?)),
+        "linear16_f16" => drop(black_box(d.tokens16[0].matmul(&d.weight16.t()?)?)),
+        "linear1_f16" => drop(black_box(d.tokens16[1].matmul(&d.weight16.t()?)?)),
         "layer_norm" => drop(black_box(d.h.layer_norm(&[768], Some(&d.w768), Some(&d.b768), 1e-5)?)),
         "rms_norm" => drop(black_box(d.h.rms_norm(&[768], Some(&d.w768), None)?)),
         "gelu" => drop(black_box(d.mlp.gelu()?)),
@@ -138,6 +142,8 @@ fn main() -> Result<()> {
             rand(&[16, 768])?.to_dtype(DType::BF16)?,
             rand(&[1, 768])?.to_dtype(DType::BF16)?,
         ],
+        weight16: rand(&[3072, 768])?.to_dtype(DType::F16)?,
+        tokens16: [rand(&[16, 768])?.to_dtype(DType::F16)?, rand(&[1, 768])?.to_dtype(DType::F16)?],
     };
     let mut stdout = std::io::stdout().lock();
     for line in std::io::stdin().lock().lines() {

@@ -510,3 +510,45 @@ fn f16_products_of_two_fine_operands_use_every_part_of_both() {
         }
     }
 }
+
+#[test]
+fn few_row_f16_products_keep_the_f32_routes_values_and_empty_sums_are_positive_zero() {
+    note_route();
+    // Fewer than 32 rows by a transposed weight: dot products of rows and columns where the CPU
+    // has AVX-512, with the f32 route's arithmetic. Subnormal inputs and results are kept.
+    let sub = ints_of(&[8, 64], 3, 1023, 2f32.powi(-24), DType::F16);
+    let w = small(&[48, 64], 4).t().unwrap();
+    let c = sub.matmul(&w).unwrap();
+    assert_eq!(bits(&c), via_f32(&sub, &w));
+    let subnormal = bits(&c).iter().filter(|&&x| x & 0x7c00 == 0 && x & 0x3ff != 0).count();
+    assert!(subnormal > 10, "{subnormal} subnormal results of 384");
+    // Infinities and NaNs: row 0 holds an infinity, row 1 a NaN; column 5 a zero.
+    let mut a = vec![1.0f32; 3 * 64];
+    a[0] = f32::INFINITY;
+    a[64] = f32::NAN;
+    let mut wv = vec![1.0f32; 40 * 64];
+    wv[5 * 64] = 0.0;
+    let a = Tensor::from_vec(a, &[3, 64], DType::F32).unwrap().to_dtype(DType::F16).unwrap();
+    let w = Tensor::from_vec(wv, &[40, 64], DType::F32).unwrap().to_dtype(DType::F16).unwrap().t().unwrap();
+    let c = a.matmul(&w).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    for (i, &x) in c.iter().enumerate() {
+        let (r, col) = (i / 40, i % 40);
+        let want = match (r, col) {
+            (0, 5) | (1, _) => f32::NAN,
+            (0, _) => f32::INFINITY,
+            (_, 5) => 63.0,
+            _ => 64.0,
+        };
+        assert!(x == want || (x.is_nan() && want.is_nan()), "[{r}, {col}]: {x} vs {want}");
+    }
+    // An empty inner dimension: +0 on every route, in both dtypes.
+    on_each_bf16_route(|route| {
+        for dt in [DType::BF16, DType::F16] {
+            let a = Tensor::zeros(&[3, 0], dt).unwrap();
+            let w = Tensor::zeros(&[5, 0], dt).unwrap().t().unwrap();
+            let c = a.matmul(&w).unwrap();
+            assert_eq!(c.sizes(), [3, 5]);
+            assert_eq!(bits(&c), vec![0u16; 15], "{route}, {dt:?}");
+        }
+    });
+}

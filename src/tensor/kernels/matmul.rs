@@ -6,7 +6,8 @@
 //! generation and later) bf16 and f16 products of at least 16 x 32 x 16 run on its tiles instead
 //! ([`amx`](super::amx)); PyTorch does so for bf16 there. Without AMX, bf16 products of those
 //! sizes, and those of fewer than 32 rows by a transposed weight, run on AVX512-BF16's
-//! `vdpbf16ps` where the CPU has it (Cooper Lake, Zen 4 and later), as oneDNN does.
+//! `vdpbf16ps` where the CPU has it (Cooper Lake, Zen 4 and later), as oneDNN does; f16 products
+//! of fewer than 32 rows by a transposed weight, as dot products with fused multiply-adds.
 
 use crate::tensor::core::for_each_offset;
 use crate::tensor::dtype::match_numeric;
@@ -44,7 +45,10 @@ impl Tensor {
     /// `Linear` weight `w`, a decode step). On these routes a sum of zero products is +0, where
     /// the f32 route keeps the sign of a sum of -0 products. [`set_amx`]`(false)` and
     /// [`set_avx512_bf16`]`(false)` (or `TENSORMEM_AMX=0` and `TENSORMEM_AVX512_BF16=0`) choose
-    /// the f32 route everywhere.
+    /// the f32 route everywhere. f16 products of fewer than 32 rows whose right operand has
+    /// contiguous columns run as dot products on any AVX-512 CPU, with the f32 route's
+    /// arithmetic (exact products, f32 sums in another order, subnormals kept) and without
+    /// converting the right operand.
     ///
     /// [`amx_enabled`]: crate::tensor::amx_enabled
     /// [`avx512_bf16_enabled`]: crate::tensor::avx512_bf16_enabled
@@ -122,9 +126,9 @@ impl Tensor {
         if matches!(dt, DType::BF16 | DType::F16) {
             use super::amx::Route;
             // `b` is expanded: its rows' stride follows the batch dimensions.
-            let b_columns = b.dtype() == DType::BF16 && (b.strides()[batch.len()] == 1 || k <= 1);
+            let b_columns = b.dtype() == dt && (b.strides()[batch.len()] == 1 || k <= 1);
             match super::amx::route(n, k, m, dt == DType::F16, b_columns) {
-                Some(Route::FewRows) => return squeeze(few_rows(self, &a, &b, &batch, (n, k, m))?),
+                Some(Route::FewRows) => return squeeze(few_rows(self, &a, &b, dt, &batch, (n, k, m))?),
                 Some(route) => {
                     if let Some(out) = on_tiles(self, &a, &b, dt, &batch, (n, k, m), route)? {
                         return squeeze(out);
@@ -216,26 +220,30 @@ fn on_tiles(
     Ok(finite.then_some(out))
 }
 
-/// `a x b` in bf16 as dot products of rows and columns on AVX512-BF16 ([`amx`](super::amx)),
-/// for fewer than 32 rows; `a` and `b` are expanded to `batch + [n, k]` and `batch + [k, m]`, `b`
-/// bf16 with contiguous columns (or `k <= 1`), `a` of any dtype that promotes to bf16.
+/// `a x b` in `dt` (bf16 or f16) as dot products of rows and columns ([`amx`](super::amx)'s
+/// `few_rows`), for fewer than 32 rows; `a` and `b` are expanded to `batch + [n, k]` and
+/// `batch + [k, m]`, `b` of dtype `dt` with contiguous columns (or `k <= 1`), `a` of any dtype
+/// that promotes to `dt`.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn few_rows(
     like: &Tensor,
     a: &Tensor,
     b: &Tensor,
+    dt: DType,
     batch: &[usize],
     (n, k, m): (usize, usize, usize),
 ) -> Result<Tensor> {
+    use super::amx::{few_rows, few_rows_product};
     let op = "matmul";
     let nb = batch.len();
-    let a = a.to_dtype(DType::BF16)?;
-    // Rows of `a` contiguous: a strided one (few rows, so cheap) is copied first.
+    // The rows contiguous, bf16 or (for f16) widened to f32 once: a strided one (few rows, so
+    // cheap) is copied first.
+    let a = a.to_dtype(if dt == DType::F16 { DType::F32 } else { dt })?;
     let a = if a.strides()[nb + 1] == 1 || k <= 1 { a } else { a.contiguous()? };
     let mut out_shape = batch.to_vec();
     out_shape.extend([n, m]);
     // SAFETY: `few_rows_product` writes every element of `out`.
-    let out = unsafe { Tensor::output(op, &out_shape, DType::BF16, like) }?;
+    let out = unsafe { Tensor::output(op, &out_shape, dt, like) }?;
     a.host_ready(op)?;
     b.host_ready(op)?;
     if out.numel() == 0 {
@@ -244,12 +252,23 @@ fn few_rows(
     let threads = crate::tensor::parallel::threads_for(out.numel().saturating_mul(k), PARALLEL_FLOPS / 2);
     let _g = lock_storages(None, &[a.storage(), b.storage()]);
     let (ao, bo) = (batch_offsets(&a, batch), batch_offsets(b, batch));
-    let mat = |t: &Tensor| Mat { ptr: t.data_ptr() as *const u16, rs: t.strides()[nb], cs: t.strides()[nb + 1] };
-    // SAFETY: `route` returned `FewRows` (the caller's test), so the CPU has AVX512-BF16. `a` and
-    // `b` are bf16, host-ready and read-locked, `a`'s rows and `b`'s columns contiguous (or
-    // `k <= 1`); each offset addresses one of their matrices with these strides. `out` is fresh,
-    // `batches * n * m` elements, and aliases nothing.
-    unsafe { super::amx::few_rows_product(mat(&a), &ao, mat(b), &bo, (n, k, m), out.data_ptr() as *mut u16, threads) };
+    let (ars, acs) = (a.strides()[nb], a.strides()[nb + 1]);
+    let bm = Mat { ptr: b.data_ptr() as *const u16, rs: b.strides()[nb], cs: b.strides()[nb + 1] };
+    let dst = out.data_ptr() as *mut u16;
+    // SAFETY: `route` returned `FewRows` for `dt` (the caller's test), so the CPU has the
+    // kernel's features. `a` (bf16, or f32 for f16) and `b` (of `dt`) are host-ready and
+    // read-locked, `a`'s rows and `b`'s columns contiguous (or `k <= 1`); each offset addresses
+    // one of their matrices with these strides. `out` is fresh, `batches * n * m` elements, and
+    // aliases nothing.
+    unsafe {
+        if dt == DType::F16 {
+            let am = Mat { ptr: a.data_ptr() as *const f32, rs: ars, cs: acs };
+            few_rows_product(few_rows::f16, (am, &ao), (bm, &bo), (n, k, m), dst, threads)
+        } else {
+            let am = Mat { ptr: a.data_ptr() as *const u16, rs: ars, cs: acs };
+            few_rows_product(few_rows::bf16, (am, &ao), (bm, &bo), (n, k, m), dst, threads)
+        }
+    };
     Ok(out)
 }
 

@@ -34,9 +34,15 @@
 //! there), with the same arithmetic: 1.23 ms for 512^3 on one thread of a Zen 4 VM, where the
 //! f32 route took 2.42 and PyTorch 1.21-1.24 (BENCHMARKS.md, "bf16 matmul on AVX512-BF16").
 //! Products of fewer than 32 rows by a transposed weight skip the packing there: dot products of
-//! rows and columns in groups of 4 rows ([`few_rows_product`]). f16 takes the f32 route there.
-//! [`set_avx512_bf16`] and [`AVX512_BF16_ENV`] turn that route off; everything else takes the
-//! f32 route.
+//! rows and columns in groups of 4 rows ([`few_rows`]). [`set_avx512_bf16`] and
+//! [`AVX512_BF16_ENV`] turn that route off; everything else takes the f32 route.
+//!
+//! f16 products of fewer than 32 rows by a transposed weight run as the same dot products on any
+//! AVX-512 CPU without AMX ([`few_rows::f16`]): the rows widened to f32 once, the weight's f16
+//! widened as it is read, fused multiply-adds. That is the f32 route's arithmetic (products of
+//! f16 are exact in f32) without converting the whole weight on every call: 0.09 ms for one
+//! token by a 3072x768 weight, where the f32 route took 0.67-0.94. Other f16 products take the
+//! f32 route there.
 
 #![cfg_attr(not(all(target_arch = "x86_64", target_os = "linux")), allow(dead_code))]
 
@@ -48,6 +54,8 @@ use super::matmul::Mat;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod dots;
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub(super) mod few_rows;
 #[cfg(target_arch = "x86_64")]
 mod pack;
 mod switch;
@@ -66,27 +74,31 @@ pub(super) enum Route {
     Tiles,
     /// AVX512-BF16 registers (`vdpbf16ps`, [`dots`]): bf16 only.
     Dots,
-    /// Fewer rows than a panel, bf16, the right operand with contiguous columns: dot products of
-    /// rows and columns on AVX512-BF16 registers, unpacked ([`few_rows_product`]).
+    /// Fewer rows than a panel, the right operand with contiguous columns: dot products of rows
+    /// and columns, unpacked ([`few_rows_product`]): bf16 on AVX512-BF16, f16 on AVX-512 with
+    /// F16C and FMA.
     FewRows,
 }
 
 /// The route an `n x k` by `k x m` product of `f16` (else bf16) operands takes, if any; `b_columns`:
-/// the right operand is bf16 with contiguous columns (a transposed weight, as `Linear` stores it).
+/// the right operand is of that dtype with contiguous columns (a transposed weight, as `Linear`
+/// stores it).
 ///
 /// Panels go on AMX when on, else on AVX512-BF16 for bf16 when on, where the matrices fill tiles
 /// well enough: padding to 32 rows, 32 columns and 32 inner elements at most doubles each size
-/// there. Without AMX, fewer than 32 rows (a decode step's few tokens) go on AVX512-BF16 as dot
-/// products where `b`'s columns are contiguous: in groups of 4 rows instead of panels of 32,
-/// 0.36 against 0.80 ms for 15 or 16 rows by GPT-2's 768 x 3072 weight on one Zen 4 thread.
+/// there. Without AMX, fewer than 32 rows (a decode step's few tokens) go to dot products where
+/// `b`'s columns are contiguous, in groups of 4 rows instead of panels of 32 (0.36 against 0.80 ms
+/// for 15 or 16 rows by GPT-2's 768 x 3072 bf16 weight on one Zen 4 thread): bf16 on AVX512-BF16
+/// when on, f16 on any AVX-512 CPU (the f32 route's arithmetic, without converting the weight).
 /// Anything else (matrix-vector products of other layouts, tiny batched heads) takes the f32
 /// route.
 pub(super) fn route(n: usize, k: usize, m: usize, f16: bool, b_columns: bool) -> Option<Route> {
     let panels = n >= 16 && m >= 16 && k >= 32;
     let dots = !f16 && avx512_bf16_enabled();
+    let few = b_columns && n < PANEL && (dots || (f16 && super::isa::detected() == super::isa::Isa::Avx512));
     if panels && amx_enabled() {
         Some(Route::Tiles)
-    } else if dots && b_columns && n < PANEL {
+    } else if few {
         Some(Route::FewRows)
     } else if dots && panels {
         Some(Route::Dots)
@@ -362,22 +374,27 @@ pub(super) unsafe fn product(
     !non_finite.load(Ordering::Relaxed)
 }
 
-/// `dst[i] (n x m, row-major) = a[i] (n x k) * b[i] (k x m)` for each batch `i`, in bf16, as
-/// dot products of rows and columns ([`dots::few_rows`]), the columns split across `threads`
-/// pieces; `a_offsets[i]` / `b_offsets[i]` are the elements from `a.ptr` / `b.ptr` to matrix `i`.
+/// A kernel of [`few_rows`]: [`few_rows::bf16`] (`A` = bf16 bits) or [`few_rows::f16`] (`A` =
+/// f32, the rows widened).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub(super) type FewRowsKernel<A> =
+    unsafe fn(*const A, usize, *const u16, usize, usize, usize, core::ops::Range<usize>, *mut u16, usize);
+
+/// `dst[i] (n x m, row-major) = a[i] (n x k) * b[i] (k x m)` for each batch `i`, in bf16 or f16,
+/// as dot products of rows and columns (`kernel`, from [`few_rows`]), the columns split across
+/// `threads` pieces; `a_offsets[i]` / `b_offsets[i]` are the elements from `a.ptr` / `b.ptr` to
+/// matrix `i`.
 ///
 /// # Safety
-/// [`route`] returned [`Route::FewRows`] (the CPU has AVX512-BF16), or [`Route::Dots`]; every matrix addresses
-/// initialised bf16 bits with the given strides, `a`'s rows contiguous (`a.cs == 1`) and `b`'s
-/// columns (`b.rs == 1`), or `k <= 1`; `dst` is valid for writes of `batches * n * m` elements and
-/// overlaps nothing else.
+/// [`route`] returned [`Route::FewRows`] for this dtype, so the CPU has `kernel`'s features;
+/// every matrix addresses initialised elements of the kernel's types with the given strides,
+/// `a`'s rows contiguous (`a.cs == 1`) and `b`'s columns (`b.rs == 1`), or `k <= 1`; `dst` is
+/// valid for writes of `batches * n * m` elements and overlaps nothing else.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn few_rows_product(
-    a: Mat<u16>,
-    a_offsets: &[usize],
-    b: Mat<u16>,
-    b_offsets: &[usize],
+pub(super) unsafe fn few_rows_product<A: Copy>(
+    kernel: FewRowsKernel<A>,
+    (a, a_offsets): (Mat<A>, &[usize]),
+    (b, b_offsets): (Mat<u16>, &[usize]),
     (n, k, m): (usize, usize, usize),
     dst: *mut u16,
     threads: usize,
@@ -392,11 +409,9 @@ pub(super) unsafe fn few_rows_product(
         for (i, (&x, &y)) in a_offsets.iter().zip(b_offsets).enumerate() {
             // SAFETY: matrix `i` of each operand is valid with these strides, rows of `a` and
             // columns of `b` contiguous (our contract); result `i` is the `n * m` elements from
-            // `i * n * m` of `dst`, of which this piece writes its own columns; the CPU has
-            // AVX-512 F and BW (the route's `avx512_bf16_supported`) and AVX512-BF16.
-            unsafe {
-                dots::few_rows(a.ptr.add(x), a.rs, b.ptr.add(y), b.cs, n, k, cols.clone(), out.get().add(i * n * m), m)
-            };
+            // `i * n * m` of `dst`, of which this piece writes its own columns; the CPU has the
+            // kernel's features (our contract).
+            unsafe { kernel(a.ptr.add(x), a.rs, b.ptr.add(y), b.cs, n, k, cols.clone(), out.get().add(i * n * m), m) };
         }
     });
 }

@@ -1,0 +1,260 @@
+//! Products of fewer than 32 rows (a decode step's few tokens) by a right operand with
+//! contiguous columns (a transposed weight, as `Linear` stores it), as dot products of a row and
+//! a column, unpacked: a panel of 32 rows would pad them, and packing the weight costs as much as
+//! multiplying it once. Blocks of 4 rows x 4 columns, 16 accumulators of 16 f32 lanes, summed
+//! across their lanes at the end and rounded once.
+//!
+//! - bf16 ([`bf16`]): `vdpbf16ps` over 32 inner elements per step, the panel route's
+//!   arithmetic (exact products, f32 sums, subnormals read and written as zero; a sum of only
+//!   -0 products is +0).
+//! - f16 ([`f16`]): the rows widened to f32 first, each column's f16 widened as it is read
+//!   (F16C), and fused multiply-adds over 16 inner elements per step: products of f16 are exact
+//!   in f32 (11 x 11 significant bits), so this is the f32 route's arithmetic in another order of
+//!   the sums, subnormals and the sign of zero kept.
+
+use core::arch::x86_64::*;
+use core::ops::Range;
+
+use crate::tensor::halfconv::HalfFloat;
+
+/// Columns per block and rows per group: 4 x 4 accumulators, each step 8 loads (4 columns of
+/// `b`, 4 rows of `a`) for 16 multiply-adds of vectors.
+const BLOCK: usize = 4;
+
+/// `out[i][j] = sum_p a[i][p] * b[p][j]` rounded to bf16 once, for the columns `cols` of an
+/// `n x k` by `k x m` bf16 product.
+///
+/// # Safety
+/// `a` addresses `n` rows of `k` initialised bf16, contiguous, `a_rs` apart; `b` addresses the
+/// columns in `cols`, `k` initialised bf16 each, contiguous, `b_cs` apart; `out` is valid for
+/// writes of rows `0..n`, `out_rs` apart, at the columns `cols`, and overlaps neither; the CPU has
+/// AVX-512 F and BW and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+pub(in crate::tensor::kernels) unsafe fn bf16(
+    a: *const u16,
+    a_rs: usize,
+    b: *const u16,
+    b_cs: usize,
+    n: usize,
+    k: usize,
+    cols: Range<usize>,
+    out: *mut u16,
+    out_rs: usize,
+) {
+    // SAFETY: our contract, with the features `blocks::<false>` needs.
+    unsafe { blocks::<false>(a.cast(), a_rs, b, b_cs, n, k, cols, out, out_rs) }
+}
+
+/// As [`bf16`], for an f16 product whose rows were widened to f32 (`a`: `n` rows of `k` f32):
+/// `out` rounded to f16 once.
+///
+/// # Safety
+/// As [`bf16`], with `a` holding f32 and `b` f16; the CPU has AVX-512 F, BW and VL, F16C and FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(in crate::tensor::kernels) unsafe fn f16(
+    a: *const f32,
+    a_rs: usize,
+    b: *const u16,
+    b_cs: usize,
+    n: usize,
+    k: usize,
+    cols: Range<usize>,
+    out: *mut u16,
+    out_rs: usize,
+) {
+    // SAFETY: our contract, with the features `blocks::<true>` needs.
+    unsafe { blocks::<true>(a.cast(), a_rs, b, b_cs, n, k, cols, out, out_rs) }
+}
+
+/// The blocks of [`bf16`] (`F16` false: `a` is bf16) or [`f16`] (`a` is f32, `a_rs` in f32).
+///
+/// # Safety
+/// That function's contract and CPU features (this is inlined into it).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn blocks<const F16: bool>(
+    a: *const u8,
+    a_rs: usize,
+    b: *const u16,
+    b_cs: usize,
+    n: usize,
+    k: usize,
+    cols: Range<usize>,
+    out: *mut u16,
+    out_rs: usize,
+) {
+    let a_bytes = a_rs * if F16 { 4 } else { 2 };
+    let mut j = cols.start;
+    while j < cols.end {
+        let wide = cols.end - j >= BLOCK;
+        let mut i = 0;
+        while i < n {
+            let rows = (n - i).min(BLOCK);
+            // SAFETY: rows `i .. i + rows` and columns `j .. j + 4` (or `j`) are inside the
+            // product and the caller's columns (our contract).
+            unsafe {
+                let (a, out, b) = (a.add(i * a_bytes), out.add(i * out_rs + j), b.add(j * b_cs));
+                match (rows, wide) {
+                    (4, true) => run::<4, BLOCK, F16>(a, a_rs, b, b_cs, k, out, out_rs),
+                    (3, true) => run::<3, BLOCK, F16>(a, a_rs, b, b_cs, k, out, out_rs),
+                    (2, true) => run::<2, BLOCK, F16>(a, a_rs, b, b_cs, k, out, out_rs),
+                    (_, true) => run::<1, BLOCK, F16>(a, a_rs, b, b_cs, k, out, out_rs),
+                    (4, false) => run::<4, 1, F16>(a, a_rs, b, b_cs, k, out, out_rs),
+                    (3, false) => run::<3, 1, F16>(a, a_rs, b, b_cs, k, out, out_rs),
+                    (2, false) => run::<2, 1, F16>(a, a_rs, b, b_cs, k, out, out_rs),
+                    (_, false) => run::<1, 1, F16>(a, a_rs, b, b_cs, k, out, out_rs),
+                }
+            }
+            i += rows;
+        }
+        j += if wide { BLOCK } else { 1 };
+    }
+}
+
+/// [`group`] compiled for its dtype's CPU features, each size a function of its own. With all
+/// eight sizes inlined into one function, 16 rows by a 3072x768 bf16 weight took 1.8x the time at
+/// 2 threads.
+///
+/// # Safety
+/// As [`group`].
+#[inline(always)]
+unsafe fn run<const R: usize, const C: usize, const F16: bool>(
+    a: *const u8,
+    a_rs: usize,
+    b: *const u16,
+    b_cs: usize,
+    k: usize,
+    out: *mut u16,
+    out_rs: usize,
+) {
+    // SAFETY: our contract, with the CPU features of the caller, which each callee needs.
+    unsafe {
+        if F16 {
+            group_f16::<R, C>(a, a_rs, b, b_cs, k, out, out_rs)
+        } else {
+            group_bf16::<R, C>(a, a_rs, b, b_cs, k, out, out_rs)
+        }
+    }
+}
+
+/// [`group`] for bf16.
+///
+/// # Safety
+/// As [`group`]; the CPU has AVX-512 F and BW and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn group_bf16<const R: usize, const C: usize>(
+    a: *const u8,
+    a_rs: usize,
+    b: *const u16,
+    b_cs: usize,
+    k: usize,
+    out: *mut u16,
+    out_rs: usize,
+) {
+    // SAFETY: our contract.
+    unsafe { group::<R, C, false>(a, a_rs, b, b_cs, k, out, out_rs) }
+}
+
+/// [`group`] for f16.
+///
+/// # Safety
+/// As [`group`]; the CPU has AVX-512 F, BW and VL, F16C and FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
+unsafe fn group_f16<const R: usize, const C: usize>(
+    a: *const u8,
+    a_rs: usize,
+    b: *const u16,
+    b_cs: usize,
+    k: usize,
+    out: *mut u16,
+    out_rs: usize,
+) {
+    // SAFETY: our contract.
+    unsafe { group::<R, C, true>(a, a_rs, b, b_cs, k, out, out_rs) }
+}
+
+/// `R` rows by `C` columns of [`blocks`] from row 0 and column 0 of its pointers.
+///
+/// # Safety
+/// As [`blocks`], for `R` rows and `C` columns.
+#[inline(always)]
+unsafe fn group<const R: usize, const C: usize, const F16: bool>(
+    a: *const u8,
+    a_rs: usize,
+    b: *const u16,
+    b_cs: usize,
+    k: usize,
+    out: *mut u16,
+    out_rs: usize,
+) {
+    // f16 sums start at -0, the identity of IEEE addition, and masked-off lanes keep it, so a
+    // sum of only -0 products is -0 as on the f32 route; an empty sum is +0.
+    let start = if F16 && k > 0 { -0.0 } else { 0.0 };
+    // SAFETY: (all blocks below) the CPU has the features of the caller (our contract): AVX-512
+    // F and BW, and AVX512-BF16 (bf16) or VL, F16C and FMA (f16).
+    let mut acc = [[unsafe { _mm512_set1_ps(start) }; C]; R];
+    let len = if F16 { 16 } else { 32 };
+    let full = k / len * len;
+    for p in (0..full).step_by(len) {
+        // SAFETY: a full step ends at or before `k`; our contract.
+        unsafe { step::<R, C, F16>(&mut acc, (a, a_rs), (b, b_cs), p, if F16 { 0xffff } else { !0 }) };
+    }
+    if full < k {
+        // SAFETY: the mask stops at `k`; our contract.
+        unsafe { step::<R, C, F16>(&mut acc, (a, a_rs), (b, b_cs), full, (1u32 << (k - full)) - 1) };
+    }
+    for (r, row) in acc.iter().enumerate() {
+        for (c, v) in row.iter().enumerate() {
+            // SAFETY: our CPU features; (r, c) is inside the block (our contract).
+            unsafe {
+                let sum = _mm512_reduce_add_ps(*v);
+                let bits = if F16 { half::f16::narrow(sum).to_bits() } else { half::bf16::narrow(sum).to_bits() };
+                out.add(r * out_rs + c).write(bits);
+            }
+        }
+    }
+}
+
+/// One step of [`group`] over inner elements `p ..`, those of `mask` only (32 for bf16, 16 for
+/// f16; the others read as zero, and masked-off elements are not read at all: AVX-512 masked
+/// loads do not fault on them). A function, not a closure: a closure would be compiled without
+/// the caller's CPU features, and the intrinsics would not be inlined into it.
+///
+/// # Safety
+/// As [`group`]; the elements of `mask` from `p` are inside the rows and columns.
+#[inline(always)]
+unsafe fn step<const R: usize, const C: usize, const F16: bool>(
+    acc: &mut [[__m512; C]; R],
+    (a, a_rs): (*const u8, usize),
+    (b, b_cs): (*const u16, usize),
+    p: usize,
+    mask: u32,
+) {
+    // SAFETY: our contract: the elements read are inside the operands; our CPU features.
+    unsafe {
+        if F16 {
+            let m = mask as __mmask16;
+            let w: [__m512; C] =
+                core::array::from_fn(|c| _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b.add(c * b_cs + p).cast())));
+            for (r, row) in acc.iter_mut().enumerate() {
+                let x = _mm512_maskz_loadu_ps(m, a.cast::<f32>().add(r * a_rs + p));
+                for (v, &w) in row.iter_mut().zip(&w) {
+                    *v = _mm512_mask3_fmadd_ps(x, w, *v, m);
+                }
+            }
+        } else {
+            let w: [__m512bh; C] = core::array::from_fn(|c| {
+                core::mem::transmute(_mm512_maskz_loadu_epi16(mask, b.add(c * b_cs + p).cast()))
+            });
+            for (r, row) in acc.iter_mut().enumerate() {
+                let x: __m512bh =
+                    core::mem::transmute(_mm512_maskz_loadu_epi16(mask, a.cast::<u16>().add(r * a_rs + p).cast()));
+                for (v, &w) in row.iter_mut().zip(&w) {
+                    *v = _mm512_dpbf16_ps(*v, x, w);
+                }
+            }
+        }
+    }
+}
