@@ -163,6 +163,31 @@ fn batch_offsets(t: &Tensor, batch: &[usize]) -> Vec<usize> {
     v
 }
 
+/// The uninitialised `batch + [n, m]` result of `dt` for a product of `a` and `b` (both made
+/// ready on the host), and the threads its `k` multiply-adds per element may use.
+///
+/// # Safety
+/// The caller writes every element of the result before it is read, or drops it unread.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+unsafe fn fresh_result(
+    like: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    dt: DType,
+    batch: &[usize],
+    (n, k, m): (usize, usize, usize),
+) -> Result<(Tensor, usize)> {
+    let op = "matmul";
+    let mut shape = batch.to_vec();
+    shape.extend([n, m]);
+    // SAFETY: our contract.
+    let out = unsafe { Tensor::output(op, &shape, dt, like) }?;
+    a.host_ready(op)?;
+    b.host_ready(op)?;
+    let threads = crate::tensor::parallel::threads_for(out.numel().saturating_mul(k), PARALLEL_FLOPS / 2);
+    Ok((out, threads))
+}
+
 /// `a x b` in `dt` (bf16 or f16) packed for AMX tiles and multiplied on `route` (the tiles, or
 /// AVX512-BF16 registers for bf16: [`amx`](super::amx)); `a` and `b` are expanded to
 /// `batch + [n, k]` and `batch + [k, m]`, of any dtype that promotes to `dt`. `None` when an f16
@@ -180,16 +205,12 @@ fn on_tiles(
     use super::amx::{Plan, product};
     let op = "matmul";
     let (a, b) = (a.to_dtype(dt)?, b.to_dtype(dt)?);
-    let mut out_shape = batch.to_vec();
-    out_shape.extend([n, m]);
     // SAFETY: `product` writes every element of `out`, or it is dropped unread.
-    let out = unsafe { Tensor::output(op, &out_shape, dt, like) }?;
-    a.host_ready(op)?;
-    b.host_ready(op)?;
+    let (out, threads) = unsafe { fresh_result(like, &a, &b, dt, batch, (n, k, m)) }?;
     if out.numel() == 0 {
         return Ok(Some(out));
     }
-    let threads = crate::tensor::parallel::threads_for(out.numel().saturating_mul(k), PARALLEL_FLOPS / 2);
+    let out_shape = out.sizes().to_vec();
     let plan = Plan::new(out.numel() / (n * m), n, k, m, threads, dt == DType::F16, route);
     let scratch = |len: Option<usize>| {
         let len = len.ok_or_else(|| TensorError::SizeOverflow { op, shape: out_shape.clone(), dtype: dt })?;
@@ -234,22 +255,16 @@ fn few_rows(
     (n, k, m): (usize, usize, usize),
 ) -> Result<Tensor> {
     use super::amx::{few_rows, few_rows_product};
-    let op = "matmul";
     let nb = batch.len();
     // The rows contiguous, bf16 or (for f16) widened to f32 once: a strided one (few rows, so
     // cheap) is copied first.
     let a = a.to_dtype(if dt == DType::F16 { DType::F32 } else { dt })?;
     let a = if a.strides()[nb + 1] == 1 || k <= 1 { a } else { a.contiguous()? };
-    let mut out_shape = batch.to_vec();
-    out_shape.extend([n, m]);
     // SAFETY: `few_rows_product` writes every element of `out`.
-    let out = unsafe { Tensor::output(op, &out_shape, dt, like) }?;
-    a.host_ready(op)?;
-    b.host_ready(op)?;
+    let (out, threads) = unsafe { fresh_result(like, &a, b, dt, batch, (n, k, m)) }?;
     if out.numel() == 0 {
         return Ok(out);
     }
-    let threads = crate::tensor::parallel::threads_for(out.numel().saturating_mul(k), PARALLEL_FLOPS / 2);
     let _g = lock_storages(None, &[a.storage(), b.storage()]);
     let (ao, bo) = (batch_offsets(&a, batch), batch_offsets(b, batch));
     let (ars, acs) = (a.strides()[nb], a.strides()[nb + 1]);

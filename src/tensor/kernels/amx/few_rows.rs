@@ -96,21 +96,36 @@ unsafe fn blocks<const F16: bool>(
             // product and the caller's columns (our contract).
             unsafe {
                 let (a, out, b) = (a.add(i * a_bytes), out.add(i * out_rs + j), b.add(j * b_cs));
+                let blk = Block { a, a_rs, b, b_cs, k, out, out_rs };
                 match (rows, wide) {
-                    (4, true) => run::<4, BLOCK, F16>(a, a_rs, b, b_cs, k, out, out_rs),
-                    (3, true) => run::<3, BLOCK, F16>(a, a_rs, b, b_cs, k, out, out_rs),
-                    (2, true) => run::<2, BLOCK, F16>(a, a_rs, b, b_cs, k, out, out_rs),
-                    (_, true) => run::<1, BLOCK, F16>(a, a_rs, b, b_cs, k, out, out_rs),
-                    (4, false) => run::<4, 1, F16>(a, a_rs, b, b_cs, k, out, out_rs),
-                    (3, false) => run::<3, 1, F16>(a, a_rs, b, b_cs, k, out, out_rs),
-                    (2, false) => run::<2, 1, F16>(a, a_rs, b, b_cs, k, out, out_rs),
-                    (_, false) => run::<1, 1, F16>(a, a_rs, b, b_cs, k, out, out_rs),
+                    (4, true) => run::<4, BLOCK, F16>(blk),
+                    (3, true) => run::<3, BLOCK, F16>(blk),
+                    (2, true) => run::<2, BLOCK, F16>(blk),
+                    (_, true) => run::<1, BLOCK, F16>(blk),
+                    (4, false) => run::<4, 1, F16>(blk),
+                    (3, false) => run::<3, 1, F16>(blk),
+                    (2, false) => run::<2, 1, F16>(blk),
+                    (_, false) => run::<1, 1, F16>(blk),
                 }
             }
             i += rows;
         }
         j += if wide { BLOCK } else { 1 };
     }
+}
+
+/// One block's operands, from its row 0 and column 0: rows of `a` (bf16, or f32 for f16)
+/// `a_rs` elements apart, columns of `b` `b_cs` apart, `k` inner elements, results at `out` in
+/// rows `out_rs` apart.
+#[derive(Clone, Copy)]
+struct Block {
+    a: *const u8,
+    a_rs: usize,
+    b: *const u16,
+    b_cs: usize,
+    k: usize,
+    out: *mut u16,
+    out_rs: usize,
 }
 
 /// [`group`] compiled for its dtype's CPU features, each size a function of its own. With all
@@ -120,23 +135,9 @@ unsafe fn blocks<const F16: bool>(
 /// # Safety
 /// As [`group`].
 #[inline(always)]
-unsafe fn run<const R: usize, const C: usize, const F16: bool>(
-    a: *const u8,
-    a_rs: usize,
-    b: *const u16,
-    b_cs: usize,
-    k: usize,
-    out: *mut u16,
-    out_rs: usize,
-) {
+unsafe fn run<const R: usize, const C: usize, const F16: bool>(blk: Block) {
     // SAFETY: our contract, with the CPU features of the caller, which each callee needs.
-    unsafe {
-        if F16 {
-            group_f16::<R, C>(a, a_rs, b, b_cs, k, out, out_rs)
-        } else {
-            group_bf16::<R, C>(a, a_rs, b, b_cs, k, out, out_rs)
-        }
-    }
+    unsafe { if F16 { group_f16::<R, C>(blk) } else { group_bf16::<R, C>(blk) } }
 }
 
 /// [`group`] for bf16.
@@ -144,17 +145,9 @@ unsafe fn run<const R: usize, const C: usize, const F16: bool>(
 /// # Safety
 /// As [`group`]; the CPU has AVX-512 F and BW and AVX512-BF16.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn group_bf16<const R: usize, const C: usize>(
-    a: *const u8,
-    a_rs: usize,
-    b: *const u16,
-    b_cs: usize,
-    k: usize,
-    out: *mut u16,
-    out_rs: usize,
-) {
+unsafe fn group_bf16<const R: usize, const C: usize>(blk: Block) {
     // SAFETY: our contract.
-    unsafe { group::<R, C, false>(a, a_rs, b, b_cs, k, out, out_rs) }
+    unsafe { group::<R, C, false>(blk) }
 }
 
 /// [`group`] for f16.
@@ -162,33 +155,18 @@ unsafe fn group_bf16<const R: usize, const C: usize>(
 /// # Safety
 /// As [`group`]; the CPU has AVX-512 F, BW and VL, F16C and FMA.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
-unsafe fn group_f16<const R: usize, const C: usize>(
-    a: *const u8,
-    a_rs: usize,
-    b: *const u16,
-    b_cs: usize,
-    k: usize,
-    out: *mut u16,
-    out_rs: usize,
-) {
+unsafe fn group_f16<const R: usize, const C: usize>(blk: Block) {
     // SAFETY: our contract.
-    unsafe { group::<R, C, true>(a, a_rs, b, b_cs, k, out, out_rs) }
+    unsafe { group::<R, C, true>(blk) }
 }
 
-/// `R` rows by `C` columns of [`blocks`] from row 0 and column 0 of its pointers.
+/// `R` rows by `C` columns of [`blocks`]: the block `blk`.
 ///
 /// # Safety
 /// As [`blocks`], for `R` rows and `C` columns.
 #[inline(always)]
-unsafe fn group<const R: usize, const C: usize, const F16: bool>(
-    a: *const u8,
-    a_rs: usize,
-    b: *const u16,
-    b_cs: usize,
-    k: usize,
-    out: *mut u16,
-    out_rs: usize,
-) {
+unsafe fn group<const R: usize, const C: usize, const F16: bool>(blk: Block) {
+    let Block { a, a_rs, b, b_cs, k, out, out_rs } = blk;
     // f16 sums start at -0, the identity of IEEE addition, and masked-off lanes keep it, so a
     // sum of only -0 products is -0 as on the f32 route; an empty sum is +0.
     let start = if F16 && k > 0 { -0.0 } else { 0.0 };

@@ -41,7 +41,7 @@
 //! AVX-512 CPU without AMX ([`few_rows::f16`]): the rows widened to f32 once, the weight's f16
 //! widened as it is read, fused multiply-adds. That is the f32 route's arithmetic (products of
 //! f16 are exact in f32) without converting the whole weight on every call: 0.09 ms for one
-//! token by a 3072x768 weight, where the f32 route took 0.67-0.94. Other f16 products take the
+//! token by a 3072x768 weight, where the f32 route took 0.67-0.99. Other f16 products take the
 //! f32 route there.
 
 #![cfg_attr(not(all(target_arch = "x86_64", target_os = "linux")), allow(dead_code))]
