@@ -1,5 +1,6 @@
 //! bf16 and f16 matrix products on AMX tiles (Intel Xeon 4th generation, Sapphire Rapids, and
-//! later), and bf16 products on AVX512-BF16 registers where there is no AMX.
+//! later); bf16 products, and f16 products of few rows, on AVX-512 registers where there is no
+//! AMX.
 //!
 //! The f32 route converts both operands to f32, runs gemm's AVX-512 kernels and rounds the
 //! result: 1.8-2.5 ms for a 512^3 bf16 product on the 2-vCPU VM, where PyTorch (oneDNN on AMX)
@@ -37,8 +38,8 @@
 //! rows and columns in groups of 4 rows ([`few_rows`]). [`set_avx512_bf16`] and
 //! [`AVX512_BF16_ENV`] turn that route off; everything else takes the f32 route.
 //!
-//! f16 products of fewer than 32 rows by a transposed weight run as the same dot products on any
-//! AVX-512 CPU without AMX ([`few_rows::f16`]): the rows widened to f32 once, the weight's f16
+//! f16 products of fewer than 32 rows by a transposed weight (with AMX, of fewer than 16) run as
+//! the same dot products on any AVX-512 CPU ([`few_rows::f16`]): the rows widened to f32 once, the weight's f16
 //! widened as it is read, fused multiply-adds. That is the f32 route's arithmetic (products of
 //! f16 are exact in f32) without converting the whole weight on every call: 0.09 ms for one
 //! token by a 3072x768 weight, where the f32 route took 0.67-0.99. Other f16 products take the
@@ -229,9 +230,12 @@ unsafe impl<T: Copy> Sync for Shared<T> {}
 /// the f32 route for such operands.
 ///
 /// # Safety
-/// [`worth`] returned true for these sizes (AMX is usable). Every matrix addresses initialised
-/// bf16 (f16 with `plan.parts == 2`) bits with the given strides; `dst` is valid for writes of `batches * n * m` elements and
-/// overlaps nothing else; the scratch buffers are valid for writes, separate from everything.
+/// [`route`] returned the plan's route, [`Route::Tiles`] or [`Route::Dots`], for these sizes and
+/// dtype (so its hardware is usable, and the CPU has AVX-512 F, BW and VL: `amx_supported` and
+/// `avx512_bf16_supported` require them). Every matrix addresses initialised bf16 (f16 with
+/// `plan.parts == 2`) bits with the given strides; `dst` is valid for writes of
+/// `batches * n * m` elements and overlaps nothing else; the scratch buffers are valid for
+/// writes, separate from everything.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn product(
@@ -276,7 +280,7 @@ pub(super) unsafe fn product(
                 let a = a.get();
                 // SAFETY: matrix `bi` of `a` is valid (our contract); this panel's part of the
                 // scratch is `panel_len()` elements at its index, written by this job only;
-                // AMX implies AVX-512 (`supported`).
+                // the route implies AVX-512 (our contract).
                 flag(unsafe {
                     let src = Mat { ptr: a.ptr.add(a_offsets[bi]), ..a };
                     pack_a_panel(&p, src, panel, pa.get().add(job * p.panel_len()))
@@ -334,7 +338,7 @@ pub(super) unsafe fn product(
                     let (c, t) = if by_column { (y, t0 + x) } else { (x, t0 + y) };
                     // SAFETY: matrix `bi` of `b` is valid (our contract); piece `piece` owns
                     // `own_b` elements of the scratch (`packed_b` holds one group per piece),
-                    // and tile (t - t0, c) of this group is inside them; AVX-512 (`supported`).
+                    // and tile (t - t0, c) of this group is inside them; AVX-512 (our contract).
                     flag(unsafe {
                         let src = Mat { ptr: b.ptr.add(b_offsets[bi]), ..b };
                         let tile = piece * own_b + (t - t0) * p.column_len() + c * p.parts * B_TILE;
@@ -355,7 +359,7 @@ pub(super) unsafe fn product(
                 // SAFETY: phase 1 packed this panel of batch `bi`, and `b_cols` holds this
                 // group's tile columns (packed above or in phase 1); the block of results (rows of
                 // the panel, columns of the group, clipped to n x m) lies in result `bi` and only
-                // this job writes it; AMX implies AVX-512 (`supported`).
+                // this job writes it; the route implies AVX-512 (our contract).
                 unsafe {
                     let a_panel = pa.get().add((bi * p.panels + panel) * p.panel_len());
                     group_block(&engine, &p, a_panel, b_cols, pairs.len(), &mut acc);
