@@ -1,5 +1,6 @@
 //! bf16 and f16 matmul on AMX tiles (Intel Xeon 4th generation and later) and bf16 on
-//! AVX512-BF16 registers (Cooper Lake, Zen 4 and later) against the f32 route: the same values
+//! AVX512-BF16 registers (Cooper Lake, Zen 4 and later), and f16 products of few rows on AVX-512,
+//! against the f32 route: the same values
 //! where the sums are exact, within one rounding elsewhere; the hardware routes' subnormal
 //! flushing (bf16 only); f16 infinities and NaNs; the switches and their environment variables.
 //! The bf16 tests run every route this CPU has in turn; where it has neither AMX nor
@@ -124,10 +125,10 @@ const SHAPES: [(usize, usize, usize); 19] = [
     (40, 1536, 200), // a long inner dimension: several column groups of B, the last one partial
     (300, 96, 40),   // more than 8 panels of 32 rows: B packed whole before the products
     (520, 64, 80),
-    // Fewer than 16 rows: the f32 route, or dot products of rows and columns on AVX512-BF16
-    // where B's columns are contiguous (layout 1; also for the shapes above of fewer than 32
-    // rows); inner sizes below, at and past 32 per step, columns past the kernel's blocks of 4,
-    // a single column and a single inner element.
+    // Fewer than 16 rows: the f32 route, or dot products of rows and columns (bf16 on
+    // AVX512-BF16, f16 on AVX-512) where B's columns are contiguous (layout 1; also for the
+    // shapes above of fewer than 32 rows); inner sizes below, at and past a step (32 bf16, 16
+    // f16), columns past the kernel's blocks of 4, a single column and a single inner element.
     (15, 64, 64),
     (1, 768, 70),
     (7, 33, 5),
@@ -153,7 +154,7 @@ fn every_shape_and_layout(mut check: impl FnMut(usize, usize, usize, usize, usiz
 /// `a x b` (matrices) has `a`'s dtype, `n x m` elements and the f32 route's bits.
 /// With `any_zero`, a zero of either sign matches a zero: the bf16 hardware routes start each
 /// sum at +0 and add the zero pairs that pad an odd inner size, so an exact sum of -0 products
-/// (`0 x -3`) comes out +0 there, as on oneDNN's kernels.
+/// (`0 x -3`) comes out +0 there.
 fn same_as_the_f32_route(a: &Tensor, b: &Tensor, what: &str, any_zero: bool) {
     let c = a.matmul(b).unwrap();
     assert_eq!((c.dtype(), c.sizes()), (a.dtype(), &[a.sizes()[0], b.sizes()[1]][..]), "{what}");
