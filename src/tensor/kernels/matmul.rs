@@ -139,16 +139,10 @@ impl Tensor {
         }
         let compute = if matches!(dt, DType::BF16 | DType::F16) { DType::F32 } else { dt };
         let (a, b) = (a.to_dtype(compute)?, b.to_dtype(compute)?);
-        let mut out_shape = batch.clone();
-        out_shape.extend([n, m]);
         // SAFETY: `batched` writes every element of `out` (gemm with k == 0 writes zeros).
-        let out = unsafe { Tensor::output(op, &out_shape, compute, self) }?;
-        a.host_ready(op)?;
-        b.host_ready(op)?;
+        let (out, threads) = unsafe { fresh_result(self, &a, &b, compute, &batch, (n, k, m)) }?;
         if out.numel() > 0 {
             let _g = lock_storages(None, &[a.storage(), b.storage()]);
-            let flops = out.numel().saturating_mul(k);
-            let threads = crate::tensor::parallel::threads_for(flops, PARALLEL_FLOPS / 2);
             let run = || match_numeric!(compute, T => batched::<T>(&a, &b, &out, &batch, n, k, m, threads), _ => {});
             if threads > 1 { crate::tensor::parallel::install(run) } else { run() }
         }
@@ -168,7 +162,6 @@ fn batch_offsets(t: &Tensor, batch: &[usize]) -> Vec<usize> {
 ///
 /// # Safety
 /// The caller writes every element of the result before it is read, or drops it unread.
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 unsafe fn fresh_result(
     like: &Tensor,
     a: &Tensor,
