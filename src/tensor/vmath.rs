@@ -1,7 +1,16 @@
 //! `f32` elementary functions written so that the compiler vectorises the loops calling them:
-//! no branches, no table lookups, no calls; only IEEE additions, multiplications, divisions,
-//! comparisons and integer operations on the bits (no fused multiply-add, so a loop gives the
-//! same bits whichever vector extension it is compiled for).
+//! no branches, no table lookups; only IEEE additions, multiplications, fused multiply-adds,
+//! divisions, comparisons and integer operations on the bits.
+//!
+//! Fused multiply-adds (`mul_add`, one rounding) evaluate the polynomials and the range
+//! reductions, and give a square's rounding error exactly. They round the same way on every
+//! machine, so a loop gives the same bits whichever vector extension it is compiled for
+//! (`same_bits_in_every_isa`). The loops run compiled for AVX2 or AVX-512 (both have FMA);
+//! in the x86-64 baseline build, used only on CPUs without AVX2 and FMA (before 2013), each
+//! `mul_add` is a call to the C library's `fmaf`: the same bits, several times slower. Fused,
+//! each function here takes 16-26% less time than unfused (on a Zen 4 VM, 1 thread: GELU of a
+//! 1024x3072 activation 4.2 ms instead of 5.6, SiLU 1.65 instead of 2.2, softmax of 12x256x256
+//! scores 0.58 instead of 0.69).
 //!
 //! `f32::exp`, `f32::tanh`, `f32::ln` and `libm::erff` are calls into scalar code, one element at
 //! a time (4-13 ns an element here): GELU of a GPT-2 MLP activation (1024x3072) took 12x
@@ -14,8 +23,8 @@
 //!
 //! Accuracy over every `f32` (`exhaustive_accuracy`, ignored: it walks all 2^32 values, 10
 //! minutes in release on 2 cores; a spread of a million of them is checked in every run),
-//! counting a subnormal result's ulp as the smallest subnormal: `exp` within 0.99 ulp of the
-//! exact result, `ln` 0.83, `tanh` 1.33, `sigmoid` 2.4, `silu` 3.4, `gelu` 7.6 (at -4.02), and
+//! counting a subnormal result's ulp as the smallest subnormal: `exp` within 0.98 ulp of the
+//! exact result, `ln` 0.83, `tanh` 1.33, `sigmoid` 2.4, `silu` 3.4, `gelu` 7.4 (at -3.83), and
 //! `gelu_tanh` within 2.8 ulp per unit of its argument `2u` (the error that `2u`'s own rounding
 //! carries through `e^(-2u)`, as in every f32 evaluation of that formula). The old
 //! `0.5 * x * (1 + erff(x / √2))` lost the tail to cancellation: 10% off at -5. PyTorch's
@@ -25,6 +34,17 @@
 //! Results that are subnormal (`gelu` below -13, `gelu_tanh` below -10.3, `silu` below -87)
 //! are computed, not flushed: on x86 each costs a microcode assist, so a tensor with many of
 //! them runs slower.
+
+/// `c[0] x^(N-1) + c[1] x^(N-2) + .. + c[N-1]` by Horner's rule, each step a fused
+/// multiply-add (one rounding).
+#[inline(always)]
+fn horner<const N: usize>(x: f32, c: [f32; N]) -> f32 {
+    let mut acc = c[0];
+    for &k in &c[1..] {
+        acc = acc.mul_add(x, k);
+    }
+    acc
+}
 
 /// `e^x`.
 #[inline(always)]
@@ -66,13 +86,12 @@ fn exp_both(hi: f32, lo: f32, scale: f32) -> (f32, f32) {
         (hi, lo)
     };
     let sum = x + lo;
-    let t = sum * LOG2E + SHIFT;
+    let t = sum.mul_add(LOG2E, SHIFT);
     let n = t - SHIFT;
-    let r = (x - n * LN2_HI) - n * LN2_LO + lo;
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x)) + lo;
     // e^r on |r| <= ln2 / 2 (Cephes' coefficients).
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
-        * r
-        + 0.5;
+    let p = horner(r, [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5]);
+    // Not fused: `p.mul_add(r * r, r)` took the worst error over all f32 from 0.98 ulp to 1.01.
     let e = p * (r * r) + r + 1.0;
     // 2^n in two factors, each a normal number (n is in [-217, 129]), so that subnormal
     // results and 2^128 round once, in the last product (`e * scale` is a normal number).
@@ -113,27 +132,39 @@ pub(crate) fn gelu(x: f32) -> f32 {
     // erf(z) for z < 0.5: 2/√π Σ (-1)^n z^(2n+1) / (n! (2n+1)), n <= 6 (the next term is
     // below 1e-9 of the sum).
     let zz = z * z;
-    let series = z
-        * (core::f32::consts::FRAC_2_SQRT_PI
-            + zz * (-0.376_126_4
-                + zz * (0.112_837_92
-                    + zz * (-0.026_866_17 + zz * (0.005_223_978 + zz * (-8.548_327e-4 + zz * 1.205_533_3e-4))))));
+    let series = z * horner(
+        zz,
+        [
+            1.205_533_3e-4,
+            -8.548_327e-4,
+            0.005_223_978,
+            -0.026_866_17,
+            0.112_837_92,
+            -0.376_126_4,
+            core::f32::consts::FRAC_2_SQRT_PI,
+        ],
+    );
     // erfc(z) = t e^(-z^2 + poly(t)), t = 1 / (1 + z / 2) (Numerical Recipes' `erfcc`).
     let t = 1.0 / (1.0 + 0.5 * z);
-    let poly = -1.265_512_2
-        + t * (1.000_023_7
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_204 + t * (1.488_515_9 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    // -z^2 = -a^2 / 2 exactly, as `sq + sq_lo` (Dekker's product: `a` split into two 12-bit
-    // halves whose products are exact).
-    let c = 4097.0 * a;
-    let a_hi = c - (c - a);
-    let a_lo = a - a_hi;
+    let poly = horner(
+        t,
+        [
+            0.170_872_77,
+            -0.822_152_23,
+            1.488_515_9,
+            -1.135_204,
+            0.278_868_07,
+            -0.186_288_06,
+            0.096_784_18,
+            0.374_091_96,
+            1.000_023_7,
+            -1.265_512_2,
+        ],
+    );
+    // -z^2 = -a^2 / 2 exactly, as `sq + sq_lo`: a fused multiply-add gives the product's
+    // rounding error exactly.
     let sq = a * a;
-    let sq_lo = ((a_hi * a_hi - sq) + 2.0 * a_hi * a_lo) + a_lo * a_lo;
+    let sq_lo = a.mul_add(a, -sq);
     let negative = x < 0.0;
     // x * erfc / 2 in one rounding for x < 0; erfc / 2 otherwise.
     let scale = if negative { 0.5 * t * (-a) } else { 0.5 * t };
@@ -156,11 +187,8 @@ pub(crate) fn gelu(x: f32) -> f32 {
 pub(crate) fn tanh(x: f32) -> f32 {
     let a = x.abs();
     let z = a * a;
-    let small = ((((-5.704_988_7e-3 * z + 2.063_908_8e-2) * z - 5.373_971_5e-2) * z + 1.333_144_2e-1) * z
-        - 3.333_328e-1)
-        * z
-        * a
-        + a;
+    let small = (horner(z, [-5.704_988_7e-3, 2.063_908_8e-2, -5.373_971_5e-2, 1.333_144_2e-1, -3.333_328e-1]) * z)
+        .mul_add(a, a);
     let large = 1.0 - 2.0 / (exp(a + a) + 1.0);
     // NaN fails the comparison and keeps the polynomial's NaN.
     let t = if a > 0.625 { large } else { small };
@@ -182,20 +210,23 @@ pub(crate) fn ln(x: f32) -> f32 {
     let e = (if low { e - 1 } else { e }) as f32;
     let m = if low { m + m - 1.0 } else { m - 1.0 };
     let z = m * m;
-    let p = ((((((((7.037_683_6e-2 * m - 1.151_461e-1) * m + 1.167_699_84e-1) * m - 1.242_014_1e-1) * m
-        + 1.424_932_3e-1)
-        * m
-        - 1.666_805_7e-1)
-        * m
-        + 2.000_071_4e-1)
-        * m
-        - 2.499_999_4e-1)
-        * m
-        + 3.333_333e-1)
-        * m
+    let p = horner(
+        m,
+        [
+            7.037_683_6e-2,
+            -1.151_461e-1,
+            1.167_699_84e-1,
+            -1.242_014_1e-1,
+            1.424_932_3e-1,
+            -1.666_805_7e-1,
+            2.000_071_4e-1,
+            -2.499_999_4e-1,
+            3.333_333e-1,
+        ],
+    ) * m
         * z;
-    // ln 2 in two parts, as in `scaled_exp`.
-    let r = m + (p + -2.121_944_4e-4 * e - 0.5 * z) + 0.693_359_4 * e;
+    // ln 2 in two parts, as in `scaled_exp` (`0.693_359_4 * e` is exact).
+    let r = 0.693_359_4f32.mul_add(e, m + (-0.5f32).mul_add(z, (-2.121_944_4e-4f32).mul_add(e, p)));
     if x == f32::INFINITY {
         x
     } else if x == 0.0 {
@@ -335,6 +366,27 @@ mod tests {
     #[ignore = "walks all 2^32 floats: 10 minutes in release on 2 cores (cargo test --release --lib -- --ignored vmath)"]
     fn exhaustive_accuracy() {
         check(1);
+    }
+
+    /// Every function over a spread of floats (and the special values), in loops compiled for
+    /// each vector extension: the bits must be the baseline's.
+    #[test]
+    fn same_bits_in_every_isa() {
+        use crate::tensor::kernels::isa::{Isa, vectorised};
+        let mut xs: Vec<f32> = (0..1u64 << 32).step_by(65_537).map(|b| f32::from_bits(b as u32)).collect();
+        xs.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MIN_POSITIVE, f32::MAX, -20.0, -150.0]);
+        let run = |isa: Isa, f: fn(f32) -> f32| -> Vec<u32> {
+            // A NaN stands for every NaN: which payload comes through is not specified.
+            vectorised!(isa, {
+                xs.iter().map(|&x| f(x)).map(|y| if y.is_nan() { u32::MAX } else { y.to_bits() }).collect()
+            })
+        };
+        for (name, f, _, _) in FUNCTIONS {
+            let base = run(Isa::Baseline, f);
+            for isa in [Isa::Avx2, Isa::Avx512] {
+                assert_eq!(run(isa, f), base, "{name} in {isa:?}");
+            }
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@ mod cast;
 mod elementwise;
 mod f16c;
 mod index;
-mod isa;
+pub(crate) mod isa;
 mod join;
 mod mask;
 mod norm;
