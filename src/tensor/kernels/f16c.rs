@@ -14,6 +14,7 @@ use core::mem::MaybeUninit;
 use half::f16;
 
 use super::isa::{Isa, detected};
+use super::reduce::SUM_LANES;
 use crate::tensor::halfconv::HalfFloat;
 
 /// Whether f16 converts with F16C's instructions here ([`widen_f16`], [`narrow_f16`]): every
@@ -143,10 +144,11 @@ unsafe fn narrow_f16_avx512(src: &[f32], dst: &mut [MaybeUninit<f16>]) -> usize 
     whole
 }
 
-/// Adds `x[16 * j + k]` to `acc[k]`, in order of `j`, for every whole group of 16 of `x`
-/// (widened exactly); returns how many elements that took (0 where the CPU lacks F16C). The
-/// float sum's 16 lanes with the widening fused in: the same additions, so the same result.
-pub(crate) fn sum_lanes_f16(x: &[f16], acc: &mut [f32; 16]) -> usize {
+/// Adds `x[SUM_LANES * j + k]` to `acc[k]`, in order of `j`, for every whole group of
+/// [`SUM_LANES`] of `x` (widened exactly); returns how many elements that took (0 where the CPU
+/// lacks F16C). The float sum's lanes with the widening fused in: the same additions, so the
+/// same result.
+pub(crate) fn sum_lanes_f16(x: &[f16], acc: &mut [f32; SUM_LANES]) -> usize {
     match detected() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the CPU has AVX-512 F.
@@ -161,46 +163,53 @@ pub(crate) fn sum_lanes_f16(x: &[f16], acc: &mut [f32; 16]) -> usize {
     }
 }
 
-/// [`sum_lanes_f16`] with one 16-lane register.
+/// [`sum_lanes_f16`] in four 16-lane registers (lanes `16 q ..16 q + 16`).
 ///
 /// # Safety
 /// The CPU must have AVX-512 F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn sum_lanes_avx512(x: &[f16], acc: &mut [f32; 16]) -> usize {
+unsafe fn sum_lanes_avx512(x: &[f16], acc: &mut [f32; SUM_LANES]) -> usize {
     use core::arch::x86_64::{_mm256_loadu_si256, _mm512_add_ps, _mm512_cvtph_ps, _mm512_loadu_ps, _mm512_storeu_ps};
-    let whole = x.len() / 16 * 16;
-    // SAFETY: `acc` holds 16 f32 (64 bytes); each `i + 16 <= whole` is 32 readable bytes of
-    // `x`; the intrinsics take unaligned addresses.
+    let whole = x.len() / SUM_LANES * SUM_LANES;
+    // SAFETY: `acc` holds 64 f32, 16 (64 bytes) per `q < 4`; each `i + 64 <= whole` makes
+    // `i + 16 q` the start of 32 readable bytes of `x`; the intrinsics take unaligned
+    // addresses.
     unsafe {
-        let mut v = _mm512_loadu_ps(acc.as_ptr());
-        for i in (0..whole).step_by(16) {
-            v = _mm512_add_ps(v, _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().add(i).cast())));
+        let mut v = [0, 1, 2, 3].map(|q| _mm512_loadu_ps(acc.as_ptr().add(16 * q)));
+        for i in (0..whole).step_by(SUM_LANES) {
+            for (q, v) in v.iter_mut().enumerate() {
+                *v = _mm512_add_ps(*v, _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().add(i + 16 * q).cast())));
+            }
         }
-        _mm512_storeu_ps(acc.as_mut_ptr(), v);
+        for (q, v) in v.into_iter().enumerate() {
+            _mm512_storeu_ps(acc.as_mut_ptr().add(16 * q), v);
+        }
     }
     whole
 }
 
-/// [`sum_lanes_f16`] with two 8-lane registers (lanes 0-7 and 8-15).
+/// [`sum_lanes_f16`] in eight 8-lane registers (lanes `8 q .. 8 q + 8`).
 ///
 /// # Safety
 /// The CPU must have F16C and AVX.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx,f16c")]
-unsafe fn sum_lanes_f16c(x: &[f16], acc: &mut [f32; 16]) -> usize {
+unsafe fn sum_lanes_f16c(x: &[f16], acc: &mut [f32; SUM_LANES]) -> usize {
     use core::arch::x86_64::{_mm_loadu_si128, _mm256_add_ps, _mm256_cvtph_ps, _mm256_loadu_ps, _mm256_storeu_ps};
-    let whole = x.len() / 16 * 16;
-    // SAFETY: as in `sum_lanes_avx512`, in two halves of 8 lanes (32 bytes of `acc`, 16 of `x`).
+    let whole = x.len() / SUM_LANES * SUM_LANES;
+    // SAFETY: as in `sum_lanes_avx512`, in eight parts of 8 lanes (32 bytes of `acc`, 16 of
+    // `x`).
     unsafe {
-        let (mut lo, mut hi) = (_mm256_loadu_ps(acc.as_ptr()), _mm256_loadu_ps(acc.as_ptr().add(8)));
-        for i in (0..whole).step_by(16) {
-            let p = x.as_ptr().add(i);
-            lo = _mm256_add_ps(lo, _mm256_cvtph_ps(_mm_loadu_si128(p.cast())));
-            hi = _mm256_add_ps(hi, _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast())));
+        let mut v = [0, 1, 2, 3, 4, 5, 6, 7].map(|q| _mm256_loadu_ps(acc.as_ptr().add(8 * q)));
+        for i in (0..whole).step_by(SUM_LANES) {
+            for (q, v) in v.iter_mut().enumerate() {
+                *v = _mm256_add_ps(*v, _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i + 8 * q).cast())));
+            }
         }
-        _mm256_storeu_ps(acc.as_mut_ptr(), lo);
-        _mm256_storeu_ps(acc.as_mut_ptr().add(8), hi);
+        for (q, v) in v.into_iter().enumerate() {
+            _mm256_storeu_ps(acc.as_mut_ptr().add(8 * q), v);
+        }
     }
     whole
 }
@@ -368,12 +377,12 @@ mod tests {
             .filter(|v| v.is_finite())
             .chain([f16::ONE; 9])
             .collect();
-        let mut acc = [0.5f32; 16];
+        let mut acc: [f32; SUM_LANES] = core::array::from_fn(|k| k as f32 * 0.25);
         let done = sum_lanes_f16(&x, &mut acc);
-        let mut want = [0.5f32; 16];
-        let whole = if has_f16c() { x.len() / 16 * 16 } else { 0 };
+        let mut want: [f32; SUM_LANES] = core::array::from_fn(|k| k as f32 * 0.25);
+        let whole = if has_f16c() { x.len() / SUM_LANES * SUM_LANES } else { 0 };
         for (j, v) in x[..whole].iter().enumerate() {
-            want[j % 16] += v.widen();
+            want[j % SUM_LANES] += v.widen();
         }
         assert_eq!(done, whole);
         assert_eq!(acc.map(f32::to_bits), want.map(f32::to_bits));
