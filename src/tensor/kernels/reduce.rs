@@ -49,8 +49,10 @@ trait SumAcc: Element {
     type Acc: Copy + Send + core::ops::Add<Output = Self::Acc> + Default;
 }
 
+/// The float sum of `x`'s values widened to `f32` by `to`: [`SUM_LANES`] lanes per block of
+/// [`BLOCK`], the blocks' sums added in `f64`.
 #[inline(always)]
-fn lanes_f32(x: &[f32]) -> f64 {
+fn lanes_f32<T: Copy>(x: &[T], to: impl Fn(T) -> f32) -> f64 {
     let mut total = 0f64;
     for block in x.chunks(BLOCK) {
         let mut acc = [0f32; SUM_LANES];
@@ -58,10 +60,10 @@ fn lanes_f32(x: &[f32]) -> f64 {
         let rem = chunks.remainder();
         for c in chunks {
             for k in 0..SUM_LANES {
-                acc[k] += c[k];
+                acc[k] += to(c[k]);
             }
         }
-        total += gather(&acc) + rem.iter().map(|&v| v as f64).sum::<f64>();
+        total += gather(&acc) + rem.iter().map(|&v| to(v) as f64).sum::<f64>();
     }
     total
 }
@@ -69,7 +71,7 @@ fn lanes_f32(x: &[f32]) -> f64 {
 impl SumAcc for f32 {
     type Acc = f64;
     fn sum_slice(x: &[f32]) -> f64 {
-        vectorised!(isa::detected(), lanes_f32(x))
+        vectorised!(isa::detected(), lanes_f32(x, |v| v))
     }
 }
 impl SumAcc for f64 {
@@ -78,23 +80,13 @@ impl SumAcc for f64 {
         lanes(x, 0.0, |v| v, |a, b| a + b)
     }
 }
-macro_rules! half_sum {
-    ($($t:ty),*) => {$(
-        impl SumAcc for $t {
-            type Acc = f64;
-            fn sum_slice(x: &[$t]) -> f64 {
-                vectorised!(isa::detected(), {
-                    let mut buf = [0f32; BLOCK];
-                    x.chunks(BLOCK).map(|c| {
-                        for (b, v) in buf.iter_mut().zip(c) { *b = v.widen(); }
-                        lanes_f32(&buf[..c.len()])
-                    }).sum()
-                })
-            }
-        }
-    )*};
+impl SumAcc for half::bf16 {
+    type Acc = f64;
+    fn sum_slice(x: &[half::bf16]) -> f64 {
+        // The widening (a shift) fused into the lanes.
+        vectorised!(isa::detected(), lanes_f32(x, HalfFloat::widen))
+    }
 }
-half_sum!(half::bf16);
 impl SumAcc for half::f16 {
     type Acc = f64;
     fn sum_slice(x: &[half::f16]) -> f64 {
@@ -109,13 +101,7 @@ impl SumAcc for half::f16 {
                 })
                 .sum();
         }
-        let mut buf = [0f32; BLOCK];
-        x.chunks(BLOCK)
-            .map(|c| {
-                f16c::widen_f16(c, &mut buf);
-                lanes_f32(&buf[..c.len()])
-            })
-            .sum()
+        lanes_f32(x, HalfFloat::widen)
     }
 }
 macro_rules! int_sum {
