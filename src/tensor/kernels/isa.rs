@@ -15,7 +15,10 @@
 //! [`f16c`](super::f16c) uses them, and arithmetic on f16 tensors runs as the f32 kernel between
 //! them (the same values: every f16 op widens, computes in f32 and rounds once).
 //!
-//! f32 and integer loops keep the baseline build: they move memory more than they compute.
+//! f32 and integer element-wise arithmetic keeps the baseline build: it moves memory more than
+//! it computes. The f32 loops that compute more (the `vmath` functions, softmax, the norms, the
+//! float sums, whose lanes need more than SSE2's 4 per register) are compiled for the widest
+//! extension too.
 
 use core::any::TypeId;
 use core::sync::atomic::{AtomicU8, Ordering};
