@@ -9,8 +9,8 @@
 //! in the x86-64 baseline build, used only on CPUs without AVX2 and FMA (before 2013), each
 //! `mul_add` is a call to the C library's `fmaf`: the same bits, several times slower. Fused,
 //! each function here takes 16-26% less time than unfused (on a Zen 4 VM, 1 thread: GELU of a
-//! 1024x3072 activation 4.2 ms instead of 5.6, SiLU 1.65 instead of 2.2, softmax of 12x256x256
-//! scores 0.58 instead of 0.69).
+//! 1024x3072 activation 4.2 ms instead of 5.6, SiLU 1.7 instead of 2.1, softmax of 12x256x256
+//! scores 0.59 instead of 0.69).
 //!
 //! `f32::exp`, `f32::tanh`, `f32::ln` and `libm::erff` are calls into scalar code, one element at
 //! a time (4-13 ns an element here): GELU of a GPT-2 MLP activation (1024x3072) took 12x

@@ -3,9 +3,9 @@
 //! The reduced dimension is moved innermost (a view, then `contiguous()`, which copies only
 //! when it was not already innermost), so every reduction reads contiguous rows. Float sums
 //! add [`SUM_LANES`] independent lanes (which the compiler vectorises, compiled for the CPU's
-//! widest vector extension) in blocks of 4096 and gather the blocks in `f64` (f16/bf16 rows
-//! are widened in blocks first: the same lanes, so the same result, on every CPU); integer and
-//! bool sums give `i64`, as in PyTorch. Large inputs are split over rows, or within a row,
+//! widest vector extension) in blocks of [`BLOCK`] and gather the blocks in `f64`; f16 and
+//! bf16 values are widened as they are read, so their sum is the f32 sum of the widened
+//! values, bit for bit, on every CPU. Integer and bool sums give `i64`, as in PyTorch. Large inputs are split over rows, or within a row,
 //! across rayon's threads: integer results are the same either way, float results differ only
 //! in rounding.
 
