@@ -125,7 +125,7 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
 /// `z = 0`, so it keeps its relative accuracy near 0 too, and one formula serves every argument:
 /// within 5.1 ulp over all f32, about 3 near 0. (With Numerical Recipes' polynomial in `t`,
 /// which sums terms of 1.5 to about 0 there, the formula was 6.2 ulp off near 0, and `|x| < 0.7`
-/// took a series of `erf` besides: 7.3 ulp at worst, and 1.45x this time.)
+/// took a series of `erf` besides: 7.3 ulp at worst, in 1.45x the time.)
 #[inline(always)]
 pub(crate) fn gelu(x: f32) -> f32 {
     const EDGE: f32 = 14.6;
