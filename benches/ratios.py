@@ -154,7 +154,7 @@ if (root / "add_4M_1t").is_dir():
             print(f"| {g}: 2-thread scaling of default, 1t time / 2t time{extra} | {one / two:.2f} | | >= 1.7 |")
         scaling = side.get(f"{g}_2t/scaling")
         if scaling:
-            print(f"| {g}: 2-thread scaling, calls side by side (the {base} baseline: {scaling[1]:.2f}x) "
+            print(f"| {g}: 2-thread scaling, blocks of calls side by side (the {base} baseline: {scaling[1]:.2f}x) "
                   f"| {scaling[0]:.2f} | | >= 1.7 |")
     print(f"| transposed_2048: a.t() + b / a + b | {fmt(r('transposed_2048', 'default', 'contiguous_add', 1))} "
           f"| {fmt(r('transposed_2048', 'default', 'contiguous_add', 2))} | report |")

@@ -46,12 +46,13 @@
 //! output" compared on the same seconds of a machine whose speed drifts between rows.
 //!
 //! Each 2-thread group also has a `scaling` row: the default path at 2 threads and at 1 and the
-//! group's baseline at 2 and at 1, call by call in rotation, whose 1-thread / 2-thread ratios go
-//! to `tensor_side_by_side.json`. The issue's 2-thread scaling from the same seconds of the
-//! machine, not from two rows run seconds apart. Read it on a machine with more cores than 2:
-//! with only 2 (the 2-vCPU VM), the kernel threads' spin after each 2-thread call (up to 1 ms,
-//! `set_kernel_spin`) takes a core from the call after it, and the row under-reads the
-//! baseline's scaling (0.98-1.31x there, against 1.29-1.83x from rows apart).
+//! group's baseline at 2 and at 1, in turn, whose 1-thread / 2-thread ratios go to
+//! `tensor_side_by_side.json`. The issue's 2-thread scaling from the same seconds of the
+//! machine, not from two rows run seconds apart. Each takes its turn as a block of calls back to
+//! back (2 ms at least; see `scaling_block`). One call at a time, every 2-thread call woke a
+//! sleeping kernel thread, and on a 2-core machine the kernel threads' spin after it (up to
+//! 1 ms, `set_kernel_spin`) took a core from the baseline's calls, so the row under-read both
+//! scalings (the copy's 0.93-1.59x, against 1.68-2.70x from rows apart, on a 2-vCPU Xeon).
 //!
 //! Page faults: every benchmark is timed with `iter_custom`, which also reads `getrusage`'s
 //! minor-fault count around the timed loop; the count per call of the last sample (steady
@@ -127,6 +128,20 @@ static SIDE_BY_SIDE: Mutex<BTreeMap<String, Vec<f64>>> = Mutex::new(BTreeMap::ne
 /// time (the lent 16-core Xeon: by 30% between two processes); calls side by side see the same
 /// machine.
 fn bench_side_by_side(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, row: &str, calls: &mut [&mut dyn FnMut()]) {
+    bench_side_by_side_in_blocks(g, group, row, 1, calls);
+}
+
+/// As [`bench_side_by_side`], each call made `block` times in a row before the next one's turn;
+/// the row's time is still that of one call of `calls[0]`. With `block > 1` the turns keep the
+/// order of `calls`: only a block's first call follows another call, so a rotation would have
+/// little to even out, and a fixed order lets the caller choose what follows what.
+fn bench_side_by_side_in_blocks(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    group: &str,
+    row: &str,
+    block: u32,
+    calls: &mut [&mut dyn FnMut()],
+) {
     let key = format!("{group}/{row}");
     let n = calls.len();
     g.bench_function(row, |b| {
@@ -135,19 +150,21 @@ fn bench_side_by_side(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, row: &s
             let faults = minor_faults();
             for i in 0..iters {
                 for k in 0..n {
-                    let which = (i as usize + k) % n;
+                    let which = if block == 1 { (i as usize + k) % n } else { k };
                     let start = Instant::now();
-                    calls[which]();
+                    for _ in 0..block {
+                        calls[which]();
+                    }
                     spent[which] += start.elapsed();
                 }
             }
-            record_faults(&key, faults, n as u64 * iters);
+            record_faults(&key, faults, n as u64 * iters * u64::from(block));
             let mut all = SIDE_BY_SIDE.lock().unwrap();
             let e = all.entry(key.clone()).or_insert_with(|| vec![0.0; n]);
             for (sum, d) in e.iter_mut().zip(&spent) {
                 *sum += d.as_nanos() as f64;
             }
-            spent[0]
+            spent[0] / block
         })
     });
 }
@@ -198,13 +215,36 @@ fn bench_scaling_beside<R>(
         set_num_threads(threads);
         drop(black_box(default()));
     };
-    bench_side_by_side(
+    let block = scaling_block(|| at(2));
+    bench_side_by_side_in_blocks(
         g,
         group,
         "scaling",
+        block,
         &mut [&mut || at(2), &mut || at(1), &mut || (baseline.borrow_mut())(2), &mut || (baseline.borrow_mut())(1)],
     );
     set_num_threads(2);
+}
+
+/// How many calls of `call` (the op at 2 threads) a `scaling` row makes in a row before the
+/// next call's turn: enough for a block to take twice the kernel threads' spin (2 ms at the
+/// least), at most 256.
+///
+/// Calls one at a time in rotation measured wake-ups, not scaling: each 2-thread call found
+/// its second thread asleep (the three calls between took longer than the spin), and on a
+/// 2-core machine the spin after it took a core from the calls that followed. In blocks, the
+/// threads are awake from a block's second call on, as in a model's forward pass where
+/// kernels come back to back, and the spin after a block ends during the 1-thread block that
+/// follows it (the turns are always 2 threads, 1 thread, baseline at 2, baseline at 1).
+fn scaling_block(mut call: impl FnMut()) -> u32 {
+    let least = (kernel_spin() * 2).max(Duration::from_millis(2));
+    call();
+    let start = Instant::now();
+    for _ in 0..3 {
+        call();
+    }
+    let one = start.elapsed() / 3;
+    (least.as_nanos() / one.as_nanos().max(1)).clamp(1, 256) as u32
 }
 
 /// A pool for the reference rows: TensorFlow's caching pool over the system allocator.
