@@ -49,10 +49,10 @@
 //! group's baseline at 2 and at 1, in turn, whose 1-thread / 2-thread ratios go to
 //! `tensor_side_by_side.json`. The 2-thread scaling from the same seconds of the
 //! machine, not from two rows run seconds apart. Each takes its turn as a block of calls back to
-//! back (2 ms at least; see `scaling_block`). One call at a time, every 2-thread call woke a
-//! sleeping kernel thread, and on a 2-core machine the kernel threads' spin after it (up to
-//! 1 ms, `set_kernel_spin`) took a core from the baseline's calls, so the row under-read both
-//! scalings (the copy's 0.93-1.59x, against 1.68-2.70x from rows apart, on a 2-vCPU Xeon).
+//! back (2 ms at least; see `scaling_block`). One call at a time, a 2-thread call woke a
+//! sleeping kernel thread wherever the three calls before it took longer than the kernel
+//! threads' spin (1 ms, `set_kernel_spin`), and on a 2-core machine that spin took a core from
+//! the baseline's calls, so the row under-read both scalings (the copy's 0.93-1.59x, against 1.68-2.70x from rows apart, on a 2-vCPU Xeon).
 //!
 //! Page faults: every benchmark is timed with `iter_custom`, which also reads `getrusage`'s
 //! minor-fault count around the timed loop; the count per call of the last sample (steady
@@ -230,8 +230,8 @@ fn bench_scaling_beside<R>(
 /// next call's turn: enough for a block to take twice the kernel threads' spin (2 ms at the
 /// least), at most 256.
 ///
-/// Calls one at a time in rotation measured wake-ups, not scaling: each 2-thread call found
-/// its second thread asleep (the three calls between took longer than the spin), and on a
+/// Calls one at a time in rotation measured wake-ups, not scaling: a 2-thread call found its
+/// second thread asleep wherever the three calls before it took longer than the spin, and on a
 /// 2-core machine the spin after it took a core from the calls that followed. In blocks, the
 /// threads are awake from a block's second call on, as in a model's forward pass where
 /// kernels come back to back, and the spin after a block ends during the 1-thread block that
