@@ -373,21 +373,29 @@ mod tests {
         // so that it is inlined there and compiled for the extension under test (a closure
         // is compiled on its own, for the baseline).
         macro_rules! same_bits {
-            ($($f:ident),*) => {$(
-                let mut base = vec![0u32; xs.len()];
-                for (b, &x) in base.iter_mut().zip(&xs) {
-                    *b = bits($f(x));
-                }
-                for isa in [Isa::Avx2, Isa::Avx512] {
-                    let mut got = vec![0u32; xs.len()];
-                    vectorised!(isa, {
-                        for (g, &x) in got.iter_mut().zip(&xs) {
-                            *g = bits($f(x));
-                        }
-                    });
-                    assert_eq!(got, base, "{} in {isa:?}", stringify!($f));
-                }
-            )*};
+            ($($f:ident),*) => {
+                // Every function the accuracy tests check, and no other.
+                let mut named = vec![$(stringify!($f)),*];
+                let mut checked: Vec<&str> = FUNCTIONS.iter().map(|f| f.0).collect();
+                named.sort_unstable();
+                checked.sort_unstable();
+                assert_eq!(named, checked, "same_bits_in_every_isa names FUNCTIONS");
+                $(
+                    let mut base = vec![0u32; xs.len()];
+                    for (b, &x) in base.iter_mut().zip(&xs) {
+                        *b = bits($f(x));
+                    }
+                    for isa in [Isa::Avx2, Isa::Avx512] {
+                        let mut got = vec![0u32; xs.len()];
+                        vectorised!(isa, {
+                            for (g, &x) in got.iter_mut().zip(&xs) {
+                                *g = bits($f(x));
+                            }
+                        });
+                        assert_eq!(got, base, "{} in {isa:?}", stringify!($f));
+                    }
+                )*
+            };
         }
         same_bits!(exp, ln, tanh, sigmoid, silu, gelu, gelu_tanh);
     }
