@@ -47,40 +47,28 @@ fn horner<const N: usize>(x: f32, c: [f32; N]) -> f32 {
     acc
 }
 
-/// `e^x`.
+/// `e^x`. NaN gives NaN; above 89 it is `inf`, below -150 0.
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
-    exp_both(x, 1.0).0
+    // Above 89, e^x is `inf` (e^88.73 > f32::MAX); below -150 it rounds to 0 (e^-103.98 <
+    // 2^-150), and the clamp keeps the argument where [`exp_parts`] is exact (NaN stays NaN).
+    let (e, t) = exp_parts(x.clamp(-150.0, 89.0), None);
+    let (p1, p2) = pow2_halves(t);
+    let r = e * p1 * p2;
+    if x < -150.0 { 0.0 } else { r }
 }
 
-/// `scale * e^x` (`|scale|` below e^46), rounded once even where the result is subnormal, and
-/// `e^x`, from one reduction. NaN gives NaN; above 89 `e^x` is taken as `inf`, and below -150
-/// the scaled result as `scale * 0`.
+/// `e^(hi + lo)` as `e 2^n`, for an argument in `[-150, 89]` given in one part or in two (`lo`
+/// a few units at most): `e` in `[√½, √2]`, and `t`, whose bits hold `n` (see [`pow2_halves`],
+/// [`pow2_biased`]). The reduction subtracts `n ln 2` from `hi` before `lo` is added, so that
+/// the bits `hi + lo` would round away are kept. NaN gives a NaN `e`.
 #[inline(always)]
-fn exp_both(x: f32, scale: f32) -> (f32, f32) {
-    // Above 89, e^x is `inf` (e^88.73 > f32::MAX); below -150, `scale e^x` rounds to 0 for
-    // every `|scale| < e^46` (e^-103.98 < 2^-150), and the clamp keeps the argument where
-    // [`exp_parts`] is exact (NaN stays NaN).
-    let (e, p1, p2) = exp_parts(x.clamp(-150.0, 89.0), None);
-    let r = e * scale * p1 * p2;
-    (if x < -150.0 { scale * 0.0 } else { r }, e * p1 * p2)
-}
-
-/// `e^(hi + lo)` as `e * p1 * p2`, for an argument in `[-150, 89]` given in one part or in two
-/// (`lo` a few units at most): `p1` and `p2` are powers of two, each a normal number, so that a
-/// caller multiplying `e * scale` by them rounds once, in the last product, also where the
-/// result is subnormal. The reduction subtracts `n ln 2` from `hi` before `lo` is added, so
-/// that the bits `hi + lo` would round away are kept. NaN gives a NaN `e`.
-#[inline(always)]
-fn exp_parts(hi: f32, lo: Option<f32>) -> (f32, f32, f32) {
+fn exp_parts(hi: f32, lo: Option<f32>) -> (f32, f32) {
     const LOG2E: f32 = core::f32::consts::LOG2_E;
     // ln 2 in two parts: `LN2_HI` has 9 significant bits, so `n * LN2_HI` is exact for the
     // `|n| <= 217` used here, and `x - n * LN2_HI` is exact too (Cody and Waite).
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    // 1.5 * 2^23: adding it rounds to an integer (in the default rounding mode), which its
-    // low bits then hold.
-    const SHIFT: f32 = 12_582_912.0;
     let plus_lo = |v: f32| lo.map_or(v, |lo| v + lo);
     let t = plus_lo(hi).mul_add(LOG2E, SHIFT);
     let n = t - SHIFT;
@@ -88,14 +76,35 @@ fn exp_parts(hi: f32, lo: Option<f32>) -> (f32, f32, f32) {
     // e^r on |r| <= ln2 / 2 (Cephes' coefficients).
     let p = horner(r, [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5]);
     // Not fused: `p.mul_add(r * r, r)` took the worst error over all f32 from 0.98 ulp to 1.01.
-    let e = p * (r * r) + r + 1.0;
-    // 2^n in two factors, each a normal number (n is in [-217, 129]).
+    (p * (r * r) + r + 1.0, t)
+}
+
+/// 1.5 * 2^23: adding it rounds to an integer `n` (in the default rounding mode), which the
+/// low bits of the sum then hold: `(n + SHIFT).to_bits() == SHIFT.to_bits() + n`.
+const SHIFT: f32 = 12_582_912.0;
+
+/// `2^n` in two factors, each a normal number, for the `t` of [`exp_parts`] (`n` in
+/// `[-217, 129]`): multiplying by the first is exact, and by the second rounds once, also
+/// where the result is subnormal.
+#[inline(always)]
+fn pow2_halves(t: f32) -> (f32, f32) {
     let n = (t.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32);
     let n1 = n >> 1;
-    let n2 = n.wrapping_sub(n1);
     let pow2 = |k: i32| f32::from_bits((k.wrapping_add(127) as u32).wrapping_shl(23));
-    (e, pow2(n1), pow2(n2))
+    (pow2(n1), pow2(n.wrapping_sub(n1)))
 }
+
+/// `2^(n + 100)` for the `t` of [`exp_parts`] with `n` in `[-217, 0]` (an argument of at most
+/// 0): a normal number, so that a product `v 2^(n + 100)` is exact and the product of that
+/// by [`TWO_M100`] rounds once, as [`pow2_halves`]' factors do, in 2 integer operations
+/// instead of 7. (`(n + 227) << 23` is `t`'s bits shifted, plus a constant.)
+#[inline(always)]
+fn pow2_biased(t: f32) -> f32 {
+    f32::from_bits(t.to_bits().wrapping_shl(23).wrapping_add(227u32.wrapping_sub(SHIFT.to_bits()).wrapping_shl(23)))
+}
+
+/// `2^-100`, [`pow2_biased`]'s bias undone.
+const TWO_M100: f32 = f32::from_bits(27 << 23);
 
 /// `scale / (1 + e^-v)`, for a `scale` of the sign of `v` (or 1). Where `v < 0` as
 /// `scale e^v / (1 + e^v)`, with `scale e^v` rounded once: `e^-v` overflows from -88.7 while
@@ -103,8 +112,14 @@ fn exp_parts(hi: f32, lo: Option<f32>) -> (f32, f32, f32) {
 #[inline(always)]
 fn scaled_sigmoid(scale: f32, v: f32) -> f32 {
     let neg = v < 0.0;
-    let (w, e) = exp_both(-v.abs(), if neg { scale } else { 1.0 });
-    (if neg { w } else { scale }) / (1.0 + e)
+    // e^-|v| = e 2^n, n in [-217, 0]; below -150, `scale e^-|v|` rounds to 0 for every
+    // `|scale| < e^46` (e^-103.98 < 2^-150).
+    let x = -v.abs();
+    let (e, t) = exp_parts(x.clamp(-150.0, 89.0), None);
+    let b = pow2_biased(t);
+    let s = if neg { scale } else { 1.0 };
+    let w = if x < -150.0 { s * 0.0 } else { e * s * b * TWO_M100 };
+    (if neg { w } else { scale }) / (1.0 + e * b * TWO_M100)
 }
 
 /// `1 / (1 + e^-x)`.
@@ -151,17 +166,18 @@ pub(crate) fn gelu(x: f32) -> f32 {
             -1.479_956,
         ],
     );
-    // -z^2 = -a^2 / 2 exactly, as `sq + sq_lo`: a fused multiply-add gives the product's
-    // rounding error exactly. The exponent is `-sq / 2` in one part and the rest in another,
-    // in [-109, 0].
-    let sq = a * a;
-    let sq_lo = a.mul_add(a, -sq);
-    let (e, p1, p2) = exp_parts(-0.5 * sq, Some(s.mul_add(p, -0.5 * sq_lo)));
+    // -z^2 = -a^2 / 2 exactly, as `hi + lo`: a fused multiply-add gives the product's
+    // rounding error exactly (`-0.5 a` is exact). The exponent is `hi` in one part and the
+    // rest in another, in [-109, 0].
+    let h = -0.5 * a;
+    let hi = h * a;
+    let (e, k) = exp_parts(hi, Some(s.mul_add(p, h.mul_add(a, -hi))));
     let negative = x < 0.0;
-    // x q in one rounding for x < 0; q otherwise (`0.5 * t * 1` is exact, so that one chain of
-    // products serves both).
-    let scale = 0.5 * t * if negative { -a } else { 1.0 };
-    let w = e * scale * p1 * p2;
+    // x q, for x < 0, and q: `e 2^n` times `t / 2` (exact) and by `|x|` where x < 0, then
+    // scaled by powers of two, the last rounding once (for the subnormal results below -13).
+    let scale = 0.5 * t;
+    let scale = if negative { scale * -a } else { scale };
+    let w = e * scale * pow2_biased(k) * TWO_M100;
     // x (1 - q) in one rounding (`a` is `x` up to the edge, and keeps `inf - inf` out above).
     let g = if negative { w } else { (-a).mul_add(w, x) };
     if x < -EDGE { x * 0.0 } else { g }
