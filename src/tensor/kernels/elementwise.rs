@@ -28,6 +28,7 @@ use crate::tensor::{DType, Element, Result, Tensor, TensorError, TensorOptions};
 
 use super::cast::cast_into;
 use super::f16c;
+use super::isa::{self, Isa};
 use super::loops::{Dest, UnaryFn, run_binary, run_unary, run_unary_wide};
 
 /// The binary arithmetic operations.
@@ -135,6 +136,12 @@ impl Unary {
 
     fn is_float_only(self) -> bool {
         !matches!(self, Unary::Neg | Unary::Abs | Unary::Relu)
+    }
+
+    /// Whether `f32` runs of this function go through [`vmath::avx512`](crate::tensor::vmath::avx512)
+    /// where the CPU has AVX-512 (see `FloatFn::call_run`).
+    fn has_blocks(self) -> bool {
+        matches!(self, Unary::Gelu | Unary::Silu | Unary::Sigmoid | Unary::GeluTanh)
     }
 }
 
@@ -418,6 +425,40 @@ impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
             _ => x.tanh(),
         }
     }
+
+    /// GELU, SiLU, the sigmoid and GELU's tanh form on `f32` runs, with AVX-512: four
+    /// vectors side by side ([`vmath::avx512`](crate::tensor::vmath::avx512)).
+    #[inline(always)]
+    unsafe fn call_run(&self, isa: Isa, x: *const T, o: *mut T, n: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::tensor::vmath::avx512::{GELU, GELU_TANH, SIGMOID, SILU, run};
+            if isa != Isa::Avx512
+                || isa::detected() != Isa::Avx512
+                || core::any::TypeId::of::<T>() != core::any::TypeId::of::<f32>()
+            {
+                return false;
+            }
+            let (x, o) = (x as *const f32, o as *mut f32);
+            // SAFETY: the CPU has AVX-512 (detected); `T` is `f32`; the rest is the caller's
+            // promise.
+            unsafe {
+                match K {
+                    k if k == Unary::Gelu as u8 => run::<GELU>(x, o, n),
+                    k if k == Unary::Silu as u8 => run::<SILU>(x, o, n),
+                    k if k == Unary::Sigmoid as u8 => run::<SIGMOID>(x, o, n),
+                    k if k == Unary::GeluTanh as u8 => run::<GELU_TANH>(x, o, n),
+                    _ => return false,
+                }
+            }
+            true
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (isa, x, o, n);
+            false
+        }
+    }
 }
 
 fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tensor, dest: Dest) -> Result<()> {
@@ -425,6 +466,12 @@ fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tens
         // The f32 kernel between F16C's conversions, as in `launch_binary`: every f16 function
         // widens, computes in f32 and rounds once. (Only the float-only ops: `neg`, `abs`,
         // `relu` read the f16 bits as they are, and the conversions made relu 20% slower.)
+        return launch_unary(op, kind, DType::F32, out, a, dest);
+    }
+    if [ct, a.dtype(), out.dtype()] == [DType::BF16; 3] && kind.has_blocks() && isa::detected() == Isa::Avx512 {
+        // Likewise for bf16 where the f32 kernel runs four vectors side by side: widening bf16
+        // is a shift and the loop of `call` keeps it, but GELU's blocks more than repay
+        // converting in blocks (the same bits: each element widens, computes, rounds once).
         return launch_unary(op, kind, DType::F32, out, a, dest);
     }
     if kind.is_float_only() {

@@ -1,0 +1,80 @@
+//! The operations the `vmath` formulas are written in, over a value that is one `f32` or a
+//! group of vectors of them ([`Zmm`](super::avx512::Zmm)): each formula is written once, and
+//! every lane of a group goes through the same IEEE operations, in the same order, as the
+//! scalar `f32` does, so that both give the same bits.
+//!
+//! For `f32` each method is the `f32` operation itself (the loops calling the scalar
+//! functions are vectorised by the compiler, as before there was a trait).
+
+use core::ops::{Add, Div, Mul, Neg, Sub};
+
+/// One `f32`, or several side by side.
+pub(crate) trait Lanes:
+    Copy + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self> + Neg<Output = Self>
+{
+    /// The result of a comparison, lane by lane.
+    type Mask: Copy;
+    /// `v` in every lane.
+    fn splat(v: f32) -> Self;
+    /// `self * a + b`, rounded once.
+    fn mul_add(self, a: Self, b: Self) -> Self;
+    /// `|self|`.
+    fn abs(self) -> Self;
+    /// `self < o` (false where either is NaN).
+    fn lt(self, o: Self) -> Self::Mask;
+    /// `self > o` (false where either is NaN).
+    fn gt(self, o: Self) -> Self::Mask;
+    /// `a` where `m` holds, `b` elsewhere.
+    fn select(m: Self::Mask, a: Self, b: Self) -> Self;
+    /// `f32::clamp`: NaN stays NaN.
+    fn clamp(self, lo: f32, hi: f32) -> Self;
+    /// `self 2^n` rounded once, for the `t` of `exp_parts` with `n` in `[-217, 0]` and `self`
+    /// with `|self| 2^(n + 100)` below 2^128 (or `self` infinite, or NaN).
+    fn scale_by_pow2(self, t: Self) -> Self;
+}
+
+impl Lanes for f32 {
+    type Mask = bool;
+
+    #[inline(always)]
+    fn splat(v: f32) -> Self {
+        v
+    }
+
+    #[inline(always)]
+    fn mul_add(self, a: Self, b: Self) -> Self {
+        f32::mul_add(self, a, b)
+    }
+
+    #[inline(always)]
+    fn abs(self) -> Self {
+        f32::abs(self)
+    }
+
+    #[inline(always)]
+    fn lt(self, o: Self) -> bool {
+        self < o
+    }
+
+    #[inline(always)]
+    fn gt(self, o: Self) -> bool {
+        self > o
+    }
+
+    #[inline(always)]
+    fn select(m: bool, a: Self, b: Self) -> Self {
+        if m { a } else { b }
+    }
+
+    #[inline(always)]
+    fn clamp(self, lo: f32, hi: f32) -> Self {
+        f32::clamp(self, lo, hi)
+    }
+
+    #[inline(always)]
+    fn scale_by_pow2(self, t: Self) -> Self {
+        // `self 2^(n + 100)` is exact (a normal power of two, and no overflow),
+        // and the product by 2^-100 rounds once.
+        self * super::pow2_biased(t) * super::TWO_M100
+    }
+}
