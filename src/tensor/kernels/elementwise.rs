@@ -141,7 +141,7 @@ impl Unary {
     /// Whether `f32` runs of this function go through [`vmath::avx512`](crate::tensor::vmath::avx512)
     /// where the CPU has AVX-512 (see `FloatFn::call_run`).
     fn has_blocks(self) -> bool {
-        matches!(self, Unary::Gelu | Unary::Silu | Unary::Sigmoid | Unary::GeluTanh)
+        matches!(self, Unary::Gelu | Unary::Silu | Unary::Sigmoid | Unary::GeluTanh | Unary::Tanh)
     }
 }
 
@@ -426,13 +426,13 @@ impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
         }
     }
 
-    /// GELU, SiLU, the sigmoid and GELU's tanh form on `f32` runs, with AVX-512: four
+    /// GELU, SiLU, the sigmoid, GELU's tanh form and `tanh` on `f32` runs, with AVX-512: four
     /// vectors side by side ([`vmath::avx512`](crate::tensor::vmath::avx512)).
     #[inline(always)]
     unsafe fn call_run(&self, isa: Isa, x: *const T, o: *mut T, n: usize) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            use crate::tensor::vmath::avx512::{GELU, GELU_TANH, SIGMOID, SILU, run};
+            use crate::tensor::vmath::avx512::{GELU, GELU_TANH, SIGMOID, SILU, TANH, run};
             if isa != Isa::Avx512
                 || isa::detected() != Isa::Avx512
                 || core::any::TypeId::of::<T>() != core::any::TypeId::of::<f32>()
@@ -448,6 +448,7 @@ impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
                     k if k == Unary::Silu as u8 => run::<SILU>(x, o, n),
                     k if k == Unary::Sigmoid as u8 => run::<SIGMOID>(x, o, n),
                     k if k == Unary::GeluTanh as u8 => run::<GELU_TANH>(x, o, n),
+                    k if k == Unary::Tanh as u8 => run::<TANH>(x, o, n),
                     _ => return false,
                 }
             }

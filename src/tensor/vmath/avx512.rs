@@ -1,4 +1,4 @@
-//! GELU, SiLU, the sigmoid and GELU's tanh form over contiguous runs, four AVX-512 vectors
+//! GELU, SiLU, the sigmoid, GELU's tanh form and `tanh` over contiguous runs, four AVX-512 vectors
 //! (64 elements) side by side.
 //!
 //! The plain loops run one vector through a function at a time. Its steps depend on one
@@ -23,6 +23,8 @@ pub(crate) const SILU: u8 = 1;
 pub(crate) const SIGMOID: u8 = 2;
 /// GELU's tanh form, for [`run`].
 pub(crate) const GELU_TANH: u8 = 3;
+/// `tanh`, for [`run`].
+pub(crate) const TANH: u8 = 4;
 
 /// `M` vectors of 16 `f32`. Made only in [`run`], which runs only where the CPU has AVX-512 F:
 /// that is what makes the intrinsics in its methods sound.
@@ -116,6 +118,21 @@ impl<const M: usize> Lanes for Zmm<M> {
         let n = t - Self::splat(super::SHIFT);
         each!(|k| _mm512_scalef_ps(self.0[k], n.0[k]))
     }
+
+    /// As [`scale_by_pow2`](Lanes::scale_by_pow2): `self 2^n` rounded once.
+    #[inline(always)]
+    fn scale_e_by_pow2(self, t: Self) -> Self {
+        self.scale_by_pow2(t)
+    }
+
+    #[inline(always)]
+    fn copysign(self, sign: Self) -> Self {
+        each!(|k| {
+            let (m, v, s) =
+                (_mm512_set1_epi32(i32::MIN), _mm512_castps_si512(self.0[k]), _mm512_castps_si512(sign.0[k]));
+            _mm512_castsi512_ps(_mm512_or_si512(_mm512_andnot_si512(m, v), _mm512_and_si512(m, s)))
+        })
+    }
 }
 
 /// Function `F` (one of the constants above) on `x`.
@@ -125,7 +142,8 @@ fn apply<const F: u8, V: Lanes>(x: V) -> V {
         GELU => super::gelu(x),
         SILU => super::silu(x),
         SIGMOID => super::sigmoid(x),
-        _ => super::gelu_tanh(x),
+        GELU_TANH => super::gelu_tanh(x),
+        _ => super::tanh(x),
     }
 }
 
@@ -203,12 +221,13 @@ mod tests {
         check::<SILU>(&xs, super::super::silu, bits);
         check::<SIGMOID>(&xs, super::super::sigmoid, bits);
         check::<GELU_TANH>(&xs, super::super::gelu_tanh, bits);
+        check::<TANH>(&xs, super::super::tanh, bits);
     }
 
     /// Every `f32` through each function, as one run and through the scalar function: the
     /// same bits.
     #[test]
-    #[ignore = "walks all 2^32 floats four times: about 3 minutes in release (cargo test --release --lib -- --ignored avx512)"]
+    #[ignore = "walks all 2^32 floats five times: about 4 minutes in release (cargo test --release --lib -- --ignored avx512)"]
     fn same_bits_on_every_f32() {
         use crate::tensor::kernels::isa::vectorised;
         if detected() != Isa::Avx512 {
@@ -239,6 +258,6 @@ mod tests {
                 }
             )*};
         }
-        check!(gelu GELU, silu SILU, sigmoid SIGMOID, gelu_tanh GELU_TANH);
+        check!(gelu GELU, silu SILU, sigmoid SIGMOID, gelu_tanh GELU_TANH, tanh TANH);
     }
 }

@@ -31,6 +31,10 @@ pub(crate) trait Lanes:
     /// `self 2^n` rounded once, for the `t` of `exp_parts` with `n` in `[-217, 0]` and `self`
     /// with `|self| 2^(n + 100)` below 2^128 (or `self` infinite, or NaN).
     fn scale_by_pow2(self, t: Self) -> Self;
+    /// `self 2^n` rounded once, for the `e` and `t` of `exp_parts` with `n` in `[-217, 129]`.
+    fn scale_e_by_pow2(self, t: Self) -> Self;
+    /// `self` with the sign of `sign`.
+    fn copysign(self, sign: Self) -> Self;
 }
 
 impl Lanes for f32 {
@@ -76,5 +80,17 @@ impl Lanes for f32 {
         // `self 2^(n + 100)` is exact (a normal power of two, and no overflow),
         // and the product by 2^-100 rounds once.
         self * super::pow2_biased(t) * super::TWO_M100
+    }
+
+    #[inline(always)]
+    fn scale_e_by_pow2(self, t: Self) -> Self {
+        // The first product is exact (a normal number), the second rounds once.
+        let (p1, p2) = super::pow2_halves(t);
+        self * p1 * p2
+    }
+
+    #[inline(always)]
+    fn copysign(self, sign: Self) -> Self {
+        f32::copysign(self, sign)
     }
 }

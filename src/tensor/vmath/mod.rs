@@ -12,7 +12,7 @@
 //! 1024x3072 activation 4.2 ms instead of 5.6, SiLU 1.7 instead of 2.1, softmax of 12x256x256
 //! scores 0.59 instead of 0.69; GELU now takes 2.9 ms, with the formula below).
 //!
-//! GELU, the sigmoid, SiLU and GELU's tanh form are written over [`Lanes`]: one `f32`, or a
+//! GELU, the sigmoid, SiLU, GELU's tanh form and `tanh` are written over [`Lanes`]: one `f32`, or a
 //! group of AVX-512 vectors ([`avx512`]), which the unary kernels use for contiguous `f32`
 //! runs where the CPU has AVX-512. A vector at a time, these functions' long chains of
 //! dependent steps left the vector units idle; four vectors side by side, GELU took 33% less
@@ -62,13 +62,11 @@ fn horner<V: Lanes, const N: usize>(x: V, c: [f32; N]) -> V {
 
 /// `e^x`. NaN gives NaN; above 89 it is `inf`, below -150 0.
 #[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
+pub(crate) fn exp<V: Lanes>(x: V) -> V {
     // Above 89, e^x is `inf` (e^88.73 > f32::MAX); below -150 it rounds to 0 (e^-103.98 <
     // 2^-150), and the clamp keeps the argument where [`exp_parts`] is exact (NaN stays NaN).
     let (e, t) = exp_parts(x.clamp(-150.0, 89.0), None);
-    let (p1, p2) = pow2_halves(t);
-    let r = e * p1 * p2;
-    if x < -150.0 { 0.0 } else { r }
+    V::select(x.lt(V::splat(-150.0)), V::splat(0.0), e.scale_e_by_pow2(t))
 }
 
 /// `e^(hi + lo)` as `e 2^n`, for an argument in `[-150, 89]` given in one part or in two (`lo`
@@ -202,14 +200,15 @@ pub(crate) fn gelu<V: Lanes>(x: V) -> V {
 /// `1 - 2 / (e^(2|x|) + 1)` beyond (1 from `|x| > 44`, where `e^(2|x|)` is `inf`); the sign of
 /// `x` last, so that `tanh(-0)` is -0.
 #[inline(always)]
-pub(crate) fn tanh(x: f32) -> f32 {
+pub(crate) fn tanh<V: Lanes>(x: V) -> V {
+    let c = V::splat;
     let a = x.abs();
     let z = a * a;
     let small = (horner(z, [-5.704_988_7e-3, 2.063_908_8e-2, -5.373_971_5e-2, 1.333_144_2e-1, -3.333_328e-1]) * z)
         .mul_add(a, a);
-    let large = 1.0 - 2.0 / (exp(a + a) + 1.0);
+    let large = c(1.0) - c(2.0) / (exp(a + a) + c(1.0));
     // NaN fails the comparison and keeps the polynomial's NaN.
-    let t = if a > 0.625 { large } else { small };
+    let t = V::select(a.gt(c(0.625)), large, small);
     t.copysign(x)
 }
 
