@@ -648,6 +648,44 @@ fn activations_have_in_place_and_out_forms_and_take_integers_as_f32() {
     assert!(matches!(x.silu_out(&wrong), Err(TensorError::BadShape { op: "silu_out", .. })));
 }
 
+#[test]
+fn activations_give_the_same_bits_on_every_route() {
+    // Contiguous f32 runs (four AVX-512 vectors at a time where the CPU has AVX-512), strided
+    // runs (the plain loop) and in place must agree bit for bit, and bf16 must be the f32
+    // result of the widened values rounded once.
+    type Fresh = fn(&Tensor) -> tensormem::tensor::Result<Tensor>;
+    type InPlace = for<'a> fn(&'a Tensor) -> tensormem::tensor::Result<&'a Tensor>;
+    let ops: [(&str, Fresh, InPlace); 5] = [
+        ("gelu", Tensor::gelu, Tensor::gelu_),
+        ("gelu_tanh", Tensor::gelu_tanh, Tensor::gelu_tanh_),
+        ("silu", Tensor::silu, Tensor::silu_),
+        ("sigmoid", Tensor::sigmoid, Tensor::sigmoid_),
+        ("tanh", Tensor::tanh, Tensor::tanh_),
+    ];
+    let bits = |t: &Tensor| -> Vec<u32> {
+        let v = t.to_vec::<f32>().unwrap();
+        v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect()
+    };
+    // Every bf16 value as an f32 (exact), and two more: 3 rows of 21846, not a multiple of 16.
+    let xs: Vec<f32> = (0..=u16::MAX).map(|b| f32::from_bits(u32::from(b) << 16)).chain([0.5, -0.5]).collect();
+    let x = t32(&xs, &[3, xs.len() / 3]);
+    let xt = x.t().unwrap().contiguous().unwrap().t().unwrap();
+    assert!(!xt.is_contiguous());
+    let xb = x.to_dtype(DType::BF16).unwrap();
+    for (name, fresh, inplace) in ops {
+        let want = fresh(&x).unwrap();
+        assert_eq!(bits(&fresh(&xt).unwrap()), bits(&want), "{name} of a strided view");
+        let y = Tensor::zeros(x.sizes(), DType::F32).unwrap();
+        y.copy_(&x).unwrap();
+        inplace(&y).unwrap();
+        assert_eq!(bits(&y), bits(&want), "{name}_");
+        let b = fresh(&xb).unwrap();
+        assert_eq!(b.dtype(), DType::BF16);
+        let wb = want.to_dtype(DType::BF16).unwrap();
+        assert_eq!(bits(&b.to_dtype(DType::F32).unwrap()), bits(&wb.to_dtype(DType::F32).unwrap()), "{name} in bf16");
+    }
+}
+
 // ---- large inputs: the parallel paths ----
 
 #[test]
