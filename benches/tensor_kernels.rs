@@ -37,7 +37,9 @@
 //!     beside a copy of the 12 MB of a 1024x3072 activation: GELU of that activation in f32,
 //!     bf16 and f16, its tanh approximation, `silu`, `exp`, `sigmoid`, `tanh` and `log` (of its
 //!     absolute value) of it, softmax of 12x256x256 attention scores, and
-//!     `layer_norm` / `rms_norm` of 1024x768 with a weight (and a bias).
+//!     `layer_norm` / `rms_norm` of 1024x768 with a weight (and a bias); and GELU, its tanh
+//!     form, `silu`, `tanh` and bf16 GELU on the AVX-512 blocks beside the one-vector loop
+//!     (`set_avx512_blocks`), call by call (`*_blocks_beside_one_vector`).
 //!
 //! The `pool` rows call the default path beside each pool call, on the same tensors and on a
 //! second set allocated from the default allocator (the control), and write default / pool and
@@ -71,8 +73,8 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, measurement::WallTime};
 use rayon::prelude::*;
 use tensormem::tensor::{
-    DEFAULT_KERNEL_SPIN, DType, Tensor, TensorOptions, amx_enabled, avx512_bf16_enabled, kernel_spin, set_amx,
-    set_avx512_bf16, set_kernel_spin, set_num_threads,
+    DEFAULT_KERNEL_SPIN, DType, Tensor, TensorOptions, amx_enabled, avx512_bf16_enabled, avx512_blocks_enabled,
+    kernel_spin, set_amx, set_avx512_bf16, set_avx512_blocks, set_kernel_spin, set_num_threads,
 };
 use tensormem::{Allocator, AllocatorRegistry, PoolAllocator};
 
@@ -560,6 +562,35 @@ fn transformer_ops(c: &mut Criterion) {
     bench(&mut g, name, "softmax_12x256x256", || scores.softmax(-1).unwrap());
     bench(&mut g, name, "layer_norm_1024x768", || h.layer_norm(&[768], Some(&w), Some(&b), 1e-5).unwrap());
     bench(&mut g, name, "rms_norm_1024x768", || h.rms_norm(&[768], Some(&w), None).unwrap());
+    // The AVX-512 blocks (the default where the CPU has AVX-512) beside the one-vector loop,
+    // call by call: blocks / one vector (1.0 on CPUs without AVX-512, where both are the loop).
+    let blocks = avx512_blocks_enabled();
+    type Op = fn(&Tensor) -> tensormem::tensor::Result<Tensor>;
+    let ops: [(&str, Op, &Tensor); 5] = [
+        ("gelu_blocks_beside_one_vector", Tensor::gelu, &x),
+        ("gelu_tanh_blocks_beside_one_vector", Tensor::gelu_tanh, &x),
+        ("silu_blocks_beside_one_vector", Tensor::silu, &x),
+        ("tanh_blocks_beside_one_vector", Tensor::tanh, &x),
+        ("gelu_bf16_blocks_beside_one_vector", Tensor::gelu, &xb),
+    ];
+    for (row, op, t) in ops {
+        bench_side_by_side(
+            &mut g,
+            name,
+            row,
+            &mut [
+                &mut || {
+                    set_avx512_blocks(blocks);
+                    drop(black_box(op(t).unwrap()))
+                },
+                &mut || {
+                    set_avx512_blocks(false);
+                    drop(black_box(op(t).unwrap()))
+                },
+            ],
+        );
+    }
+    set_avx512_blocks(blocks);
     g.finish();
 }
 

@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use tensormem::tensor::{DType, SafeTensors, Tensor, TensorError, TensorOptions, save_safetensors, set_num_threads};
+use tensormem::tensor::{
+    AVX512_BLOCKS_ENV, DType, SafeTensors, Tensor, TensorError, TensorOptions, avx512_blocks_enabled, save_safetensors,
+    set_avx512_blocks, set_num_threads,
+};
 use tensormem::{AllocatorRegistry, TrackingAllocator};
 
 fn t32(v: &[f32], shape: &[usize]) -> Tensor {
@@ -655,12 +658,13 @@ fn activations_give_the_same_bits_on_every_route() {
     // result of the widened values rounded once.
     type Fresh = fn(&Tensor) -> tensormem::tensor::Result<Tensor>;
     type InPlace = for<'a> fn(&'a Tensor) -> tensormem::tensor::Result<&'a Tensor>;
-    let ops: [(&str, Fresh, InPlace); 5] = [
+    let ops: [(&str, Fresh, InPlace); 6] = [
         ("gelu", Tensor::gelu, Tensor::gelu_),
         ("gelu_tanh", Tensor::gelu_tanh, Tensor::gelu_tanh_),
         ("silu", Tensor::silu, Tensor::silu_),
         ("sigmoid", Tensor::sigmoid, Tensor::sigmoid_),
         ("tanh", Tensor::tanh, Tensor::tanh_),
+        ("exp", Tensor::exp, Tensor::exp_),
     ];
     let bits = |t: &Tensor| -> Vec<u32> {
         let v = t.to_vec::<f32>().unwrap();
@@ -672,8 +676,17 @@ fn activations_give_the_same_bits_on_every_route() {
     let xt = x.t().unwrap().contiguous().unwrap().t().unwrap();
     assert!(!xt.is_contiguous());
     let xb = x.to_dtype(DType::BF16).unwrap();
+    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let blocks = avx512_blocks_enabled();
     for (name, fresh, inplace) in ops {
         let want = fresh(&x).unwrap();
+        // The blocks turned off: the one-vector loop on the same contiguous run (other tests
+        // running meanwhile see the same bits either way).
+        set_avx512_blocks(false);
+        let loop_result = fresh(&x).unwrap();
+        let loop_bf16 = fresh(&xb).unwrap();
+        set_avx512_blocks(blocks);
+        assert_eq!(bits(&loop_result), bits(&want), "{name}, blocks / one-vector loop");
         assert_eq!(bits(&fresh(&xt).unwrap()), bits(&want), "{name} of a strided view");
         let y = Tensor::zeros(x.sizes(), DType::F32).unwrap();
         y.copy_(&x).unwrap();
@@ -683,7 +696,65 @@ fn activations_give_the_same_bits_on_every_route() {
         assert_eq!(b.dtype(), DType::BF16);
         let wb = want.to_dtype(DType::BF16).unwrap();
         assert_eq!(bits(&b.to_dtype(DType::F32).unwrap()), bits(&wb.to_dtype(DType::F32).unwrap()), "{name} in bf16");
+        assert_eq!(bits(&b.to_dtype(DType::F32).unwrap()), bits(&loop_bf16.to_dtype(DType::F32).unwrap()));
     }
+}
+
+/// Held by the tests that turn the AVX-512 blocks off and on, so that each sees its own setting.
+static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Whether this CPU has what the AVX-512 blocks are compiled for.
+fn cpu_has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[test]
+fn child_reports_the_avx512_blocks_switch() {
+    if std::env::var_os("TENSORMEM_TEST_BLOCKS_CHILD").is_some() {
+        println!("blocks={}", avx512_blocks_enabled());
+    }
+}
+
+#[test]
+fn the_avx512_blocks_follow_the_cpu_the_environment_and_the_setter() {
+    let child = |value: Option<&str>| -> bool {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "child_reports_the_avx512_blocks_switch", "--nocapture"])
+            .env_remove(AVX512_BLOCKS_ENV)
+            .env("TENSORMEM_TEST_BLOCKS_CHILD", "1");
+        if let Some(v) = value {
+            cmd.env(AVX512_BLOCKS_ENV, v);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "child with {AVX512_BLOCKS_ENV}={value:?} failed: {stdout}");
+        stdout.lines().find_map(|l| l.strip_prefix("blocks=")).expect("the child reports").trim() == "true"
+    };
+    let avx512 = cpu_has_avx512();
+    assert_eq!(child(None), avx512, "on by default exactly where the CPU has AVX-512");
+    for off in ["0", "off", "FALSE"] {
+        assert!(!child(Some(off)), "{AVX512_BLOCKS_ENV}={off:?} turns the blocks off");
+    }
+    for on in ["1", "true", "maybe"] {
+        assert_eq!(child(Some(on)), avx512, "{AVX512_BLOCKS_ENV}={on:?} leaves them on where the CPU has AVX-512");
+    }
+    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let before = avx512_blocks_enabled();
+    assert!(!set_avx512_blocks(false));
+    assert!(!avx512_blocks_enabled());
+    assert_eq!(set_avx512_blocks(true), avx512, "on only where the CPU has AVX-512");
+    set_avx512_blocks(before);
 }
 
 // ---- large inputs: the parallel paths ----

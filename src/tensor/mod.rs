@@ -57,7 +57,10 @@ mod vmath;
 pub use self::core::Tensor;
 pub use dtype::{DType, Element, QUANT_BLOCK};
 pub use error::{Result, TensorError};
-pub use kernels::{AMX_ENV, AVX512_BF16_ENV, Scalar, amx_enabled, avx512_bf16_enabled, set_amx, set_avx512_bf16};
+pub use kernels::{
+    AMX_ENV, AVX512_BF16_ENV, AVX512_BLOCKS_ENV, Scalar, amx_enabled, avx512_bf16_enabled, avx512_blocks_enabled,
+    set_amx, set_avx512_bf16, set_avx512_blocks,
+};
 pub use like::{TensorSlice, TensorSliceMut};
 pub use options::{DEFAULT_SEED, Generator, TensorOptions, manual_seed};
 pub use parallel::{

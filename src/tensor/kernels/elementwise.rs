@@ -28,7 +28,7 @@ use crate::tensor::{DType, Element, Result, Tensor, TensorError, TensorOptions};
 
 use super::cast::cast_into;
 use super::f16c;
-use super::isa::{self, Isa};
+use super::isa::Isa;
 use super::loops::{Dest, UnaryFn, run_binary, run_unary, run_unary_wide};
 
 /// The binary arithmetic operations.
@@ -141,7 +141,7 @@ impl Unary {
     /// Whether `f32` runs of this function go through [`vmath::avx512`](crate::tensor::vmath::avx512)
     /// where the CPU has AVX-512 (see `FloatFn::call_run`).
     fn has_blocks(self) -> bool {
-        matches!(self, Unary::Gelu | Unary::Silu | Unary::Sigmoid | Unary::GeluTanh | Unary::Tanh)
+        matches!(self, Unary::Gelu | Unary::Silu | Unary::Sigmoid | Unary::GeluTanh | Unary::Tanh | Unary::Exp)
     }
 }
 
@@ -426,22 +426,23 @@ impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
         }
     }
 
-    /// GELU, SiLU, the sigmoid, GELU's tanh form and `tanh` on `f32` runs, with AVX-512: four
+    /// GELU, SiLU, the sigmoid, GELU's tanh form, `tanh` and `exp` on `f32` runs, with AVX-512: four
     /// vectors side by side ([`vmath::avx512`](crate::tensor::vmath::avx512)).
     #[inline(always)]
     unsafe fn call_run(&self, isa: Isa, x: *const T, o: *mut T, n: usize) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            use crate::tensor::vmath::avx512::{GELU, GELU_TANH, SIGMOID, SILU, TANH, run};
+            use crate::tensor::vmath::avx512::{EXP, GELU, GELU_TANH, SIGMOID, SILU, TANH, run};
+            // `avx512_blocks_enabled` only where the CPU has AVX-512.
             if isa != Isa::Avx512
-                || isa::detected() != Isa::Avx512
+                || !super::switch::avx512_blocks_enabled()
                 || core::any::TypeId::of::<T>() != core::any::TypeId::of::<f32>()
             {
                 return false;
             }
             let (x, o) = (x as *const f32, o as *mut f32);
-            // SAFETY: the CPU has AVX-512 (detected); `T` is `f32`; the rest is the caller's
-            // promise.
+            // SAFETY: the CPU has AVX-512 (the switch is on only there); `T` is `f32`; the rest
+            // is the caller's promise.
             unsafe {
                 match K {
                     k if k == Unary::Gelu as u8 => run::<GELU>(x, o, n),
@@ -449,6 +450,7 @@ impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
                     k if k == Unary::Sigmoid as u8 => run::<SIGMOID>(x, o, n),
                     k if k == Unary::GeluTanh as u8 => run::<GELU_TANH>(x, o, n),
                     k if k == Unary::Tanh as u8 => run::<TANH>(x, o, n),
+                    k if k == Unary::Exp as u8 => run::<EXP>(x, o, n),
                     _ => return false,
                 }
             }
@@ -469,7 +471,7 @@ fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tens
         // `relu` read the f16 bits as they are, and the conversions made relu 20% slower.)
         return launch_unary(op, kind, DType::F32, out, a, dest);
     }
-    if [ct, a.dtype(), out.dtype()] == [DType::BF16; 3] && kind.has_blocks() && isa::detected() == Isa::Avx512 {
+    if [ct, a.dtype(), out.dtype()] == [DType::BF16; 3] && kind.has_blocks() && super::switch::avx512_blocks_enabled() {
         // Likewise for bf16 where the f32 kernel runs four vectors side by side: widening bf16
         // is a shift and the loop of `call` keeps it, but GELU's blocks more than repay
         // converting in blocks (the same bits: each element widens, computes, rounds once).

@@ -10,14 +10,18 @@ mod join;
 mod mask;
 mod norm;
 
-pub use amx::{AMX_ENV, AVX512_BF16_ENV, amx_enabled, avx512_bf16_enabled, set_amx, set_avx512_bf16};
 pub(crate) use elementwise::BinaryOp;
 pub use elementwise::Scalar;
 pub(crate) use mask::FILL_HINT;
+pub use switch::{
+    AMX_ENV, AVX512_BF16_ENV, AVX512_BLOCKS_ENV, amx_enabled, avx512_bf16_enabled, avx512_blocks_enabled, set_amx,
+    set_avx512_bf16, set_avx512_blocks,
+};
 mod loops;
 mod matmul;
 mod reduce;
 mod softmax;
+mod switch;
 
 /// Independent accumulators of [`lanes`] (one AVX-512 vector of f32).
 const LANES: usize = 16;

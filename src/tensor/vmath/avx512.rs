@@ -1,4 +1,4 @@
-//! GELU, SiLU, the sigmoid, GELU's tanh form and `tanh` over contiguous runs, four AVX-512 vectors
+//! GELU, SiLU, the sigmoid, GELU's tanh form, `tanh` and `exp` over contiguous runs, four AVX-512 vectors
 //! (64 elements) side by side.
 //!
 //! The plain loops run one vector through a function at a time. Its steps depend on one
@@ -25,6 +25,8 @@ pub(crate) const SIGMOID: u8 = 2;
 pub(crate) const GELU_TANH: u8 = 3;
 /// `tanh`, for [`run`].
 pub(crate) const TANH: u8 = 4;
+/// `e^x`, for [`run`].
+pub(crate) const EXP: u8 = 5;
 
 /// `M` vectors of 16 `f32`. Made only in [`run`], which runs only where the CPU has AVX-512 F:
 /// that is what makes the intrinsics in its methods sound.
@@ -143,7 +145,8 @@ fn apply<const F: u8, V: Lanes>(x: V) -> V {
         SILU => super::silu(x),
         SIGMOID => super::sigmoid(x),
         GELU_TANH => super::gelu_tanh(x),
-        _ => super::tanh(x),
+        TANH => super::tanh(x),
+        _ => super::exp(x),
     }
 }
 
@@ -222,12 +225,13 @@ mod tests {
         check::<SIGMOID>(&xs, super::super::sigmoid, bits);
         check::<GELU_TANH>(&xs, super::super::gelu_tanh, bits);
         check::<TANH>(&xs, super::super::tanh, bits);
+        check::<EXP>(&xs, super::super::exp, bits);
     }
 
     /// Every `f32` through each function, as one run and through the scalar function: the
     /// same bits.
     #[test]
-    #[ignore = "walks all 2^32 floats five times: about 4 minutes in release (cargo test --release --lib -- --ignored avx512)"]
+    #[ignore = "walks all 2^32 floats six times: about 4 minutes in release (cargo test --release --lib -- --ignored avx512)"]
     fn same_bits_on_every_f32() {
         use crate::tensor::kernels::isa::vectorised;
         if detected() != Isa::Avx512 {
@@ -258,6 +262,6 @@ mod tests {
                 }
             )*};
         }
-        check!(gelu GELU, silu SILU, sigmoid SIGMOID, gelu_tanh GELU_TANH, tanh TANH);
+        check!(gelu GELU, silu SILU, sigmoid SIGMOID, gelu_tanh GELU_TANH, tanh TANH, exp EXP);
     }
 }

@@ -59,12 +59,11 @@ mod dots;
 pub(super) mod few_rows;
 #[cfg(target_arch = "x86_64")]
 mod pack;
-mod switch;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod tiles;
+use super::switch::{amx_enabled, avx512_bf16_enabled};
 #[cfg(target_arch = "x86_64")]
 use pack::{pack_a_panel, pack_b_tile};
-pub use switch::{AMX_ENV, AVX512_BF16_ENV, amx_enabled, avx512_bf16_enabled, set_amx, set_avx512_bf16};
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 use tiles::Tiles;
 

@@ -60,7 +60,7 @@ pub(super) struct Tiles(());
 
 impl Tiles {
     /// # Safety
-    /// AMX is usable ([`amx_supported`](super::switch::amx_supported)).
+    /// AMX is usable ([`amx_supported`](super::super::switch::amx_supported)).
     pub(super) unsafe fn configure() -> Tiles {
         static CFG: TileConfig = CONFIG;
         // SAFETY: AMX is usable (our contract); `ldtilecfg` reads the 64 bytes of `CFG`.
