@@ -133,6 +133,32 @@ fn bench_side_by_side(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, row: &s
     bench_side_by_side_in_blocks(g, group, row, 1, calls);
 }
 
+/// `call` on the default route (after `route(true)`) beside the same call on the other one
+/// (after `route(false)`), call by call: the row's ratio is default / other.
+fn bench_route_beside(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    group: &str,
+    row: &str,
+    route: &dyn Fn(bool),
+    call: &dyn Fn(),
+) {
+    bench_side_by_side(
+        g,
+        group,
+        row,
+        &mut [
+            &mut || {
+                route(true);
+                call()
+            },
+            &mut || {
+                route(false);
+                call()
+            },
+        ],
+    );
+}
+
 /// As [`bench_side_by_side`], each call made `block` times in a row before the next one's turn;
 /// the row's time is still that of one call of `calls[0]`. With `block > 1` the turns keep the
 /// order of `calls`: only a block's first call follows another call, so a rotation would have
@@ -574,20 +600,14 @@ fn transformer_ops(c: &mut Criterion) {
         ("gelu_bf16_blocks_beside_one_vector", Tensor::gelu, &xb),
     ];
     for (row, op, t) in ops {
-        bench_side_by_side(
+        bench_route_beside(
             &mut g,
             name,
             row,
-            &mut [
-                &mut || {
-                    set_avx512_blocks(blocks);
-                    drop(black_box(op(t).unwrap()))
-                },
-                &mut || {
-                    set_avx512_blocks(false);
-                    drop(black_box(op(t).unwrap()))
-                },
-            ],
+            &|on| {
+                set_avx512_blocks(on && blocks);
+            },
+            &|| drop(black_box(op(t).unwrap())),
         );
     }
     set_avx512_blocks(blocks);
@@ -625,21 +645,9 @@ fn matmul_half(c: &mut Criterion) {
         set_avx512_bf16(dots);
     };
     for (row, l, r) in [("bf16_default_beside_f32_route", &ab, &bb), ("f16_default_beside_f32_route", &ah, &bh)] {
-        bench_side_by_side(
-            &mut g,
-            name,
-            row,
-            &mut [
-                &mut || {
-                    set(routes);
-                    drop(black_box(l.matmul(r).unwrap()))
-                },
-                &mut || {
-                    set((false, false));
-                    drop(black_box(l.matmul(r).unwrap()))
-                },
-            ],
-        );
+        bench_route_beside(&mut g, name, row, &|on| set(if on { routes } else { (false, false) }), &|| {
+            drop(black_box(l.matmul(r).unwrap()))
+        });
     }
     set(routes);
     g.finish();
