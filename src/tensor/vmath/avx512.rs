@@ -1,14 +1,15 @@
-//! GELU, SiLU, the sigmoid, GELU's tanh form, `tanh` and `exp` over contiguous runs, four AVX-512 vectors
-//! (64 elements) side by side.
+//! GELU, SiLU, the sigmoid, GELU's tanh form, `tanh` and `exp` over contiguous runs, four
+//! AVX-512 vectors (64 elements) side by side.
 //!
 //! The plain loops run one vector through a function at a time. Its steps depend on one
 //! another (GELU: a division, two polynomials, about 140 cycles from input to result), so the
 //! out-of-order core holds one or two vectors' worth of waiting instructions and leaves the
 //! vector units idle much of the time: GELU took about 35 cycles per vector on a Xeon (Emerald
-//! Rapids) for about 50 instructions. Written here with every step applied to four vectors
-//! before the next, the instructions of four vectors are interleaved in the program, and
-//! `2^n` scaling is one `vscalefps`; each lane goes through the same IEEE operations as the
-//! scalar function, so the bits are the scalar function's (`same_bits_as_the_scalar_functions`).
+//! Rapids) for 52 instructions that its two 512-bit ports issue in 26. Written here with every
+//! step applied to four vectors before the next, the instructions of four vectors are
+//! interleaved in the program, and `2^n` scaling is one `vscalefps`; each lane goes through
+//! the same IEEE operations as the scalar function, so the bits are the scalar function's
+//! (`same_bits_as_the_scalar_functions`, `same_bits_on_every_f32`).
 
 use core::arch::x86_64::*;
 use core::ops::{Add, Div, Mul, Neg, Sub};

@@ -121,7 +121,8 @@ fn pow2_biased(t: f32) -> f32 {
 /// `2^-100`, [`pow2_biased`]'s bias undone.
 const TWO_M100: f32 = f32::from_bits(27 << 23);
 
-/// `scale / (1 + e^-v)`, for a `scale` of the sign of `v` (or 1). Where `v < 0` as
+/// `scale / (1 + e^-v)`, for a `scale` of the sign of `v` (or 1) and at most `|v|` in magnitude
+/// (or 1), so that `scale e^v 2^100` is finite ([`Lanes::scale_by_pow2`]). Where `v < 0` as
 /// `scale e^v / (1 + e^v)`, with `scale e^v` rounded once: `e^-v` overflows from -88.7 while
 /// `scale σ(v)` is a number down to about -104 (PyTorch's `1 / (1 + e^-v)` gives 0 there).
 #[inline(always)]
