@@ -14,7 +14,7 @@
 //! sums are f32 (rounded to nearest, ties to even, in the order the hardware takes them), and
 //! subnormal inputs and results are read and written as zero. So results may differ from the
 //! f32 route in the last bit of a bf16, and values below 2^-126 become 0.
-//! [`set_amx`] turns the route off for reproducibility across machines.
+//! [`set_amx`](crate::tensor::set_amx) turns the route off for reproducibility across machines.
 //!
 //! f16 products use the same bf16 tiles (AMX-FP16 is a later generation's): each f16 value,
 //! 11 significant bits, is split into two bf16 parts with `x == hi + lo` exactly (the top 8
@@ -35,8 +35,9 @@
 //! there), with the same arithmetic: 1.23 ms for 512^3 on one thread of a Zen 4 VM, where the
 //! f32 route took 2.42 and PyTorch 1.21-1.24 (BENCHMARKS.md, "bf16 matmul on AVX512-BF16").
 //! Products of fewer than 32 rows by a transposed weight skip the packing there: dot products of
-//! rows and columns in groups of 4 rows ([`few_rows`]). [`set_avx512_bf16`] and
-//! [`AVX512_BF16_ENV`] turn that route off; everything else takes the f32 route.
+//! rows and columns in groups of 4 rows ([`few_rows`]). [`set_avx512_bf16`](crate::tensor::set_avx512_bf16)
+//! and [`AVX512_BF16_ENV`](crate::tensor::AVX512_BF16_ENV) turn that route off; everything
+//! else takes the f32 route.
 //!
 //! f16 products of fewer than 32 rows by a transposed weight (with AMX, of fewer than 16) run as
 //! the same dot products on any AVX-512 CPU ([`few_rows::f16`]): the rows widened to f32 once, the weight's f16
