@@ -24,6 +24,7 @@ use crate::tensor::dtype::{match_dtype, match_float, match_numeric};
 use crate::tensor::halfconv::HalfFloat;
 use crate::tensor::num::{Float, Num};
 use crate::tensor::shape::broadcast_shapes;
+use crate::tensor::vmath::Func;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError, TensorOptions};
 
 use super::cast::cast_into;
@@ -138,10 +139,19 @@ impl Unary {
         !matches!(self, Unary::Neg | Unary::Abs | Unary::Relu)
     }
 
-    /// Whether `f32` runs of this function go through [`vmath::avx512`](crate::tensor::vmath::avx512)
-    /// where the CPU has AVX-512 (see `FloatFn::call_run`).
-    fn has_blocks(self) -> bool {
-        matches!(self, Unary::Gelu | Unary::Silu | Unary::Sigmoid | Unary::GeluTanh | Unary::Tanh | Unary::Exp)
+    /// The function over groups of vectors ([`vmath::avx512`](crate::tensor::vmath::avx512))
+    /// that computes unary op `k` (a `Unary` as a number), where there is one: `f32` runs of it
+    /// go through it where the CPU has AVX-512 (see `FloatFn::call_run`).
+    const fn lanes_fn(k: u8) -> Option<Func> {
+        match k {
+            k if k == Unary::Gelu as u8 => Some(Func::Gelu),
+            k if k == Unary::Silu as u8 => Some(Func::Silu),
+            k if k == Unary::Sigmoid as u8 => Some(Func::Sigmoid),
+            k if k == Unary::GeluTanh as u8 => Some(Func::GeluTanh),
+            k if k == Unary::Tanh as u8 => Some(Func::Tanh),
+            k if k == Unary::Exp as u8 => Some(Func::Exp),
+            _ => None,
+        }
     }
 }
 
@@ -432,28 +442,17 @@ impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
     unsafe fn call_run(&self, isa: Isa, x: *const T, o: *mut T, n: usize) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            use crate::tensor::vmath::avx512::{EXP, GELU, GELU_TANH, SIGMOID, SILU, TANH, run};
             // `avx512_blocks_enabled` only where the CPU has AVX-512.
+            let Some(func) = Unary::lanes_fn(K) else { return false };
             if isa != Isa::Avx512
                 || !super::switch::avx512_blocks_enabled()
                 || core::any::TypeId::of::<T>() != core::any::TypeId::of::<f32>()
             {
                 return false;
             }
-            let (x, o) = (x as *const f32, o as *mut f32);
             // SAFETY: the CPU has AVX-512 (the switch is on only there); `T` is `f32`; the rest
             // is the caller's promise.
-            unsafe {
-                match K {
-                    k if k == Unary::Gelu as u8 => run::<GELU>(x, o, n),
-                    k if k == Unary::Silu as u8 => run::<SILU>(x, o, n),
-                    k if k == Unary::Sigmoid as u8 => run::<SIGMOID>(x, o, n),
-                    k if k == Unary::GeluTanh as u8 => run::<GELU_TANH>(x, o, n),
-                    k if k == Unary::Tanh as u8 => run::<TANH>(x, o, n),
-                    k if k == Unary::Exp as u8 => run::<EXP>(x, o, n),
-                    _ => return false,
-                }
-            }
+            unsafe { crate::tensor::vmath::avx512::run(func, x as *const f32, o as *mut f32, n) };
             true
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -471,7 +470,10 @@ fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tens
         // `relu` read the f16 bits as they are, and the conversions made relu 20% slower.)
         return launch_unary(op, kind, DType::F32, out, a, dest);
     }
-    if [ct, a.dtype(), out.dtype()] == [DType::BF16; 3] && kind.has_blocks() && super::switch::avx512_blocks_enabled() {
+    if [ct, a.dtype(), out.dtype()] == [DType::BF16; 3]
+        && Unary::lanes_fn(kind as u8).is_some()
+        && super::switch::avx512_blocks_enabled()
+    {
         // Likewise for bf16 where the f32 kernel runs four vectors side by side: widening bf16
         // is a shift and the loop of `call` keeps it, but GELU's blocks more than repay
         // converting in blocks (the same bits: each element widens, computes, rounds once).

@@ -14,22 +14,18 @@
 use core::arch::x86_64::*;
 use core::ops::{Add, Div, Mul, Neg, Sub};
 
+use super::Func;
 use super::lanes::Lanes;
 
-/// GELU, for [`run`].
-pub(crate) const GELU: u8 = 0;
-/// SiLU, for [`run`].
-pub(crate) const SILU: u8 = 1;
-/// The sigmoid, for [`run`].
-pub(crate) const SIGMOID: u8 = 2;
-/// GELU's tanh form, for [`run`].
-pub(crate) const GELU_TANH: u8 = 3;
-/// `tanh`, for [`run`].
-pub(crate) const TANH: u8 = 4;
-/// `e^x`, for [`run`].
-pub(crate) const EXP: u8 = 5;
+// The `Func`s as numbers, for `blocks`' const parameter.
+const GELU: u8 = Func::Gelu as u8;
+const SILU: u8 = Func::Silu as u8;
+const SIGMOID: u8 = Func::Sigmoid as u8;
+const GELU_TANH: u8 = Func::GeluTanh as u8;
+const TANH: u8 = Func::Tanh as u8;
+const EXP: u8 = Func::Exp as u8;
 
-/// `M` vectors of 16 `f32`. Made only in [`run`], which runs only where the CPU has AVX-512 F:
+/// `M` vectors of 16 `f32`. Made only in [`blocks`], which runs only where the CPU has AVX-512 F:
 /// that is what makes the intrinsics in its methods sound.
 #[derive(Clone, Copy)]
 pub(crate) struct Zmm<const M: usize>([__m512; M]);
@@ -138,7 +134,7 @@ impl<const M: usize> Lanes for Zmm<M> {
     }
 }
 
-/// Function `F` (one of the constants above) on `x`.
+/// Function `F` (a [`Func`] as a number) on `x`.
 #[inline(always)]
 fn apply<const F: u8, V: Lanes>(x: V) -> V {
     match F {
@@ -151,14 +147,32 @@ fn apply<const F: u8, V: Lanes>(x: V) -> V {
     }
 }
 
-/// `o[i] = F(x[i])` for `i < n`: 64 elements at a time, then 16 at a time, the last ones
+/// `o[i] = f(x[i])` for `i < n`: 64 elements at a time, then 16 at a time, the last ones
 /// under a mask.
 ///
 /// # Safety
 /// The CPU has AVX-512 F. `x` is readable and `o` writable for `n` `f32`s, and `o` is `x` or
 /// overlaps it nowhere.
+pub(crate) unsafe fn run(f: Func, x: *const f32, o: *mut f32, n: usize) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        match f {
+            Func::Gelu => blocks::<GELU>(x, o, n),
+            Func::Silu => blocks::<SILU>(x, o, n),
+            Func::Sigmoid => blocks::<SIGMOID>(x, o, n),
+            Func::GeluTanh => blocks::<GELU_TANH>(x, o, n),
+            Func::Tanh => blocks::<TANH>(x, o, n),
+            Func::Exp => blocks::<EXP>(x, o, n),
+        }
+    }
+}
+
+/// [`run`] for function `F`, compiled for AVX-512.
+///
+/// # Safety
+/// As [`run`].
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn run<const F: u8>(x: *const f32, o: *mut f32, n: usize) {
+unsafe fn blocks<const F: u8>(x: *const f32, o: *mut f32, n: usize) {
     let mut i = 0;
     while n - i >= 64 {
         let mut v = [_mm512_setzero_ps(); 4];
@@ -203,30 +217,30 @@ mod tests {
         xs.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MIN_POSITIVE, f32::MAX]);
         xs.extend([-14.6, -14.4, 14.6, -20.0, -150.0, -150.1, -88.0, -104.0, 1e-40, -1e-40]);
         let bits = |y: f32| if y.is_nan() { u32::MAX } else { y.to_bits() };
-        fn check<const F: u8>(xs: &[f32], scalar: fn(f32) -> f32, bits: impl Fn(f32) -> u32) {
+        fn check(f: Func, xs: &[f32], scalar: fn(f32) -> f32, bits: impl Fn(f32) -> u32) {
             let want: Vec<u32> = xs.iter().map(|&x| bits(scalar(x))).collect();
             let mut out = vec![0f32; xs.len()];
             // SAFETY: AVX-512 is there (checked above); `xs` and `out` hold `xs.len()` each.
-            unsafe { run::<F>(xs.as_ptr(), out.as_mut_ptr(), xs.len()) };
+            unsafe { run(f, xs.as_ptr(), out.as_mut_ptr(), xs.len()) };
             let got: Vec<u32> = out.iter().map(|&y| bits(y)).collect();
-            assert_eq!(got, want, "function {F}");
+            assert_eq!(got, want, "{f:?}");
             // In place, and every short length (the masked tail), from a few offsets.
             for n in 0..200 {
                 for start in [0, 7, 1000] {
                     let mut buf = xs[start..start + n].to_vec();
                     // SAFETY: as above; `o` is `x`.
-                    unsafe { run::<F>(buf.as_ptr(), buf.as_mut_ptr(), n) };
+                    unsafe { run(f, buf.as_ptr(), buf.as_mut_ptr(), n) };
                     let got: Vec<u32> = buf.iter().map(|&y| bits(y)).collect();
-                    assert_eq!(got, want[start..start + n], "function {F}, {n} from {start}");
+                    assert_eq!(got, want[start..start + n], "{f:?}, {n} from {start}");
                 }
             }
         }
-        check::<GELU>(&xs, super::super::gelu, bits);
-        check::<SILU>(&xs, super::super::silu, bits);
-        check::<SIGMOID>(&xs, super::super::sigmoid, bits);
-        check::<GELU_TANH>(&xs, super::super::gelu_tanh, bits);
-        check::<TANH>(&xs, super::super::tanh, bits);
-        check::<EXP>(&xs, super::super::exp, bits);
+        check(Func::Gelu, &xs, super::super::gelu, bits);
+        check(Func::Silu, &xs, super::super::silu, bits);
+        check(Func::Sigmoid, &xs, super::super::sigmoid, bits);
+        check(Func::GeluTanh, &xs, super::super::gelu_tanh, bits);
+        check(Func::Tanh, &xs, super::super::tanh, bits);
+        check(Func::Exp, &xs, super::super::exp, bits);
     }
 
     /// Every `f32` through each function, as one run and through the scalar function: the
@@ -255,7 +269,7 @@ mod tests {
                         }
                     });
                     // SAFETY: AVX-512 is there (checked above); `xs` and `got` hold 2^24 each.
-                    unsafe { run::<$k>(xs.as_ptr(), got.as_mut_ptr(), xs.len()) };
+                    unsafe { run(Func::$k, xs.as_ptr(), got.as_mut_ptr(), xs.len()) };
                     for ((&x, &y), &w) in xs.iter().zip(&got).zip(&want) {
                         let same = y.to_bits() == w.to_bits() || (y.is_nan() && w.is_nan());
                         assert!(same, "{} at {x:e}: {y:e}, not {w:e}", stringify!($f));
@@ -263,6 +277,6 @@ mod tests {
                 }
             )*};
         }
-        check!(gelu GELU, silu SILU, sigmoid SIGMOID, gelu_tanh GELU_TANH, tanh TANH, exp EXP);
+        check!(gelu Gelu, silu Silu, sigmoid Sigmoid, gelu_tanh GeluTanh, tanh Tanh, exp Exp);
     }
 }

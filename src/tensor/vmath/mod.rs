@@ -52,6 +52,17 @@ mod lanes;
 
 use lanes::Lanes;
 
+/// The functions written over [`Lanes`], which `avx512::run` runs on groups of vectors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Func {
+    Gelu,
+    Silu,
+    Sigmoid,
+    GeluTanh,
+    Tanh,
+    Exp,
+}
+
 /// `c[0] x^(N-1) + c[1] x^(N-2) + .. + c[N-1]` by Horner's rule, each step a fused
 /// multiply-add (one rounding).
 #[inline(always)]
