@@ -200,7 +200,7 @@ one_thread_table("transformer_ops_1t", "GPT-2 block ops, 1 thread (copy: 12 MB)"
                   "softmax_12x256x256",
                   "layer_norm_1024x768", "rms_norm_1024x768"],
                  [(f"{op}_blocks_beside_one_vector", f"{op}: AVX-512 blocks / one-vector loop")
-                  for op in ("gelu", "gelu_tanh", "silu", "tanh", "gelu_bf16")])
+                  for op in ("gelu", "gelu_tanh", "silu", "tanh", "log", "gelu_bf16")])
 
 # --- benches/observe.rs --------------------------------------------------------------------
 if (root / "observe_pair_64B").is_dir():

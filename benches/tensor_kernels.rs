@@ -38,7 +38,7 @@
 //!     bf16 and f16, its tanh approximation, `silu`, `exp`, `sigmoid`, `tanh` and `log` (of its
 //!     absolute value) of it, softmax of 12x256x256 attention scores, and
 //!     `layer_norm` / `rms_norm` of 1024x768 with a weight (and a bias); and GELU, its tanh
-//!     form, `silu`, `tanh` and bf16 GELU on the AVX-512 blocks beside the one-vector loop
+//!     form, `silu`, `tanh`, `log` and bf16 GELU on the AVX-512 blocks beside the one-vector loop
 //!     (`set_avx512_blocks`), call by call (`*_blocks_beside_one_vector`).
 //!
 //! The `pool` rows call the default path beside each pool call, on the same tensors and on a
@@ -592,11 +592,12 @@ fn transformer_ops(c: &mut Criterion) {
     // call by call: blocks / one vector (1.0 on CPUs without AVX-512, where both are the loop).
     let blocks = avx512_blocks_enabled();
     type Op = fn(&Tensor) -> tensormem::tensor::Result<Tensor>;
-    let ops: [(&str, Op, &Tensor); 5] = [
+    let ops: [(&str, Op, &Tensor); 6] = [
         ("gelu_blocks_beside_one_vector", Tensor::gelu, &x),
         ("gelu_tanh_blocks_beside_one_vector", Tensor::gelu_tanh, &x),
         ("silu_blocks_beside_one_vector", Tensor::silu, &x),
         ("tanh_blocks_beside_one_vector", Tensor::tanh, &x),
+        ("log_blocks_beside_one_vector", Tensor::log, &positive),
         ("gelu_bf16_blocks_beside_one_vector", Tensor::gelu, &xb),
     ];
     for (row, op, t) in ops {

@@ -658,13 +658,14 @@ fn activations_give_the_same_bits_on_every_route() {
     // result of the widened values rounded once.
     type Fresh = fn(&Tensor) -> tensormem::tensor::Result<Tensor>;
     type InPlace = for<'a> fn(&'a Tensor) -> tensormem::tensor::Result<&'a Tensor>;
-    let ops: [(&str, Fresh, InPlace); 6] = [
+    let ops: [(&str, Fresh, InPlace); 7] = [
         ("gelu", Tensor::gelu, Tensor::gelu_),
         ("gelu_tanh", Tensor::gelu_tanh, Tensor::gelu_tanh_),
         ("silu", Tensor::silu, Tensor::silu_),
         ("sigmoid", Tensor::sigmoid, Tensor::sigmoid_),
         ("tanh", Tensor::tanh, Tensor::tanh_),
         ("exp", Tensor::exp, Tensor::exp_),
+        ("log", Tensor::log, Tensor::log_),
     ];
     let bits = |t: &Tensor| -> Vec<u32> {
         let v = t.to_vec::<f32>().unwrap();

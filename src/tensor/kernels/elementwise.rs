@@ -150,6 +150,7 @@ impl Unary {
             k if k == Unary::GeluTanh as u8 => Some(Func::GeluTanh),
             k if k == Unary::Tanh as u8 => Some(Func::Tanh),
             k if k == Unary::Exp as u8 => Some(Func::Exp),
+            k if k == Unary::Log as u8 => Some(Func::Ln),
             _ => None,
         }
     }
@@ -436,7 +437,7 @@ impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
         }
     }
 
-    /// GELU, SiLU, the sigmoid, GELU's tanh form, `tanh` and `exp` on `f32` runs, with AVX-512: four
+    /// GELU, SiLU, the sigmoid, GELU's tanh form, `tanh`, `exp` and `log` on `f32` runs, with AVX-512: four
     /// vectors side by side ([`vmath::avx512`](crate::tensor::vmath::avx512)).
     #[inline(always)]
     unsafe fn call_run(&self, isa: Isa, x: *const T, o: *mut T, n: usize) -> bool {

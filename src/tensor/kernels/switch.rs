@@ -125,7 +125,7 @@ pub fn set_avx512_bf16(enabled: bool) -> bool {
     DOTS.set(enabled)
 }
 
-/// Whether GELU, the sigmoid, SiLU, GELU's tanh form, `tanh` and `exp` run contiguous `f32`
+/// Whether GELU, the sigmoid, SiLU, GELU's tanh form, `tanh`, `exp` and `log` run contiguous `f32`
 /// runs (and bf16 tensors, converted in blocks) four AVX-512 vectors side by side: the CPU has
 /// AVX-512 F, BW and VL, and neither [`set_avx512_blocks`]`(false)` nor
 /// `TENSORMEM_AVX512_BLOCKS=0` turned them off. The results are the same bits either way;

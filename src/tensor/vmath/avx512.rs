@@ -1,4 +1,4 @@
-//! GELU, SiLU, the sigmoid, GELU's tanh form, `tanh` and `exp` over contiguous runs, four
+//! GELU, SiLU, the sigmoid, GELU's tanh form, `tanh`, `exp` and `ln` over contiguous runs, four
 //! AVX-512 vectors (64 elements) side by side.
 //!
 //! The plain loops run one vector through a function at a time. Its steps depend on one
@@ -24,6 +24,7 @@ const SIGMOID: u8 = Func::Sigmoid as u8;
 const GELU_TANH: u8 = Func::GeluTanh as u8;
 const TANH: u8 = Func::Tanh as u8;
 const EXP: u8 = Func::Exp as u8;
+const LN: u8 = Func::Ln as u8;
 
 /// `M` vectors of 16 `f32`. Made only in [`blocks`], which runs only where the CPU has AVX-512 F:
 /// that is what makes the intrinsics in its methods sound.
@@ -132,6 +133,15 @@ impl<const M: usize> Lanes for Zmm<M> {
             _mm512_castsi512_ps(_mm512_or_si512(_mm512_andnot_si512(m, v), _mm512_and_si512(m, s)))
         })
     }
+
+    /// `vgetmantps` (normalised to `[0.5, 1)`) and `vgetexpps` (`floor(log2 |x|)`, so one
+    /// more for that interval), both exact and both taking subnormals as the numbers they are.
+    #[inline(always)]
+    fn frexp(self) -> (Self, Self) {
+        let m = each!(|k| _mm512_getmant_ps::<_MM_MANT_NORM_P5_1, _MM_MANT_SIGN_ZERO>(self.0[k]));
+        let e = each!(|k| _mm512_getexp_ps(self.0[k]));
+        (m, e + Self::splat(1.0))
+    }
 }
 
 /// Function `F` (a [`Func`] as a number) on `x`.
@@ -143,6 +153,7 @@ fn apply<const F: u8, V: Lanes>(x: V) -> V {
         SIGMOID => super::sigmoid(x),
         GELU_TANH => super::gelu_tanh(x),
         TANH => super::tanh(x),
+        LN => super::ln(x),
         _ => super::exp(x),
     }
 }
@@ -163,6 +174,7 @@ pub(crate) unsafe fn run(f: Func, x: *const f32, o: *mut f32, n: usize) {
             Func::GeluTanh => blocks::<GELU_TANH>(x, o, n),
             Func::Tanh => blocks::<TANH>(x, o, n),
             Func::Exp => blocks::<EXP>(x, o, n),
+            Func::Ln => blocks::<LN>(x, o, n),
         }
     }
 }
@@ -241,12 +253,13 @@ mod tests {
         check(Func::GeluTanh, &xs, super::super::gelu_tanh, bits);
         check(Func::Tanh, &xs, super::super::tanh, bits);
         check(Func::Exp, &xs, super::super::exp, bits);
+        check(Func::Ln, &xs, super::super::ln, bits);
     }
 
     /// Every `f32` through each function, as one run and through the scalar function: the
     /// same bits.
     #[test]
-    #[ignore = "walks all 2^32 floats six times: about 4 minutes in release (cargo test --release --lib -- --ignored avx512)"]
+    #[ignore = "walks all 2^32 floats seven times: about 5 minutes in release (cargo test --release --lib -- --ignored avx512)"]
     fn same_bits_on_every_f32() {
         use crate::tensor::kernels::isa::vectorised;
         if detected() != Isa::Avx512 {
@@ -277,6 +290,6 @@ mod tests {
                 }
             )*};
         }
-        check!(gelu Gelu, silu Silu, sigmoid Sigmoid, gelu_tanh GeluTanh, tanh Tanh, exp Exp);
+        check!(gelu Gelu, silu Silu, sigmoid Sigmoid, gelu_tanh GeluTanh, tanh Tanh, exp Exp, ln Ln);
     }
 }

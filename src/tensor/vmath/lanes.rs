@@ -35,6 +35,9 @@ pub(crate) trait Lanes:
     fn scale_e_by_pow2(self, t: Self) -> Self;
     /// `self` with the sign of `sign`.
     fn copysign(self, sign: Self) -> Self;
+    /// `(m, e)` with `self = m 2^e` and `m` in `[0.5, 1)`, `e` an integer, for a positive
+    /// finite `self` (subnormals included); unspecified (but no fault) for other lanes.
+    fn frexp(self) -> (Self, Self);
 }
 
 impl Lanes for f32 {
@@ -92,5 +95,15 @@ impl Lanes for f32 {
     #[inline(always)]
     fn copysign(self, sign: Self) -> Self {
         f32::copysign(self, sign)
+    }
+
+    /// From the bits: a subnormal is scaled by 2^23 (exact) first.
+    #[inline(always)]
+    fn frexp(self) -> (Self, Self) {
+        let sub = self < f32::MIN_POSITIVE;
+        let y = if sub { self * 8_388_608.0 } else { self };
+        let bits = y.to_bits();
+        let e = ((bits >> 23) & 0xff) as i32 - if sub { 126 + 23 } else { 126 };
+        (f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000), e as f32)
     }
 }

@@ -12,14 +12,15 @@
 //! 1024x3072 activation 4.2 ms instead of 5.6, SiLU 1.7 instead of 2.1, softmax of 12x256x256
 //! scores 0.59 instead of 0.69; GELU now takes 2.9 ms, with the formula below).
 //!
-//! GELU, the sigmoid, SiLU, GELU's tanh form, `tanh` and `exp` are written over [`Lanes`]:
+//! GELU, the sigmoid, SiLU, GELU's tanh form, `tanh`, `exp` and `ln` are written over [`Lanes`]:
 //! one `f32`, or a group of AVX-512 vectors ([`avx512`]), which the unary kernels use for
 //! contiguous `f32` runs where the CPU has AVX-512. A vector at a time, these functions' long
 //! chains of dependent steps left the vector units idle. Four vectors side by side took, on a
 //! Xeon against the one-vector loop in the same process (in L2 / 12 MB): GELU 0.76 / 0.79 of
 //! the time, GELU's tanh form 0.73 / 0.84, SiLU 0.79 / 0.90, `exp` 0.64 / 0.82, the sigmoid
-//! 0.85 / 0.93, `tanh` 0.92-0.97 / 1.00-1.03; with the same bits (each lane goes through the
-//! scalar function's IEEE operations, in its order). `set_avx512_blocks(false)` (or
+//! 0.85 / 0.93, `tanh` 0.92-0.97 / 1.00-1.03, `ln` 0.62-0.77 / 0.88 (its `m 2^e` split is two
+//! instructions there, `vgetmantps` and `vgetexpps`); with the same bits (each lane goes through
+//! the scalar function's IEEE operations, in its order). `set_avx512_blocks(false)` (or
 //! `TENSORMEM_AVX512_BLOCKS=0`) keeps every run on the one-vector loop.
 //!
 //! `f32::exp`, `f32::tanh`, `f32::ln` and `libm::erff` are calls into scalar code, one element at
@@ -61,6 +62,7 @@ pub(crate) enum Func {
     GeluTanh,
     Tanh,
     Exp,
+    Ln,
 }
 
 /// `c[0] x^(N-1) + c[1] x^(N-2) + .. + c[N-1]` by Horner's rule, each step a fused
@@ -228,19 +230,15 @@ pub(crate) fn tanh<V: Lanes>(x: V) -> V {
 }
 
 /// `ln(x)`, as Cephes' `logf`: `x = m 2^e` with `m` in `[√½, √2)`, `ln(m)` by a polynomial of
-/// degree 8 in `m - 1`, and `e ln 2` added in two parts. Subnormals are scaled by 2^23 first.
+/// degree 8 in `m - 1`, and `e ln 2` added in two parts ([`Lanes::frexp`] takes subnormals).
 /// `ln(0) = -inf`, `ln(inf) = inf`, NaN below 0 and for NaN.
 #[inline(always)]
-pub(crate) fn ln(x: f32) -> f32 {
-    let sub = x < f32::MIN_POSITIVE;
-    let y = if sub { x * 8_388_608.0 } else { x };
-    let bits = y.to_bits();
-    // `y = m 2^e` with `m` in [0.5, 1).
-    let e = ((bits >> 23) & 0xff) as i32 - if sub { 126 + 23 } else { 126 };
-    let m = f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000);
-    let low = m < core::f32::consts::FRAC_1_SQRT_2;
-    let e = (if low { e - 1 } else { e }) as f32;
-    let m = if low { m + m - 1.0 } else { m - 1.0 };
+pub(crate) fn ln<V: Lanes>(x: V) -> V {
+    let c = V::splat;
+    let (m, e) = x.frexp();
+    let low = m.lt(c(core::f32::consts::FRAC_1_SQRT_2));
+    let e = V::select(low, e - c(1.0), e);
+    let m = V::select(low, m + m - c(1.0), m - c(1.0));
     let z = m * m;
     let p = horner(
         m,
@@ -258,16 +256,10 @@ pub(crate) fn ln(x: f32) -> f32 {
     ) * m
         * z;
     // ln 2 in two parts, as in `exp_parts` (`0.693_359_4 * e` is exact).
-    let r = 0.693_359_4f32.mul_add(e, m + (-0.5f32).mul_add(z, (-2.121_944_4e-4f32).mul_add(e, p)));
-    if x == f32::INFINITY {
-        x
-    } else if x == 0.0 {
-        f32::NEG_INFINITY
-    } else if x >= 0.0 {
-        r
-    } else {
-        f32::NAN
-    }
+    let r = c(0.693_359_4).mul_add(e, m + c(-0.5).mul_add(z, c(-2.121_944_4e-4).mul_add(e, p)));
+    // Not positive: -inf for ±0 (`-inf + x`), NaN below. inf and NaN stay as they are.
+    let not_positive = V::select(x.lt(c(0.0)), c(f32::NAN), c(f32::NEG_INFINITY) + x);
+    V::select(x.lt(c(f32::INFINITY)), V::select(x.gt(c(0.0)), r, not_positive), x)
 }
 
 /// `x σ(x) = x / (1 + e^-x)` (SiLU, or swish), as PyTorch computes it: -0 where `e^-x` is
