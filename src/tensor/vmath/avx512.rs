@@ -121,6 +121,12 @@ impl<const M: usize> Lanes for Zmm<M> {
 
     /// As [`scale_by_pow2`](Lanes::scale_by_pow2): `self 2^n` rounded once.
     #[inline(always)]
+    fn scale_by_normal_pow2(self, t: Self) -> Self {
+        self.scale_by_pow2(t)
+    }
+
+    /// As [`scale_by_pow2`](Lanes::scale_by_pow2): `self 2^n` rounded once.
+    #[inline(always)]
     fn scale_e_by_pow2(self, t: Self) -> Self {
         self.scale_by_pow2(t)
     }

@@ -31,6 +31,8 @@ pub(crate) trait Lanes:
     /// `self 2^n` rounded once, for the `t` of `exp_parts` with `n` in `[-217, 0]` and `self`
     /// with `|self| 2^(n + 100)` below 2^128 (or `self` infinite, or NaN).
     fn scale_by_pow2(self, t: Self) -> Self;
+    /// `self 2^n` rounded once, for the `t` of `exp_parts` with `n` in `[-126, 127]`.
+    fn scale_by_normal_pow2(self, t: Self) -> Self;
     /// `self 2^n` rounded once, for the `e` and `t` of `exp_parts` with `n` in `[-217, 129]`.
     fn scale_e_by_pow2(self, t: Self) -> Self;
     /// `self` with the sign of `sign`.
@@ -83,6 +85,11 @@ impl Lanes for f32 {
         // `self 2^(n + 100)` is exact (a normal power of two, and no overflow),
         // and the product by 2^-100 rounds once.
         self * super::pow2_biased(t) * super::TWO_M100
+    }
+
+    #[inline(always)]
+    fn scale_by_normal_pow2(self, t: Self) -> Self {
+        self * super::pow2(t)
     }
 
     #[inline(always)]

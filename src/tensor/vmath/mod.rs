@@ -131,6 +131,13 @@ fn pow2_biased(t: f32) -> f32 {
     f32::from_bits(t.to_bits().wrapping_shl(23).wrapping_add(227u32.wrapping_sub(SHIFT.to_bits()).wrapping_shl(23)))
 }
 
+/// `2^n` for the `t` of [`exp_parts`] with `n` in `[-126, 127]`: a normal number, in 2 integer
+/// operations, as [`pow2_biased`].
+#[inline(always)]
+fn pow2(t: f32) -> f32 {
+    f32::from_bits(t.to_bits().wrapping_shl(23).wrapping_add(127u32.wrapping_sub(SHIFT.to_bits()).wrapping_shl(23)))
+}
+
 /// `2^-100`, [`pow2_biased`]'s bias undone.
 const TWO_M100: f32 = f32::from_bits(27 << 23);
 
@@ -214,8 +221,8 @@ pub(crate) fn gelu<V: Lanes>(x: V) -> V {
 }
 
 /// `tanh(x)`, as Cephes' `tanhf`: an odd polynomial of degree 11 for `|x| <= 0.625`, and
-/// `1 - 2 / (e^(2|x|) + 1)` beyond (1 from `|x| > 44`, where `e^(2|x|)` is `inf`); the sign of
-/// `x` last, so that `tanh(-0)` is -0.
+/// `1 - 2 / (e^(2|x|) + 1)` beyond (1 from `|x|` about 9.02, where the fraction is below half an
+/// ulp of 1); the sign of `x` last, so that `tanh(-0)` is -0.
 #[inline(always)]
 pub(crate) fn tanh<V: Lanes>(x: V) -> V {
     let c = V::splat;
@@ -223,7 +230,10 @@ pub(crate) fn tanh<V: Lanes>(x: V) -> V {
     let z = a * a;
     let small = (horner(z, [-5.704_988_7e-3, 2.063_908_8e-2, -5.373_971_5e-2, 1.333_144_2e-1, -3.333_328e-1]) * z)
         .mul_add(a, a);
-    let large = c(1.0) - c(2.0) / (exp(a + a) + c(1.0));
+    // e^(2|x|) up to |x| = 10, where `2 / (e^20 + 1)` is below half an ulp of 1: beyond, `large`
+    // is 1 with the exponent held there too, and `2^n` (n <= 29) is one normal number.
+    let (e, t) = exp_parts((a + a).clamp(0.0, 20.0), None);
+    let large = c(1.0) - c(2.0) / (e.scale_by_normal_pow2(t) + c(1.0));
     // NaN fails the comparison and keeps the polynomial's NaN.
     let t = V::select(a.gt(c(0.625)), large, small);
     t.copysign(x)
