@@ -230,10 +230,10 @@ pub(crate) fn tanh<V: Lanes>(x: V) -> V {
     let z = a * a;
     let small = (horner(z, [-5.704_988_7e-3, 2.063_908_8e-2, -5.373_971_5e-2, 1.333_144_2e-1, -3.333_328e-1]) * z)
         .mul_add(a, a);
-    // e^(2|x|) up to |x| = 10, where `2 / (e^20 + 1)` is below half an ulp of 1: beyond, `large`
-    // is 1 with the exponent held there too, and `2^n` (n <= 29) is one normal number.
-    let (e, t) = exp_parts((a + a).clamp(0.0, 20.0), None);
-    let large = c(1.0) - c(2.0) / (e.scale_by_normal_pow2(t) + c(1.0));
+    // `2 / (e^20 + 1)` is below half an ulp of 1, so `large` rounds to 1 from |x| = 10 whatever
+    // the argument: it stops at 20, and `2^n` (n <= 29) is one normal number.
+    let (e, k) = exp_parts((a + a).clamp(0.0, 20.0), None);
+    let large = c(1.0) - c(2.0) / (e.scale_by_normal_pow2(k) + c(1.0));
     // NaN fails the comparison and keeps the polynomial's NaN.
     let t = V::select(a.gt(c(0.625)), large, small);
     t.copysign(x)
