@@ -84,12 +84,12 @@ impl Lanes for f32 {
     fn scale_by_pow2(self, t: Self) -> Self {
         // `self 2^(n + 100)` is exact (a normal power of two, and no overflow),
         // and the product by 2^-100 rounds once.
-        self * super::pow2_biased(t) * super::TWO_M100
+        self * super::pow2_plus::<100>(t) * super::TWO_M100
     }
 
     #[inline(always)]
     fn scale_by_normal_pow2(self, t: Self) -> Self {
-        self * super::pow2(t)
+        self * super::pow2_plus::<0>(t)
     }
 
     #[inline(always)]

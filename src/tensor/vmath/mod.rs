@@ -87,7 +87,7 @@ pub(crate) fn exp<V: Lanes>(x: V) -> V {
 
 /// `e^(hi + lo)` as `e 2^n`, for an argument in `[-150, 89]` given in one part or in two (`lo`
 /// a few units at most): `e` in `[√½, √2]`, and `t`, whose bits hold `n` (see [`pow2_halves`],
-/// [`pow2_biased`]). The reduction subtracts `n ln 2` from `hi` before `lo` is added, so that
+/// [`pow2_plus`]). The reduction subtracts `n ln 2` from `hi` before `lo` is added, so that
 /// the bits `hi + lo` would round away are kept. NaN gives a NaN `e`.
 #[inline(always)]
 fn exp_parts<V: Lanes>(hi: V, lo: Option<V>) -> (V, V) {
@@ -122,23 +122,18 @@ fn pow2_halves(t: f32) -> (f32, f32) {
     (pow2(n1), pow2(n.wrapping_sub(n1)))
 }
 
-/// `2^(n + 100)` for the `t` of [`exp_parts`] with `n` in `[-217, 0]` (an argument of at most
-/// 0): a normal number, so that a product `v 2^(n + 100)` is exact and the product of that
-/// by [`TWO_M100`] rounds once, as [`pow2_halves`]' factors do, in 2 integer operations
-/// instead of 7. (`(n + 227) << 23` is `t`'s bits shifted, plus a constant.)
+/// `2^(n + EXTRA)` for the `t` of [`exp_parts`], where `n + EXTRA` is in `[-126, 127]`: a
+/// normal number, in 2 integer operations instead of [`pow2_halves`]' 7 (`(n + 127 + EXTRA) <<
+/// 23` is `t`'s bits shifted, plus a constant). With `EXTRA = 100` ([`TWO_M100`] undoes it) it
+/// covers the `n` in `[-217, 0]` of an argument of at most 0: a product `v 2^(n + 100)` is then
+/// exact, and the product of that by `2^-100` rounds once, as [`pow2_halves`]' factors do.
 #[inline(always)]
-fn pow2_biased(t: f32) -> f32 {
-    f32::from_bits(t.to_bits().wrapping_shl(23).wrapping_add(227u32.wrapping_sub(SHIFT.to_bits()).wrapping_shl(23)))
+fn pow2_plus<const EXTRA: u32>(t: f32) -> f32 {
+    let bias = (127 + EXTRA).wrapping_sub(SHIFT.to_bits()).wrapping_shl(23);
+    f32::from_bits(t.to_bits().wrapping_shl(23).wrapping_add(bias))
 }
 
-/// `2^n` for the `t` of [`exp_parts`] with `n` in `[-126, 127]`: a normal number, in 2 integer
-/// operations, as [`pow2_biased`].
-#[inline(always)]
-fn pow2(t: f32) -> f32 {
-    f32::from_bits(t.to_bits().wrapping_shl(23).wrapping_add(127u32.wrapping_sub(SHIFT.to_bits()).wrapping_shl(23)))
-}
-
-/// `2^-100`, [`pow2_biased`]'s bias undone.
+/// `2^-100`, the `EXTRA = 100` of [`pow2_plus`] undone.
 const TWO_M100: f32 = f32::from_bits(27 << 23);
 
 /// `scale / (1 + e^-v)`, for a `scale` of the sign of `v` (or 1) and at most `|v|` in magnitude
