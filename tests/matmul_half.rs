@@ -1,5 +1,6 @@
 //! bf16 and f16 matmul on AMX tiles (Intel Xeon 4th generation and later) and bf16 on
-//! AVX512-BF16 registers (Cooper Lake, Zen 4 and later), and f16 products of few rows on AVX-512,
+//! AVX512-BF16 registers (by default on AMD Zen 4 and later; Intel's turned on by the switch),
+//! and f16 and bf16 products of few rows on AVX-512's fused multiply-adds,
 //! against the f32 route: the same values
 //! where the sums are exact, within one rounding elsewhere; the hardware routes' subnormal
 //! flushing (bf16 only); f16 infinities and NaNs; the switches and their environment variables.
@@ -30,6 +31,20 @@ fn cpu_lists_avx512_bf16() -> bool {
     cpu_lists(&["avx512_bf16"])
 }
 
+/// Whether AVX512-BF16's route is on by default here: the CPU lists it and is AMD's, whose
+/// `vdpbf16ps` outruns its f32 multiply-adds (Intel's runs at half their rate).
+fn avx512_bf16_by_default() -> bool {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let amd = info.lines().any(|l| l.starts_with("vendor_id") && l.ends_with("AuthenticAMD"));
+    cpu_lists_avx512_bf16() && amd
+}
+
+/// Whether Linux lists AVX-512 F, BW and VL: products of few rows by a transposed weight run as
+/// dot products on fused multiply-adds where no faster route is on.
+fn cpu_lists_avx512() -> bool {
+    cpu_lists(&[])
+}
+
 fn note_route() {
     if !amx_enabled() {
         eprintln!("no AMX here: f16 matmul takes the f32 route, which these tests check alone");
@@ -43,7 +58,8 @@ const F32_ROUTE: &str = "f32 route";
 static SWITCHES: Mutex<()> = Mutex::new(());
 
 /// Runs `check(route)` on every bf16 route this CPU has, in turn: AMX tiles, AVX512-BF16
-/// registers, the f32 route; then restores the switches.
+/// registers, the f32 route (whose products of few rows by a transposed weight run as dot
+/// products on fused multiply-adds on AVX-512, with its arithmetic); then restores the switches.
 fn on_each_bf16_route(mut check: impl FnMut(&str)) {
     let _only_us = SWITCHES.lock().unwrap_or_else(|e| e.into_inner());
     let before = (amx_enabled(), avx512_bf16_enabled());
@@ -312,6 +328,13 @@ fn the_switches_turn_the_hardware_routes_off_and_on_and_only_they_flush_subnorma
     let subnormal = f32::from_bits(1 << 19);
     assert_eq!(first(a.matmul(&b).unwrap()), subnormal, "the f32 route keeps subnormal results");
     assert_eq!(first(tiny.matmul(&ones).unwrap()), subnormal, "and reads subnormal inputs");
+    // Fewer rows than a panel by B's columns: dot products on fused multiply-adds on AVX-512,
+    // with the f32 route's arithmetic.
+    let few = |t: &Tensor| t.slice(0, 0, 15, 1).unwrap();
+    let b_columns = b.t().unwrap().contiguous().unwrap().t().unwrap();
+    let ones_columns = ones.t().unwrap().contiguous().unwrap().t().unwrap();
+    assert_eq!(first(few(&a).matmul(&b_columns).unwrap()), subnormal, "15 rows by B's columns keep them");
+    assert_eq!(first(few(&tiny).matmul(&ones_columns).unwrap()), subnormal, "and read subnormal inputs");
 
     let on = set_avx512_bf16(true);
     assert_eq!(on, cpu_lists_avx512_bf16(), "set_avx512_bf16(true) is on exactly where the CPU lists AVX512-BF16");
@@ -321,10 +344,8 @@ fn the_switches_turn_the_hardware_routes_off_and_on_and_only_they_flush_subnorma
         assert_eq!(first(tiny.matmul(&ones).unwrap()), 0.0, "and reads subnormal inputs as zero");
         // Fewer than 16 rows: dot products on the same registers where B's columns are
         // contiguous, else the f32 route.
-        let few = |t: &Tensor| t.slice(0, 0, 15, 1).unwrap();
-        let b_columns = b.t().unwrap().contiguous().unwrap().t().unwrap();
         assert_eq!(first(few(&a).matmul(&b_columns).unwrap()), 0.0, "15 rows by B's columns flush too");
-        assert_eq!(first(few(&tiny).matmul(&b_columns).unwrap()), 0.0, "and read subnormal inputs as zero");
+        assert_eq!(first(few(&tiny).matmul(&ones_columns).unwrap()), 0.0, "and read subnormal inputs as zero");
         assert_eq!(first(few(&a).matmul(&b).unwrap()), subnormal, "15 rows by B's rows take the f32 route");
         // f16 products do not take it.
         let (ah, bh) = (a.to_dtype(DType::F16).unwrap(), b.to_dtype(DType::F16).unwrap());
@@ -376,14 +397,29 @@ fn child_reads_the_environment() {
 fn the_environment_variables_turn_the_routes_off_at_startup() {
     let (amx, dots) = (cpu_lists_amx(), cpu_lists_avx512_bf16());
     for off in ["0", "off", "FALSE", " false "] {
-        assert_eq!(child(AMX_ENV, off), (false, dots), "{AMX_ENV}={off:?} turns AMX off, AVX512-BF16 alone");
+        let by_default = avx512_bf16_by_default();
+        assert_eq!(child(AMX_ENV, off), (false, by_default), "{AMX_ENV}={off:?} turns AMX off, AVX512-BF16 alone");
         assert_eq!(child(AVX512_BF16_ENV, off), (amx, false), "{AVX512_BF16_ENV}={off:?} turns AVX512-BF16 off");
     }
-    for on in ["1", "on", "true", "", "maybe"] {
+    // Unset, empty or unreadable: each route's default (AVX512-BF16's: on AMD only).
+    let by_default = avx512_bf16_by_default();
+    for value in ["", "maybe"] {
         for env in [AMX_ENV, AVX512_BF16_ENV] {
-            assert_eq!(child(env, on), (amx, dots), "{env}={on:?} leaves both on where the CPU has them");
+            assert_eq!(child(env, value), (amx, by_default), "{env}={value:?} leaves both at their default");
         }
     }
+    for on in ["1", "on", "TRUE", " true "] {
+        assert_eq!(child(AMX_ENV, on), (amx, by_default), "{AMX_ENV}={on:?}: AMX where the CPU has it");
+        assert_eq!(child(AVX512_BF16_ENV, on), (amx, dots), "{AVX512_BF16_ENV}={on:?}: wherever the CPU has it");
+    }
+}
+
+#[test]
+fn avx512_bf16_is_on_by_default_only_where_it_outruns_f32_multiply_adds() {
+    // Read by a child with neither variable set (`child` removes both, then sets AMX's to on).
+    let (amx, dots) = child(AMX_ENV, "1");
+    assert_eq!(amx, cpu_lists_amx());
+    assert_eq!(dots, avx512_bf16_by_default(), "AVX512-BF16 on by default exactly on AMD CPUs that list it");
 }
 
 /// Makes an operand of the given sizes from a seed.
@@ -552,4 +588,55 @@ fn few_row_f16_products_keep_the_f32_routes_values_and_empty_sums_are_positive_z
             assert_eq!(bits(&c), vec![0u16; 15], "{route}, {dt:?}");
         }
     });
+}
+
+#[test]
+fn few_row_bf16_products_off_avx512_bf16_keep_the_f32_routes_values() {
+    let _only_us = SWITCHES.lock().unwrap_or_else(|e| e.into_inner());
+    let before = (amx_enabled(), avx512_bf16_enabled());
+    set_amx(false);
+    set_avx512_bf16(false);
+    if !cpu_lists_avx512() {
+        eprintln!("no AVX-512 here: few-row bf16 products take the f32 route, which this checks alone");
+    }
+    // Subnormal bf16 (multiples of 2^-133) by small whole numbers: exact sums, subnormal results.
+    // (`powi(-133)` overflows on the way in a debug build; this is 2^-133.)
+    let sub = ints_of(&[8, 64], 3, 127, f32::from_bits(1 << 16), DType::BF16);
+    let w = ints(&[48, 64], 4).t().unwrap();
+    let c = sub.matmul(&w).unwrap();
+    assert_eq!(bits(&c), via_f32(&sub, &w), "subnormal inputs and results are kept");
+    let subnormal = bits(&c).iter().filter(|&&x| x & 0x7f80 == 0 && x & 0x7f != 0).count();
+    assert!(subnormal > 10, "{subnormal} subnormal results of 384");
+    // A sum of only -0 products is -0, the exact sum (the f32 route's gemm gives -0 or +0 by
+    // shape); odd inner sizes and one row.
+    for (n, k) in [(1, 1), (3, 17), (31, 33), (5, 100)] {
+        let z = Tensor::full(&[n, k], -0.0, DType::BF16).unwrap();
+        let w = ints(&[9, k], 5).abs().unwrap().t().unwrap();
+        assert_eq!(bits(&z.matmul(&w).unwrap()), vec![0x8000; n * 9], "{n}x{k}: -0 sums");
+        let (a, w) = (ints(&[n, k], 6), ints(&[9, k], 7).t().unwrap());
+        assert_eq!(bits(&a.matmul(&w).unwrap()), via_f32(&a, &w), "{n}x{k}: whole numbers");
+    }
+    // Infinities and NaNs: row 0 holds an infinity, row 1 a NaN; column 5 a zero.
+    let mut a = vec![1.0f32; 3 * 64];
+    a[0] = f32::INFINITY;
+    a[64] = f32::NAN;
+    let mut wv = vec![1.0f32; 40 * 64];
+    wv[5 * 64] = 0.0;
+    let a = Tensor::from_vec(a, &[3, 64], DType::F32).unwrap().to_dtype(DType::BF16).unwrap();
+    let w = Tensor::from_vec(wv, &[40, 64], DType::F32).unwrap().to_dtype(DType::BF16).unwrap().t().unwrap();
+    let c = a.matmul(&w).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    for (i, &x) in c.iter().enumerate() {
+        let (r, col) = (i / 40, i % 40);
+        let want = match (r, col) {
+            (0, 5) | (1, _) => f32::NAN,
+            (0, _) => f32::INFINITY,
+            (_, 5) => 63.0,
+            _ => 64.0,
+        };
+        assert!(x == want || (x.is_nan() && want.is_nan()), "[{r}, {col}]: {x} vs {want}");
+    }
+    // Random values: within one bf16 rounding of the exact result.
+    within_one_rounding(DType::BF16, &[(1, 768, 96), (16, 768, 64), (31, 1000, 37)], 1.0 / 256.0, 0.0);
+    set_amx(before.0);
+    set_avx512_bf16(before.1);
 }

@@ -6,8 +6,9 @@
 //! generation and later) bf16 and f16 products of at least 16 x 32 x 16 run on its tiles instead
 //! ([`amx`](super::amx)); PyTorch does so for bf16 there. Without AMX, bf16 products of those
 //! sizes, and those of fewer than 32 rows by a transposed weight, run on AVX512-BF16's
-//! `vdpbf16ps` where the CPU has it (Cooper Lake, Zen 4 and later), as oneDNN does; f16 products
-//! of fewer than 32 rows by a transposed weight, as dot products with fused multiply-adds.
+//! `vdpbf16ps` on AMD CPUs that have it (Zen 4 and later), as oneDNN does (Intel's run it at half
+//! the rate of f32 multiply-adds); f16 products of fewer than 32 rows by a transposed weight, and
+//! bf16 ones where that route is off, as dot products with fused multiply-adds.
 
 use crate::tensor::core::for_each_offset;
 use crate::tensor::dtype::match_numeric;
@@ -39,15 +40,16 @@ impl Tensor {
     /// as zero. f16 products run on the same tiles, each value split into two exact bf16
     /// parts, with the f32 route's arithmetic (exact products, f32 sums, subnormals kept);
     /// f16 operands holding an infinity or a NaN take the f32 route. Without AMX, bf16 products
-    /// run on AVX512-BF16 registers where the CPU has them ([`avx512_bf16_enabled`]), as oneDNN
-    /// does there, with AMX's arithmetic: those of at least 16 x 32 x 16, and those of fewer
-    /// than 32 rows whose right operand has contiguous columns (`x.matmul(&w.t()?)` with a
-    /// `Linear` weight `w`, a decode step). On these routes a sum of zero products is +0, where
-    /// the f32 route keeps the sign of a sum of -0 products. [`set_amx`]`(false)` and
-    /// [`set_avx512_bf16`]`(false)` (or `TENSORMEM_AMX=0` and `TENSORMEM_AVX512_BF16=0`) choose
-    /// the f32 route everywhere. f16 products of fewer than 32 rows whose right operand has
-    /// contiguous columns run as dot products on any AVX-512 CPU, with the f32 route's
-    /// arithmetic (exact products, f32 sums in another order, subnormals kept) and without
+    /// run on AVX512-BF16 registers where that route is on ([`avx512_bf16_enabled`]: by
+    /// default on AMD CPUs that have it; Intel's run it slower than f32), as oneDNN does there,
+    /// with AMX's arithmetic: those of at least 16 x 32 x 16, and those of fewer than 32 rows
+    /// whose right operand has contiguous columns (`x.matmul(&w.t()?)` with a `Linear` weight
+    /// `w`, a decode step). On these routes a sum of zero products is +0. [`set_amx`]`(false)`
+    /// and [`set_avx512_bf16`]`(false)` (or `TENSORMEM_AMX=0` and `TENSORMEM_AVX512_BF16=0`)
+    /// choose the f32 route everywhere. f16 products of fewer than 32 rows whose right operand
+    /// has contiguous columns (and bf16 ones, where AVX512-BF16's route is off) run as dot
+    /// products on any AVX-512 CPU, with the f32 route's arithmetic (exact products, f32 sums
+    /// in another order, subnormals kept; a sum of only -0 products is -0) and without
     /// converting the right operand.
     ///
     /// [`amx_enabled`]: crate::tensor::amx_enabled
@@ -249,9 +251,12 @@ fn few_rows(
 ) -> Result<Tensor> {
     use super::amx::{few_rows, few_rows_product};
     let nb = batch.len();
-    // The rows contiguous, bf16 or (for f16) widened to f32 once: a strided one (few rows, so
-    // cheap) is copied first.
-    let a = a.to_dtype(if dt == DType::F16 { DType::F32 } else { dt })?;
+    // bf16 on `vdpbf16ps` where that route is on; else the rows widened to f32 for fused
+    // multiply-adds (`route` checked AVX-512 for those).
+    let dots = dt == DType::BF16 && super::switch::avx512_bf16_enabled();
+    // The rows contiguous, bf16 or widened to f32 once: a strided one (few rows, so cheap) is
+    // copied first.
+    let a = a.to_dtype(if dots { dt } else { DType::F32 })?;
     let a = if a.strides()[nb + 1] == 1 || k <= 1 { a } else { a.contiguous()? };
     // SAFETY: `few_rows_product` writes every element of `out`.
     let (out, threads) = unsafe { fresh_result(like, &a, b, dt, batch, (n, k, m)) }?;
@@ -263,18 +268,20 @@ fn few_rows(
     let (ars, acs) = (a.strides()[nb], a.strides()[nb + 1]);
     let bm = Mat { ptr: b.data_ptr() as *const u16, rs: b.strides()[nb], cs: b.strides()[nb + 1] };
     let dst = out.data_ptr() as *mut u16;
-    // SAFETY: `route` returned `FewRows` for `dt` (the caller's test), so the CPU has the
-    // kernel's features. `a` (bf16, or f32 for f16) and `b` (of `dt`) are host-ready and
-    // read-locked, `a`'s rows and `b`'s columns contiguous (or `k <= 1`); each offset addresses
-    // one of their matrices with these strides. `out` is fresh, `batches * n * m` elements, and
-    // aliases nothing.
+    // SAFETY: `route` returned `FewRows` for `dt` (the caller's test), so `isa::detected` is
+    // AVX-512: the CPU has AVX-512 F, BW and VL, FMA and F16C; `dots` says AVX512-BF16 is on,
+    // so the CPU has it. `a` (bf16
+    // if `dots`, else f32) and `b` (of `dt`) are host-ready and read-locked, `a`'s rows and `b`'s
+    // columns contiguous (or `k <= 1`); each offset addresses one of their matrices with these
+    // strides. `out` is fresh, `batches * n * m` elements, and aliases nothing.
     unsafe {
-        if dt == DType::F16 {
-            let am = Mat { ptr: a.data_ptr() as *const f32, rs: ars, cs: acs };
-            few_rows_product(few_rows::f16, (am, &ao), (bm, &bo), (n, k, m), dst, threads)
-        } else {
+        if dots {
             let am = Mat { ptr: a.data_ptr() as *const u16, rs: ars, cs: acs };
             few_rows_product(few_rows::bf16, (am, &ao), (bm, &bo), (n, k, m), dst, threads)
+        } else {
+            let am = Mat { ptr: a.data_ptr() as *const f32, rs: ars, cs: acs };
+            let kernel = if dt == DType::F16 { few_rows::f16 } else { few_rows::bf16_widened };
+            few_rows_product(kernel, (am, &ao), (bm, &bo), (n, k, m), dst, threads)
         }
     };
     Ok(out)

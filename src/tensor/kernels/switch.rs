@@ -1,7 +1,8 @@
 //! The switches of the hardware routes: for half-precision products AMX tiles (bf16 and f16)
 //! and, on CPUs without AMX, AVX512-BF16 registers (bf16); for the elementary functions,
 //! AVX-512 blocks of four vectors. Each is on where the CPU (and the OS) allows it, unless its
-//! environment variable or its setter turned it off.
+//! environment variable or its setter turned it off; AVX512-BF16's only where it is also the
+//! faster route (AMD), unless turned on.
 
 use core::sync::atomic::{AtomicU8, Ordering};
 
@@ -10,7 +11,8 @@ use core::sync::atomic::{AtomicU8, Ordering};
 pub const AMX_ENV: &str = "TENSORMEM_AMX";
 
 /// The environment variable that turns the AVX512-BF16 route off at startup, with the values
-/// of [`AMX_ENV`].
+/// of [`AMX_ENV`]; `1`, `on` or `true` also turn it on on Intel CPUs, where it is off by default
+/// (see [`avx512_bf16_enabled`]).
 pub const AVX512_BF16_ENV: &str = "TENSORMEM_AVX512_BF16";
 
 /// The environment variable that turns the AVX-512 blocks of the elementary functions off at
@@ -24,15 +26,34 @@ struct Switch {
     env: &'static str,
     /// 0: not decided yet; 1: off (not supported, or turned off); 2: on.
     state: AtomicU8,
+    /// The CPU can run the route.
     supported: fn() -> bool,
+    /// The route is on when supported, unless its variable or setter says otherwise (the
+    /// variable set to on, or the setter, turns on any supported route).
+    by_default: fn() -> bool,
 }
 
-static AMX: Switch = Switch { name: "AMX", env: AMX_ENV, state: AtomicU8::new(0), supported: amx_supported };
-static DOTS: Switch =
-    Switch { name: "AVX512-BF16", env: AVX512_BF16_ENV, state: AtomicU8::new(0), supported: avx512_bf16_supported };
+static AMX: Switch =
+    Switch { name: "AMX", env: AMX_ENV, state: AtomicU8::new(0), supported: amx_supported, by_default: always };
+static DOTS: Switch = Switch {
+    name: "AVX512-BF16",
+    env: AVX512_BF16_ENV,
+    state: AtomicU8::new(0),
+    supported: avx512_bf16_supported,
+    by_default: avx512_bf16_outruns_fma,
+};
 
-static BLOCKS: Switch =
-    Switch { name: "AVX-512 blocks", env: AVX512_BLOCKS_ENV, state: AtomicU8::new(0), supported: avx512_supported };
+static BLOCKS: Switch = Switch {
+    name: "AVX-512 blocks",
+    env: AVX512_BLOCKS_ENV,
+    state: AtomicU8::new(0),
+    supported: avx512_supported,
+    by_default: always,
+};
+
+fn always() -> bool {
+    true
+}
 
 impl Switch {
     fn enabled(&self) -> bool {
@@ -40,16 +61,17 @@ impl Switch {
             0 => {
                 let wanted = match std::env::var(self.env).map(|v| v.trim().to_ascii_lowercase()) {
                     Ok(v) if matches!(v.as_str(), "0" | "off" | "false") => false,
-                    Ok(v) if matches!(v.as_str(), "" | "1" | "on" | "true") => true,
+                    Ok(v) if matches!(v.as_str(), "1" | "on" | "true") => true,
+                    Ok(v) if v.is_empty() => (self.by_default)(),
                     Ok(v) => {
                         tracing::warn!(
-                            "{}={v:?} is neither 0/off/false nor 1/on/true; {} stays on where the CPU has it",
+                            "{}={v:?} is neither 0/off/false nor 1/on/true; {} keeps its default",
                             self.env,
                             self.name
                         );
-                        true
+                        (self.by_default)()
                     }
-                    Err(_) => true,
+                    Err(_) => (self.by_default)(),
                 };
                 let on = wanted && (self.supported)();
                 // A concurrent `set` wins over the environment.
@@ -100,21 +122,27 @@ pub fn set_amx(enabled: bool) -> bool {
 }
 
 /// Whether bf16 matrix products run on AVX512-BF16 registers (`vdpbf16ps`, as oneDNN does) when
-/// they do not run on AMX tiles: Linux on a CPU with AVX512-BF16 (Intel Cooper Lake and later,
-/// AMD Zen 4 and later), unless [`set_avx512_bf16`]`(false)` or `TENSORMEM_AVX512_BF16=0` turned
-/// the route off. Its arithmetic is AMX's (f32 sums, subnormals read and written as zero);
-/// f16 products take the f32 route here.
+/// they do not run on AMX tiles. By default: Linux on an AMD CPU with AVX512-BF16 (Zen 4 and
+/// later), unless [`set_avx512_bf16`]`(false)` or `TENSORMEM_AVX512_BF16=0` turned the route
+/// off. Intel CPUs with AVX512-BF16 (Cooper Lake, and Xeons whose AMX is hidden, as in some
+/// VMs) run `vdpbf16ps` at a quarter of their rate of f32 fused multiply-adds, half the
+/// products a second: 512^3 in bf16 took 1.67x the f32 route's time on an Emerald Rapids VM.
+/// There the route is off unless [`set_avx512_bf16`]`(true)` or `TENSORMEM_AVX512_BF16=1` turn it
+/// on, and bf16 products take the f32 route (fewer than 32 rows by a transposed weight: dot
+/// products on fused multiply-adds, without converting the weight). The route's arithmetic is
+/// AMX's (f32 sums, subnormals read and written as zero); f16 products do not take it.
 ///
 /// ```
-/// // true on Zen 4 or Cooper Lake under Linux, whatever AMX's switch says
+/// // true on Zen 4 and later under Linux, whatever AMX's switch says
 /// let _on_registers: bool = tensormem::tensor::avx512_bf16_enabled();
 /// ```
 pub fn avx512_bf16_enabled() -> bool {
     DOTS.enabled()
 }
 
-/// Turns the AVX512-BF16 route for bf16 matmul on or off; on has effect only where the CPU has
-/// AVX512-BF16. Returns whether the route is on afterwards. AMX, where on, goes first.
+/// Turns the AVX512-BF16 route for bf16 matmul on or off; on has effect wherever the CPU has
+/// AVX512-BF16, Intel's included. Returns whether the route is on afterwards. AMX, where on,
+/// goes first.
 ///
 /// ```
 /// let previous = tensormem::tensor::avx512_bf16_enabled();
@@ -163,6 +191,25 @@ pub fn set_avx512_blocks(enabled: bool) -> bool {
 /// The CPU has AVX-512 F, BW and VL (what the blocks are compiled for).
 fn avx512_supported() -> bool {
     super::isa::detected() == super::isa::Isa::Avx512
+}
+
+/// AVX512-BF16's `vdpbf16ps` gives more products a second than f32 fused multiply-adds: on AMD
+/// (Zen 4: one a cycle, 32 products, against two 16-product FMAs as 256-bit halves). Intel's
+/// cores run it once every 2 cycles against 2 FMAs a cycle: 1.34 against 5.4 G instructions a
+/// second on an Emerald Rapids VM (12 independent accumulators of each, zmm).
+fn avx512_bf16_outruns_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `cpuid` exists on every x86-64 CPU and never faults; leaf 0 is the vendor.
+        #[allow(unused_unsafe)]
+        let leaf0 = unsafe { core::arch::x86_64::__cpuid(0) };
+        // "AuthenticAMD", in the register order EBX, EDX, ECX.
+        (leaf0.ebx, leaf0.edx, leaf0.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// The CPU and the OS allow AMX-BF16 (checked once; asks Linux for the tile registers).

@@ -10,7 +10,14 @@
 //! - f16 ([`f16`]): the rows widened to f32 first, each column's f16 widened as it is read
 //!   (F16C), and fused multiply-adds over 16 inner elements per step: products of f16 are exact
 //!   in f32 (11 x 11 significant bits), so this is the f32 route's arithmetic in another order of
-//!   the sums, subnormals and the sign of zero kept.
+//!   the sums, subnormals kept. A sum of only -0 products is -0, the exact sum (the f32
+//!   route's gemm gives -0 or +0 by shape, PyTorch +0).
+//! - bf16 without AVX512-BF16's route ([`bf16_widened`]): as f16, each column's bf16 widened by a
+//!   shift (products of bf16 are exact in f32 too). On Intel cores `vdpbf16ps` retires one
+//!   instruction every 2 cycles against 2 fused multiply-adds a cycle, so its 32 products per
+//!   instruction come at half the rate of the f32 ones (see [`set_avx512_bf16`]).
+//!
+//! [`set_avx512_bf16`]: crate::tensor::set_avx512_bf16
 
 use core::arch::x86_64::*;
 use core::ops::Range;
@@ -42,8 +49,8 @@ pub(in crate::tensor::kernels) unsafe fn bf16(
     out: *mut u16,
     out_rs: usize,
 ) {
-    // SAFETY: our contract, with the features `blocks::<false>` needs.
-    unsafe { blocks::<false>(a.cast(), a_rs, b, b_cs, n, k, cols, out, out_rs) }
+    // SAFETY: our contract, with the features `blocks::<DOTS>` needs.
+    unsafe { blocks::<DOTS>(a.cast(), a_rs, b, b_cs, n, k, cols, out, out_rs) }
 }
 
 /// As [`bf16`], for an f16 product whose rows were widened to f32 (`a`: `n` rows of `k` f32):
@@ -64,17 +71,46 @@ pub(in crate::tensor::kernels) unsafe fn f16(
     out: *mut u16,
     out_rs: usize,
 ) {
-    // SAFETY: our contract, with the features `blocks::<true>` needs.
-    unsafe { blocks::<true>(a.cast(), a_rs, b, b_cs, n, k, cols, out, out_rs) }
+    // SAFETY: our contract, with the features `blocks::<WIDE_F16>` needs.
+    unsafe { blocks::<WIDE_F16>(a.cast(), a_rs, b, b_cs, n, k, cols, out, out_rs) }
 }
 
-/// The blocks of [`bf16`] (`F16` false: `a` is bf16) or [`f16`] (`a` is f32, `a_rs` in f32).
+/// As [`f16`], for a bf16 product whose rows were widened to f32 (`a`: `n` rows of `k` f32) and
+/// whose columns are bf16: `out` rounded to bf16 once, the f32 route's arithmetic.
+///
+/// # Safety
+/// As [`bf16`], with `a` holding f32; the CPU has AVX-512 F, BW and VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub(in crate::tensor::kernels) unsafe fn bf16_widened(
+    a: *const f32,
+    a_rs: usize,
+    b: *const u16,
+    b_cs: usize,
+    n: usize,
+    k: usize,
+    cols: Range<usize>,
+    out: *mut u16,
+    out_rs: usize,
+) {
+    // SAFETY: our contract, with the features `blocks::<WIDE_BF16>` needs.
+    unsafe { blocks::<WIDE_BF16>(a.cast(), a_rs, b, b_cs, n, k, cols, out, out_rs) }
+}
+
+/// The kinds of block: bf16 rows and columns on `vdpbf16ps` ([`bf16`]); f32 rows by f16 columns
+/// ([`f16`]) or by bf16 columns ([`bf16_widened`]) on fused multiply-adds.
+const DOTS: u8 = 0;
+const WIDE_F16: u8 = 1;
+const WIDE_BF16: u8 = 2;
+
+/// The blocks of [`bf16`] (`KIND` [`DOTS`]: `a` is bf16), [`f16`] or [`bf16_widened`] (`a` is
+/// f32, `a_rs` in f32).
 ///
 /// # Safety
 /// That function's contract and CPU features (this is inlined into it).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn blocks<const F16: bool>(
+unsafe fn blocks<const KIND: u8>(
     a: *const u8,
     a_rs: usize,
     b: *const u16,
@@ -85,7 +121,7 @@ unsafe fn blocks<const F16: bool>(
     out: *mut u16,
     out_rs: usize,
 ) {
-    let a_bytes = a_rs * if F16 { 4 } else { 2 };
+    let a_bytes = a_rs * if KIND == DOTS { 2 } else { 4 };
     let mut j = cols.start;
     while j < cols.end {
         let wide = cols.end - j >= BLOCK;
@@ -98,14 +134,14 @@ unsafe fn blocks<const F16: bool>(
                 let (a, out, b) = (a.add(i * a_bytes), out.add(i * out_rs + j), b.add(j * b_cs));
                 let blk = Block { a, a_rs, b, b_cs, k, out, out_rs };
                 match (rows, wide) {
-                    (4, true) => run::<4, BLOCK, F16>(blk),
-                    (3, true) => run::<3, BLOCK, F16>(blk),
-                    (2, true) => run::<2, BLOCK, F16>(blk),
-                    (_, true) => run::<1, BLOCK, F16>(blk),
-                    (4, false) => run::<4, 1, F16>(blk),
-                    (3, false) => run::<3, 1, F16>(blk),
-                    (2, false) => run::<2, 1, F16>(blk),
-                    (_, false) => run::<1, 1, F16>(blk),
+                    (4, true) => run::<4, BLOCK, KIND>(blk),
+                    (3, true) => run::<3, BLOCK, KIND>(blk),
+                    (2, true) => run::<2, BLOCK, KIND>(blk),
+                    (_, true) => run::<1, BLOCK, KIND>(blk),
+                    (4, false) => run::<4, 1, KIND>(blk),
+                    (3, false) => run::<3, 1, KIND>(blk),
+                    (2, false) => run::<2, 1, KIND>(blk),
+                    (_, false) => run::<1, 1, KIND>(blk),
                 }
             }
             i += rows;
@@ -135,9 +171,15 @@ struct Block {
 /// # Safety
 /// As [`group`].
 #[inline(always)]
-unsafe fn run<const R: usize, const C: usize, const F16: bool>(blk: Block) {
+unsafe fn run<const R: usize, const C: usize, const KIND: u8>(blk: Block) {
     // SAFETY: our contract, with the CPU features of the caller, which each callee needs.
-    unsafe { if F16 { group_f16::<R, C>(blk) } else { group_bf16::<R, C>(blk) } }
+    unsafe {
+        match KIND {
+            DOTS => group_bf16::<R, C>(blk),
+            WIDE_F16 => group_f16::<R, C>(blk),
+            _ => group_bf16_widened::<R, C>(blk),
+        }
+    }
 }
 
 /// [`group`] for bf16.
@@ -147,7 +189,7 @@ unsafe fn run<const R: usize, const C: usize, const F16: bool>(blk: Block) {
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn group_bf16<const R: usize, const C: usize>(blk: Block) {
     // SAFETY: our contract.
-    unsafe { group::<R, C, false>(blk) }
+    unsafe { group::<R, C, DOTS>(blk) }
 }
 
 /// [`group`] for f16.
@@ -157,7 +199,17 @@ unsafe fn group_bf16<const R: usize, const C: usize>(blk: Block) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
 unsafe fn group_f16<const R: usize, const C: usize>(blk: Block) {
     // SAFETY: our contract.
-    unsafe { group::<R, C, true>(blk) }
+    unsafe { group::<R, C, WIDE_F16>(blk) }
+}
+
+/// [`group`] for bf16 columns by f32 rows.
+///
+/// # Safety
+/// As [`group`]; the CPU has AVX-512 F, BW and VL.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn group_bf16_widened<const R: usize, const C: usize>(blk: Block) {
+    // SAFETY: our contract.
+    unsafe { group::<R, C, WIDE_BF16>(blk) }
 }
 
 /// `R` rows by `C` columns of [`blocks`]: the block `blk`.
@@ -165,45 +217,47 @@ unsafe fn group_f16<const R: usize, const C: usize>(blk: Block) {
 /// # Safety
 /// As [`blocks`], for `R` rows and `C` columns.
 #[inline(always)]
-unsafe fn group<const R: usize, const C: usize, const F16: bool>(blk: Block) {
+unsafe fn group<const R: usize, const C: usize, const KIND: u8>(blk: Block) {
     let Block { a, a_rs, b, b_cs, k, out, out_rs } = blk;
-    // f16 sums start at -0, the identity of IEEE addition, and masked-off lanes keep it, so a
-    // sum of only -0 products is -0 as on the f32 route; an empty sum is +0.
-    let start = if F16 && k > 0 { -0.0 } else { 0.0 };
+    let wide = KIND != DOTS;
+    // Sums of f32 products start at -0, the identity of IEEE addition, and masked-off lanes
+    // keep it, so a sum of only -0 products is -0, the exact sum; an empty sum is +0.
+    let start = if wide && k > 0 { -0.0 } else { 0.0 };
     // SAFETY: (all blocks below) the CPU has the features of the caller (our contract): AVX-512
-    // F and BW, and AVX512-BF16 (bf16) or VL, F16C and FMA (f16).
+    // F and BW, and AVX512-BF16 (dots), VL, F16C and FMA (f16) or VL (widened bf16).
     let mut acc = [[unsafe { _mm512_set1_ps(start) }; C]; R];
-    let len = if F16 { 16 } else { 32 };
+    let len = if wide { 16 } else { 32 };
     let full = k / len * len;
     for p in (0..full).step_by(len) {
         // SAFETY: a full step ends at or before `k`; our contract.
-        unsafe { step::<R, C, F16>(&mut acc, (a, a_rs), (b, b_cs), p, if F16 { 0xffff } else { !0 }) };
+        unsafe { step::<R, C, KIND>(&mut acc, (a, a_rs), (b, b_cs), p, if wide { 0xffff } else { !0 }) };
     }
     if full < k {
         // SAFETY: the mask stops at `k`; our contract.
-        unsafe { step::<R, C, F16>(&mut acc, (a, a_rs), (b, b_cs), full, (1u32 << (k - full)) - 1) };
+        unsafe { step::<R, C, KIND>(&mut acc, (a, a_rs), (b, b_cs), full, (1u32 << (k - full)) - 1) };
     }
     for (r, row) in acc.iter().enumerate() {
         for (c, v) in row.iter().enumerate() {
             // SAFETY: our CPU features; (r, c) is inside the block (our contract).
             unsafe {
                 let sum = _mm512_reduce_add_ps(*v);
-                let bits = if F16 { half::f16::narrow(sum).to_bits() } else { half::bf16::narrow(sum).to_bits() };
+                let bits =
+                    if KIND == WIDE_F16 { half::f16::narrow(sum).to_bits() } else { half::bf16::narrow(sum).to_bits() };
                 out.add(r * out_rs + c).write(bits);
             }
         }
     }
 }
 
-/// One step of [`group`] over inner elements `p ..`, those of `mask` only (32 for bf16, 16 for
-/// f16; the others read as zero, and masked-off elements are not read at all: AVX-512 masked
-/// loads do not fault on them). A function, not a closure: a closure would be compiled without
-/// the caller's CPU features, and the intrinsics would not be inlined into it.
+/// One step of [`group`] over inner elements `p ..`, those of `mask` only (32 for dots, 16 for
+/// the widened kinds; the others read as zero, and masked-off elements are not read at all:
+/// AVX-512 masked loads do not fault on them). A function, not a closure: a closure would be
+/// compiled without the caller's CPU features, and the intrinsics would not be inlined into it.
 ///
 /// # Safety
 /// As [`group`]; the elements of `mask` from `p` are inside the rows and columns.
 #[inline(always)]
-unsafe fn step<const R: usize, const C: usize, const F16: bool>(
+unsafe fn step<const R: usize, const C: usize, const KIND: u8>(
     acc: &mut [[__m512; C]; R],
     (a, a_rs): (*const u8, usize),
     (b, b_cs): (*const u16, usize),
@@ -212,17 +266,7 @@ unsafe fn step<const R: usize, const C: usize, const F16: bool>(
 ) {
     // SAFETY: our contract: the elements read are inside the operands; our CPU features.
     unsafe {
-        if F16 {
-            let m = mask as __mmask16;
-            let w: [__m512; C] =
-                core::array::from_fn(|c| _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b.add(c * b_cs + p).cast())));
-            for (r, row) in acc.iter_mut().enumerate() {
-                let x = _mm512_maskz_loadu_ps(m, a.cast::<f32>().add(r * a_rs + p));
-                for (v, &w) in row.iter_mut().zip(&w) {
-                    *v = _mm512_mask3_fmadd_ps(x, w, *v, m);
-                }
-            }
-        } else {
+        if KIND == DOTS {
             let w: [__m512bh; C] = core::array::from_fn(|c| {
                 core::mem::transmute(_mm512_maskz_loadu_epi16(mask, b.add(c * b_cs + p).cast()))
             });
@@ -231,6 +275,23 @@ unsafe fn step<const R: usize, const C: usize, const F16: bool>(
                     core::mem::transmute(_mm512_maskz_loadu_epi16(mask, a.cast::<u16>().add(r * a_rs + p).cast()));
                 for (v, &w) in row.iter_mut().zip(&w) {
                     *v = _mm512_dpbf16_ps(*v, x, w);
+                }
+            }
+        } else {
+            let m = mask as __mmask16;
+            let w: [__m512; C] = core::array::from_fn(|c| {
+                let half = _mm256_maskz_loadu_epi16(m, b.add(c * b_cs + p).cast());
+                if KIND == WIDE_F16 {
+                    _mm512_cvtph_ps(half)
+                } else {
+                    // A bf16 is the high half of the f32 of the same value.
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(half)))
+                }
+            });
+            for (r, row) in acc.iter_mut().enumerate() {
+                let x = _mm512_maskz_loadu_ps(m, a.cast::<f32>().add(r * a_rs + p));
+                for (v, &w) in row.iter_mut().zip(&w) {
+                    *v = _mm512_mask3_fmadd_ps(x, w, *v, m);
                 }
             }
         }

@@ -30,21 +30,24 @@
 //! the tile registers to a process on request (`arch_prctl(ARCH_REQ_XCOMP_PERM)`); without the
 //! grant (another OS, an old kernel, a CPU without AMX) the tiles are not used.
 //!
-//! CPUs with AVX512-BF16 but no AMX (Intel Cooper Lake, AMD Zen 4 and later) run bf16 products
-//! from the same packed operands on AVX-512 registers instead ([`dots`]: `vdpbf16ps`, as oneDNN
-//! there), with the same arithmetic: 1.23 ms for 512^3 on one thread of a Zen 4 VM, where the
-//! f32 route took 2.42 and PyTorch 1.21-1.24 (BENCHMARKS.md, "bf16 matmul on AVX512-BF16").
-//! Products of fewer than 32 rows by a transposed weight skip the packing there: dot products of
-//! rows and columns in groups of 4 rows ([`few_rows`]). [`set_avx512_bf16`](crate::tensor::set_avx512_bf16)
-//! and [`AVX512_BF16_ENV`](crate::tensor::AVX512_BF16_ENV) turn that route off; everything
-//! else takes the f32 route.
+//! AMD CPUs with AVX512-BF16 (Zen 4 and later) run bf16 products from the same packed operands
+//! on AVX-512 registers instead ([`dots`]: `vdpbf16ps`, as oneDNN there), with the same
+//! arithmetic: 1.23 ms for 512^3 on one thread of a Zen 4 VM, where the f32 route took 2.42 and
+//! PyTorch 1.21-1.24 (BENCHMARKS.md, "bf16 matmul on AVX512-BF16"). Products of fewer than 32
+//! rows by a transposed weight skip the packing there: dot products of rows and columns in
+//! groups of 4 rows ([`few_rows`]). Intel CPUs have the instruction too, but run it at half
+//! the rate of their f32 multiply-adds, so there that route is off unless asked for
+//! ([`set_avx512_bf16`](crate::tensor::set_avx512_bf16),
+//! [`AVX512_BF16_ENV`](crate::tensor::AVX512_BF16_ENV), which also turn it off on AMD).
+//! Everything else takes the f32 route.
 //!
 //! f16 products of fewer than 32 rows by a transposed weight (with AMX, of fewer than 16) run as
 //! the same dot products on any AVX-512 CPU ([`few_rows::f16`]): the rows widened to f32 once, the weight's f16
 //! widened as it is read, fused multiply-adds. That is the f32 route's arithmetic (products of
 //! f16 are exact in f32) without converting the whole weight on every call: 0.09 ms for one
-//! token by a 3072x768 weight, where the f32 route took 0.67-0.99. Other f16 products take the
-//! f32 route there.
+//! token by a 3072x768 weight, where the f32 route took 0.67-0.99. bf16 products of that shape
+//! do the same ([`few_rows::bf16_widened`]) where AVX512-BF16's route is off. Other f16 products
+//! take the f32 route there.
 
 #![cfg_attr(not(all(target_arch = "x86_64", target_os = "linux")), allow(dead_code))]
 
@@ -76,8 +79,8 @@ pub(super) enum Route {
     /// AVX512-BF16 registers (`vdpbf16ps`, [`dots`]): bf16 only.
     Dots,
     /// Fewer rows than a panel, the right operand with contiguous columns: dot products of rows
-    /// and columns, unpacked ([`few_rows_product`]): bf16 on AVX512-BF16, f16 on AVX-512 with
-    /// F16C and FMA.
+    /// and columns, unpacked ([`few_rows_product`]): bf16 on AVX512-BF16 where that route is on,
+    /// else (and f16) on AVX-512's fused multiply-adds.
     FewRows,
 }
 
@@ -89,14 +92,15 @@ pub(super) enum Route {
 /// well enough: padding to 32 rows, 32 columns and 32 inner elements at most doubles each size
 /// there. Without AMX, fewer than 32 rows (a decode step's few tokens) go to dot products where
 /// `b`'s columns are contiguous, in groups of 4 rows instead of panels of 32 (0.36 against 0.80 ms
-/// for 15 or 16 rows by GPT-2's 768 x 3072 bf16 weight on one Zen 4 thread): bf16 on AVX512-BF16
-/// when on, f16 on any AVX-512 CPU (the f32 route's arithmetic, without converting the weight).
-/// Anything else (matrix-vector products of other layouts, tiny batched heads) takes the f32
-/// route.
+/// for 15 or 16 rows by GPT-2's 768 x 3072 bf16 weight on one Zen 4 thread), on any AVX-512 CPU:
+/// bf16 on AVX512-BF16 when on, else (and f16) on fused multiply-adds, the f32 route's arithmetic
+/// without converting the weight. Anything else (matrix-vector products of other layouts, tiny
+/// batched heads) takes the f32 route.
 pub(super) fn route(n: usize, k: usize, m: usize, f16: bool, b_columns: bool) -> Option<Route> {
     let panels = n >= 16 && m >= 16 && k >= 32;
     let dots = !f16 && avx512_bf16_enabled();
-    let few = b_columns && n < PANEL && (dots || (f16 && super::isa::detected() == super::isa::Isa::Avx512));
+    // (AVX512-BF16's switch is on only on AVX-512 CPUs.)
+    let few = b_columns && n < PANEL && super::isa::detected() == super::isa::Isa::Avx512;
     if panels && amx_enabled() {
         Some(Route::Tiles)
     } else if few {
@@ -378,8 +382,8 @@ pub(super) unsafe fn product(
     !non_finite.load(Ordering::Relaxed)
 }
 
-/// A kernel of [`few_rows`]: [`few_rows::bf16`] (`A` = bf16 bits) or [`few_rows::f16`] (`A` =
-/// f32, the rows widened).
+/// A kernel of [`few_rows`]: [`few_rows::bf16`] (`A` = bf16 bits), or [`few_rows::f16`] and
+/// [`few_rows::bf16_widened`] (`A` = f32, the rows widened).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(super) type FewRowsKernel<A> =
     unsafe fn(*const A, usize, *const u16, usize, usize, usize, core::ops::Range<usize>, *mut u16, usize);
