@@ -548,6 +548,29 @@ fn f16_products_of_two_fine_operands_use_every_part_of_both() {
     }
 }
 
+/// 3 rows by a transposed 40 x 64 weight in `dt`: row 0 holds an infinity, row 1 a NaN, the
+/// weight's column 5 a zero; each result is IEEE arithmetic's.
+fn few_row_infinities_and_nans(dt: DType) {
+    let mut a = vec![1.0f32; 3 * 64];
+    a[0] = f32::INFINITY;
+    a[64] = f32::NAN;
+    let mut wv = vec![1.0f32; 40 * 64];
+    wv[5 * 64] = 0.0;
+    let a = Tensor::from_vec(a, &[3, 64], DType::F32).unwrap().to_dtype(dt).unwrap();
+    let w = Tensor::from_vec(wv, &[40, 64], DType::F32).unwrap().to_dtype(dt).unwrap().t().unwrap();
+    let c = a.matmul(&w).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    for (i, &x) in c.iter().enumerate() {
+        let (r, col) = (i / 40, i % 40);
+        let want = match (r, col) {
+            (0, 5) | (1, _) => f32::NAN,
+            (0, _) => f32::INFINITY,
+            (_, 5) => 63.0,
+            _ => 64.0,
+        };
+        assert!(x == want || (x.is_nan() && want.is_nan()), "{dt:?} [{r}, {col}]: {x} vs {want}");
+    }
+}
+
 #[test]
 fn few_row_f16_products_keep_the_f32_routes_values_and_empty_sums_are_positive_zero() {
     note_route();
@@ -559,25 +582,7 @@ fn few_row_f16_products_keep_the_f32_routes_values_and_empty_sums_are_positive_z
     assert_eq!(bits(&c), via_f32(&sub, &w));
     let subnormal = bits(&c).iter().filter(|&&x| x & 0x7c00 == 0 && x & 0x3ff != 0).count();
     assert!(subnormal > 10, "{subnormal} subnormal results of 384");
-    // Infinities and NaNs: row 0 holds an infinity, row 1 a NaN; column 5 a zero.
-    let mut a = vec![1.0f32; 3 * 64];
-    a[0] = f32::INFINITY;
-    a[64] = f32::NAN;
-    let mut wv = vec![1.0f32; 40 * 64];
-    wv[5 * 64] = 0.0;
-    let a = Tensor::from_vec(a, &[3, 64], DType::F32).unwrap().to_dtype(DType::F16).unwrap();
-    let w = Tensor::from_vec(wv, &[40, 64], DType::F32).unwrap().to_dtype(DType::F16).unwrap().t().unwrap();
-    let c = a.matmul(&w).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
-    for (i, &x) in c.iter().enumerate() {
-        let (r, col) = (i / 40, i % 40);
-        let want = match (r, col) {
-            (0, 5) | (1, _) => f32::NAN,
-            (0, _) => f32::INFINITY,
-            (_, 5) => 63.0,
-            _ => 64.0,
-        };
-        assert!(x == want || (x.is_nan() && want.is_nan()), "[{r}, {col}]: {x} vs {want}");
-    }
+    few_row_infinities_and_nans(DType::F16);
     // An empty inner dimension: +0 on every route, in both dtypes.
     on_each_bf16_route(|route| {
         for dt in [DType::BF16, DType::F16] {
@@ -616,25 +621,7 @@ fn few_row_bf16_products_off_avx512_bf16_keep_the_f32_routes_values() {
         let (a, w) = (ints(&[n, k], 6), ints(&[9, k], 7).t().unwrap());
         assert_eq!(bits(&a.matmul(&w).unwrap()), via_f32(&a, &w), "{n}x{k}: whole numbers");
     }
-    // Infinities and NaNs: row 0 holds an infinity, row 1 a NaN; column 5 a zero.
-    let mut a = vec![1.0f32; 3 * 64];
-    a[0] = f32::INFINITY;
-    a[64] = f32::NAN;
-    let mut wv = vec![1.0f32; 40 * 64];
-    wv[5 * 64] = 0.0;
-    let a = Tensor::from_vec(a, &[3, 64], DType::F32).unwrap().to_dtype(DType::BF16).unwrap();
-    let w = Tensor::from_vec(wv, &[40, 64], DType::F32).unwrap().to_dtype(DType::BF16).unwrap().t().unwrap();
-    let c = a.matmul(&w).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
-    for (i, &x) in c.iter().enumerate() {
-        let (r, col) = (i / 40, i % 40);
-        let want = match (r, col) {
-            (0, 5) | (1, _) => f32::NAN,
-            (0, _) => f32::INFINITY,
-            (_, 5) => 63.0,
-            _ => 64.0,
-        };
-        assert!(x == want || (x.is_nan() && want.is_nan()), "[{r}, {col}]: {x} vs {want}");
-    }
+    few_row_infinities_and_nans(DType::BF16);
     // Random values: within one bf16 rounding of the exact result.
     within_one_rounding(DType::BF16, &[(1, 768, 96), (16, 768, 64), (31, 1000, 37)], 1.0 / 256.0, 0.0);
     set_amx(before.0);

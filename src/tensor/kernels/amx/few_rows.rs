@@ -4,10 +4,10 @@
 //! multiplying it once. Blocks of 4 rows x 4 columns, 16 accumulators of 16 f32 lanes, summed
 //! across their lanes at the end and rounded once.
 //!
-//! - bf16 ([`bf16`]): `vdpbf16ps` over 32 inner elements per step, the panel route's
+//! - bf16 ([`bf16`](fn@bf16)): `vdpbf16ps` over 32 inner elements per step, the panel route's
 //!   arithmetic (exact products, f32 sums, subnormals read and written as zero; a sum of only
 //!   -0 products is +0).
-//! - f16 ([`f16`]): the rows widened to f32 first, each column's f16 widened as it is read
+//! - f16 ([`f16`](fn@f16)): the rows widened to f32 first, each column's f16 widened as it is read
 //!   (F16C), and fused multiply-adds over 16 inner elements per step: products of f16 are exact
 //!   in f32 (11 x 11 significant bits), so this is the f32 route's arithmetic in another order of
 //!   the sums, subnormals kept. A sum of only -0 products is -0, the exact sum (the f32
@@ -53,11 +53,11 @@ pub(in crate::tensor::kernels) unsafe fn bf16(
     unsafe { blocks::<DOTS>(a.cast(), a_rs, b, b_cs, n, k, cols, out, out_rs) }
 }
 
-/// As [`bf16`], for an f16 product whose rows were widened to f32 (`a`: `n` rows of `k` f32):
+/// As [`bf16`](fn@bf16), for an f16 product whose rows were widened to f32 (`a`: `n` rows of `k` f32):
 /// `out` rounded to f16 once.
 ///
 /// # Safety
-/// As [`bf16`], with `a` holding f32 and `b` f16; the CPU has AVX-512 F, BW and VL, F16C and FMA.
+/// As [`bf16`](fn@bf16), with `a` holding f32 and `b` f16; the CPU has AVX-512 F, BW and VL, F16C and FMA.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(in crate::tensor::kernels) unsafe fn f16(
@@ -75,11 +75,11 @@ pub(in crate::tensor::kernels) unsafe fn f16(
     unsafe { blocks::<WIDE_F16>(a.cast(), a_rs, b, b_cs, n, k, cols, out, out_rs) }
 }
 
-/// As [`f16`], for a bf16 product whose rows were widened to f32 (`a`: `n` rows of `k` f32) and
+/// As [`f16`](fn@f16), for a bf16 product whose rows were widened to f32 (`a`: `n` rows of `k` f32) and
 /// whose columns are bf16: `out` rounded to bf16 once, the f32 route's arithmetic.
 ///
 /// # Safety
-/// As [`bf16`], with `a` holding f32; the CPU has AVX-512 F, BW and VL.
+/// As [`bf16`](fn@bf16), with `a` holding f32; the CPU has AVX-512 F, BW and VL.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[allow(clippy::too_many_arguments)]
 pub(in crate::tensor::kernels) unsafe fn bf16_widened(
@@ -97,13 +97,13 @@ pub(in crate::tensor::kernels) unsafe fn bf16_widened(
     unsafe { blocks::<WIDE_BF16>(a.cast(), a_rs, b, b_cs, n, k, cols, out, out_rs) }
 }
 
-/// The kinds of block: bf16 rows and columns on `vdpbf16ps` ([`bf16`]); f32 rows by f16 columns
-/// ([`f16`]) or by bf16 columns ([`bf16_widened`]) on fused multiply-adds.
+/// The kinds of block: bf16 rows and columns on `vdpbf16ps` ([`bf16`](fn@bf16)); f32 rows by f16 columns
+/// ([`f16`](fn@f16)) or by bf16 columns ([`bf16_widened`]) on fused multiply-adds.
 const DOTS: u8 = 0;
 const WIDE_F16: u8 = 1;
 const WIDE_BF16: u8 = 2;
 
-/// The blocks of [`bf16`] (`KIND` [`DOTS`]: `a` is bf16), [`f16`] or [`bf16_widened`] (`a` is
+/// The blocks of [`bf16`](fn@bf16) (`KIND` [`DOTS`]: `a` is bf16), [`f16`](fn@f16) or [`bf16_widened`] (`a` is
 /// f32, `a_rs` in f32).
 ///
 /// # Safety
