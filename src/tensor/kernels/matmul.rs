@@ -270,10 +270,10 @@ fn few_rows(
     let dst = out.data_ptr() as *mut u16;
     // SAFETY: `route` returned `FewRows` for `dt` (the caller's test), so `isa::detected` is
     // AVX-512: the CPU has AVX-512 F, BW and VL, FMA and F16C; `dots` says AVX512-BF16 is on,
-    // so the CPU has it. `a` (bf16
-    // if `dots`, else f32) and `b` (of `dt`) are host-ready and read-locked, `a`'s rows and `b`'s
-    // columns contiguous (or `k <= 1`); each offset addresses one of their matrices with these
-    // strides. `out` is fresh, `batches * n * m` elements, and aliases nothing.
+    // so the CPU has it. `a` (bf16 if `dots`, else f32) and `b` (of `dt`) are host-ready and
+    // read-locked, `a`'s rows and `b`'s columns contiguous (or `k <= 1`); each offset addresses
+    // one of their matrices with these strides. `out` is fresh, `batches * n * m` elements, and
+    // aliases nothing.
     unsafe {
         if dots {
             let am = Mat { ptr: a.data_ptr() as *const u16, rs: ars, cs: acs };

@@ -125,9 +125,9 @@ pub fn set_amx(enabled: bool) -> bool {
 /// they do not run on AMX tiles. By default: Linux on an AMD CPU with AVX512-BF16 (Zen 4 and
 /// later), unless [`set_avx512_bf16`]`(false)` or `TENSORMEM_AVX512_BF16=0` turned the route
 /// off. Intel CPUs with AVX512-BF16 (Cooper Lake, and Xeons whose AMX is hidden, as in some
-/// VMs) run `vdpbf16ps` at a quarter of their rate of f32 fused multiply-adds, half the
-/// products a second: 512^3 in bf16 took 1.67x the f32 route's time on an Emerald Rapids VM.
-/// There the route is off unless [`set_avx512_bf16`]`(true)` or `TENSORMEM_AVX512_BF16=1` turn it
+/// VMs) are taken to run `vdpbf16ps` as the Emerald Rapids VM measured did: at a quarter of
+/// its rate of f32 fused multiply-adds, half the products a second (512^3 in bf16 took 1.67x
+/// the f32 route's time). There the route is off unless [`set_avx512_bf16`]`(true)` or `TENSORMEM_AVX512_BF16=1` turn it
 /// on, and bf16 products take the f32 route (fewer than 32 rows by a transposed weight: dot
 /// products on fused multiply-adds, without converting the weight). The route's arithmetic is
 /// AMX's (f32 sums, subnormals read and written as zero); f16 products do not take it.
@@ -194,9 +194,10 @@ fn avx512_supported() -> bool {
 }
 
 /// AVX512-BF16's `vdpbf16ps` gives more products a second than f32 fused multiply-adds: on AMD
-/// (Zen 4: one a cycle, 32 products, against two 16-product FMAs as 256-bit halves). Intel's
-/// cores run it once every 2 cycles against 2 FMAs a cycle: 1.34 against 5.4 G instructions a
-/// second on an Emerald Rapids VM (12 independent accumulators of each, zmm).
+/// (bf16 512^3 on the route took 0.52x the f32 route's time on a Zen 4 VM). The Intel core
+/// measured runs it once every 2 cycles against 2 FMAs a cycle: 1.34 against 5.4 G
+/// instructions a second on an Emerald Rapids VM (12 independent accumulators of each, zmm),
+/// and the route took 1.67x the f32 route's time there.
 fn avx512_bf16_outruns_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
