@@ -13,9 +13,9 @@
 //!   the sums, subnormals kept. A sum of only -0 products is -0, the exact sum (the f32
 //!   route's gemm gives -0 or +0 by shape, PyTorch +0).
 //! - bf16 without AVX512-BF16's route ([`bf16_widened`]): as f16, each column's bf16 widened by a
-//!   shift (products of bf16 are exact in f32 too). On Intel cores `vdpbf16ps` retires one
-//!   instruction every 2 cycles against 2 fused multiply-adds a cycle, so its 32 products per
-//!   instruction come at half the rate of the f32 ones (see [`set_avx512_bf16`]).
+//!   shift (products of bf16 are exact in f32 too). On the Intel core measured (Emerald Rapids)
+//!   `vdpbf16ps` retires once every 2 cycles against 2 fused multiply-adds a cycle, so its 32
+//!   products per instruction come at half the rate of the f32 ones (see [`set_avx512_bf16`]).
 //!
 //! [`set_avx512_bf16`]: crate::tensor::set_avx512_bf16
 
