@@ -130,7 +130,9 @@ impl Tensor {
             // `b` is expanded: its rows' stride follows the batch dimensions.
             let b_columns = b.dtype() == dt && (b.strides()[batch.len()] == 1 || k <= 1);
             match super::amx::route(n, k, m, dt == DType::F16, b_columns) {
-                Some(Route::FewRows) => return squeeze(few_rows(self, &a, &b, dt, &batch, (n, k, m))?),
+                Some(Route::FewRows { dots }) => {
+                    return squeeze(few_rows(self, &a, &b, (dt, dots), &batch, (n, k, m))?);
+                }
                 Some(route) => {
                     if let Some(out) = on_tiles(self, &a, &b, dt, &batch, (n, k, m), route)? {
                         return squeeze(out);
@@ -239,21 +241,19 @@ fn on_tiles(
 /// `a x b` in `dt` (bf16 or f16) as dot products of rows and columns ([`amx`](super::amx)'s
 /// `few_rows`), for fewer than 32 rows; `a` and `b` are expanded to `batch + [n, k]` and
 /// `batch + [k, m]`, `b` of dtype `dt` with contiguous columns (or `k <= 1`), `a` of any dtype
-/// that promotes to `dt`.
+/// that promotes to `dt`. `dots` (from [`Route::FewRows`](super::amx::Route::FewRows)): bf16 on
+/// `vdpbf16ps`; else the rows widened to f32 for fused multiply-adds.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn few_rows(
     like: &Tensor,
     a: &Tensor,
     b: &Tensor,
-    dt: DType,
+    (dt, dots): (DType, bool),
     batch: &[usize],
     (n, k, m): (usize, usize, usize),
 ) -> Result<Tensor> {
     use super::amx::{few_rows, few_rows_product};
     let nb = batch.len();
-    // bf16 on `vdpbf16ps` where that route is on; else the rows widened to f32 for fused
-    // multiply-adds (`route` checked AVX-512 for those).
-    let dots = dt == DType::BF16 && super::switch::avx512_bf16_enabled();
     // The rows contiguous, bf16 or widened to f32 once: a strided one (few rows, so cheap) is
     // copied first.
     let a = a.to_dtype(if dots { dt } else { DType::F32 })?;
@@ -268,9 +268,9 @@ fn few_rows(
     let (ars, acs) = (a.strides()[nb], a.strides()[nb + 1]);
     let bm = Mat { ptr: b.data_ptr() as *const u16, rs: b.strides()[nb], cs: b.strides()[nb + 1] };
     let dst = out.data_ptr() as *mut u16;
-    // SAFETY: `route` returned `FewRows` for `dt` (the caller's test), so `isa::detected` is
-    // AVX-512: the CPU has AVX-512 F, BW and VL, FMA and F16C; `dots` says AVX512-BF16 is on,
-    // so the CPU has it. `a` (bf16 if `dots`, else f32) and `b` (of `dt`) are host-ready and
+    // SAFETY: `route` returned `FewRows { dots }` for `dt` (the caller's test), so `isa::detected`
+    // is AVX-512: the CPU has AVX-512 F, BW and VL, FMA and F16C; with `dots`, AVX512-BF16 was
+    // on, so the CPU has it. `a` (bf16 if `dots`, else f32) and `b` (of `dt`) are host-ready and
     // read-locked, `a`'s rows and `b`'s columns contiguous (or `k <= 1`); each offset addresses
     // one of their matrices with these strides. `out` is fresh, `batches * n * m` elements, and
     // aliases nothing.

@@ -79,8 +79,9 @@ pub(in crate::tensor::kernels) unsafe fn f16(
 /// whose columns are bf16: `out` rounded to bf16 once, the f32 route's arithmetic.
 ///
 /// # Safety
-/// As [`bf16`](fn@bf16), with `a` holding f32; the CPU has AVX-512 F, BW and VL.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+/// As [`bf16`](fn@bf16), with `a` holding f32; the CPU has AVX-512 F, BW and VL, F16C and FMA (as
+/// every AVX-512 CPU).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(in crate::tensor::kernels) unsafe fn bf16_widened(
     a: *const f32,
@@ -176,8 +177,7 @@ unsafe fn run<const R: usize, const C: usize, const KIND: u8>(blk: Block) {
     unsafe {
         match KIND {
             DOTS => group_bf16::<R, C>(blk),
-            WIDE_F16 => group_f16::<R, C>(blk),
-            _ => group_bf16_widened::<R, C>(blk),
+            _ => group_widened::<R, C, KIND>(blk),
         }
     }
 }
@@ -192,24 +192,14 @@ unsafe fn group_bf16<const R: usize, const C: usize>(blk: Block) {
     unsafe { group::<R, C, DOTS>(blk) }
 }
 
-/// [`group`] for f16.
+/// [`group`] for f32 rows by f16 or bf16 columns ([`WIDE_F16`], [`WIDE_BF16`]).
 ///
 /// # Safety
 /// As [`group`]; the CPU has AVX-512 F, BW and VL, F16C and FMA.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
-unsafe fn group_f16<const R: usize, const C: usize>(blk: Block) {
+unsafe fn group_widened<const R: usize, const C: usize, const KIND: u8>(blk: Block) {
     // SAFETY: our contract.
-    unsafe { group::<R, C, WIDE_F16>(blk) }
-}
-
-/// [`group`] for bf16 columns by f32 rows.
-///
-/// # Safety
-/// As [`group`]; the CPU has AVX-512 F, BW and VL.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn group_bf16_widened<const R: usize, const C: usize>(blk: Block) {
-    // SAFETY: our contract.
-    unsafe { group::<R, C, WIDE_BF16>(blk) }
+    unsafe { group::<R, C, KIND>(blk) }
 }
 
 /// `R` rows by `C` columns of [`blocks`]: the block `blk`.
@@ -224,7 +214,7 @@ unsafe fn group<const R: usize, const C: usize, const KIND: u8>(blk: Block) {
     // keep it, so a sum of only -0 products is -0, the exact sum; an empty sum is +0.
     let start = if wide && k > 0 { -0.0 } else { 0.0 };
     // SAFETY: (all blocks below) the CPU has the features of the caller (our contract): AVX-512
-    // F and BW, and AVX512-BF16 (dots), VL, F16C and FMA (f16) or VL (widened bf16).
+    // F and BW, and AVX512-BF16 (dots) or VL, F16C and FMA (widened).
     let mut acc = [[unsafe { _mm512_set1_ps(start) }; C]; R];
     let len = if wide { 16 } else { 32 };
     let full = k / len * len;

@@ -79,9 +79,9 @@ pub(super) enum Route {
     /// AVX512-BF16 registers (`vdpbf16ps`, [`dots`]): bf16 only.
     Dots,
     /// Fewer rows than a panel, the right operand with contiguous columns: dot products of rows
-    /// and columns, unpacked ([`few_rows_product`]): bf16 on AVX512-BF16 where that route is on,
-    /// else (and f16) on AVX-512's fused multiply-adds.
-    FewRows,
+    /// and columns, unpacked ([`few_rows_product`]): bf16 on AVX512-BF16 (`dots`) where that
+    /// route is on, else (and f16) on AVX-512's fused multiply-adds.
+    FewRows { dots: bool },
 }
 
 /// The route an `n x k` by `k x m` product of `f16` (else bf16) operands takes, if any; `b_columns`:
@@ -104,7 +104,7 @@ pub(super) fn route(n: usize, k: usize, m: usize, f16: bool, b_columns: bool) ->
     if panels && amx_enabled() {
         Some(Route::Tiles)
     } else if few {
-        Some(Route::FewRows)
+        Some(Route::FewRows { dots })
     } else if dots && panels {
         Some(Route::Dots)
     } else {
@@ -444,7 +444,7 @@ impl Engine {
             // SAFETY: AMX is usable (our contract).
             Route::Tiles => Engine::Tiles(unsafe { Tiles::configure() }),
             // (Few-row products are not packed; their route would run on registers too.)
-            Route::Dots | Route::FewRows => Engine::Dots,
+            Route::Dots | Route::FewRows { .. } => Engine::Dots,
         }
     }
 
