@@ -3,7 +3,7 @@
 //! - Pick allocators by priority or by name at startup without touching call sites:
 //!   [`AllocatorRegistry`], `TENSORMEM_ALLOCATOR`, [`register_allocator!`].
 //! - Know where memory goes: every allocator keeps [`AllocatorStats`]; a
-//!   [`TrackingAllocator`] records every live pointer; [`scope`] tags allocations;
+//!   [`TrackingAllocator`] records every live pointer; [`scope()`] tags allocations;
 //!   [`history`] records every event for the [`timeline`] page;
 //!   [`telemetry::memory_summary`] prints a table.
 //! - Fail a test the moment it leaks: [`testing::LeakCheck`] sees every allocation of its

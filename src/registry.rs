@@ -153,7 +153,7 @@ struct Inner {
 /// | `bfc` | `BfcAllocator`, when `TENSORMEM_ALLOC_CONF` sets a `bfc.*` key: configuring it chooses it | [`CONFIGURED_PRIORITY`] (200) |
 ///
 /// plus every allocator registered with [`register_allocator!`](crate::register_allocator).
-/// `pool` and `bfc` are configured from `TENSORMEM_ALLOC_CONF` (see [`AllocConf`](crate::AllocConf)).
+/// `pool` and `bfc` are configured from `TENSORMEM_ALLOC_CONF` (see [`AllocConf`]).
 ///
 /// ```
 /// use std::sync::Arc;

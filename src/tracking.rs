@@ -28,7 +28,7 @@ pub struct Chunk {
     pub allocated_size: usize,
     /// Unique within the tracker, from 1; see [`TrackingAllocator`] for the order.
     pub allocation_id: u64,
-    /// The [scope](crate::scope) it was allocated in.
+    /// The [scope](crate::scope()) it was allocated in.
     #[serde(default)]
     pub tag: Option<Tag>,
 }

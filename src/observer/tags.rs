@@ -4,7 +4,7 @@ use dashmap::DashMap;
 
 use crate::allocators::observe::Tag;
 
-/// What the allocations made under one scope tag add up to (see [`crate::scope`]).
+/// What the allocations made under one scope tag add up to (see [`crate::scope()`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TagStats {
     /// The scope path.

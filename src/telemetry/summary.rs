@@ -10,7 +10,7 @@ use crate::telemetry::{AllocatorSnapshot, MemorySnapshot, snapshot_of};
 /// A table of `registry`'s allocators: per allocator the bytes in use now and at peak, bytes
 /// ever allocated and freed, the bytes reserved from the source (now and peak) and cached (reserved but not in use) where the
 /// allocator knows them, allocation and free counts, OOMs and retries; then the process heap
-/// and mapped files when known, and per-tag figures when [scopes](crate::scope) were used.
+/// and mapped files when known, and per-tag figures when [scopes](crate::scope()) were used.
 ///
 /// ```
 /// use std::sync::Arc;

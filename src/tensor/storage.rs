@@ -146,7 +146,7 @@ impl Storage {
     }
 
     /// Describes the storage as the tensor it is made for, when something watches this thread
-    /// (see [`observe::describe`](crate::allocators::observe::describe)); already allocated
+    /// (see [`crate::allocators::observe::describe`]); already allocated
     /// storage is described to the observer now, lazy storage when it is materialised.
     pub(crate) fn described(mut self, dtype: super::DType, sizes: &[usize]) -> Storage {
         if !observe::watched() {

@@ -21,7 +21,7 @@
 //! round to halves or widen f16. Those blocks load and store f16 with F16C's conversions.
 //! Arithmetic whose operands and output are all f16 runs as the f32 kernel between F16C's
 //! conversions: fused into one pass over contiguous runs (and broadcast values) by
-//! [`f16c`](super::f16c), through the converting blocks over strided ones.
+//! [`super::f16c`], through the converting blocks over strided ones.
 //!
 //! An existing output is refused, as in PyTorch, when it is read-only, has a dimension of
 //! stride 0 (several elements at one address), or partially overlaps an input when both are
