@@ -48,9 +48,10 @@ impl Tensor {
     /// and [`set_avx512_bf16`]`(false)` (or `TENSORMEM_AMX=0` and `TENSORMEM_AVX512_BF16=0`)
     /// choose the f32 route everywhere. f16 products of fewer than 32 rows whose right operand
     /// has contiguous columns (and bf16 ones, where AVX512-BF16's route is off) run as dot
-    /// products on any AVX-512 CPU, with the f32 route's arithmetic (exact products, f32 sums
-    /// in another order, subnormals kept; a sum of only -0 products is -0) and without
-    /// converting the right operand.
+    /// products on any AVX-512 CPU (where AMX is on, those of fewer than 20 rows for f16, 16
+    /// for bf16), with the f32 route's arithmetic (exact products, f32 sums in another order,
+    /// subnormals kept; a sum of only -0 products is -0) and without converting the right
+    /// operand.
     ///
     /// [`amx_enabled`]: crate::tensor::amx_enabled
     /// [`avx512_bf16_enabled`]: crate::tensor::avx512_bf16_enabled

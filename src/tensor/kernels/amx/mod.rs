@@ -41,7 +41,7 @@
 //! [`AVX512_BF16_ENV`](crate::tensor::AVX512_BF16_ENV), which also turn it off on AMD).
 //! Everything else takes the f32 route.
 //!
-//! f16 products of fewer than 32 rows by a transposed weight (with AMX, of fewer than 16) run as
+//! f16 products of fewer than 32 rows by a transposed weight (with AMX, of fewer than 20) run as
 //! the same dot products on any AVX-512 CPU ([`few_rows::f16`]): the rows widened to f32 once, the weight's f16
 //! widened as it is read, fused multiply-adds. That is the f32 route's arithmetic (products of
 //! f16 are exact in f32) without converting the whole weight on every call: 0.09 ms for one
@@ -90,18 +90,19 @@ pub(super) enum Route {
 ///
 /// Panels go on AMX when on, else on AVX512-BF16 for bf16 when on, where the matrices fill tiles
 /// well enough: padding to 32 rows, 32 columns and 32 inner elements at most doubles each size
-/// there. Without AMX, fewer than 32 rows (a decode step's few tokens) go to dot products where
-/// `b`'s columns are contiguous, in groups of 4 rows instead of panels of 32 (0.36 against 0.80 ms
-/// for 15 or 16 rows by GPT-2's 768 x 3072 bf16 weight on one Zen 4 thread), on any AVX-512 CPU:
-/// bf16 on AVX512-BF16 when on, else (and f16) on fused multiply-adds, the f32 route's arithmetic
-/// without converting the weight. Anything else (matrix-vector products of other layouts, tiny
+/// there (except f16 products of fewer than [`F16_FEW_ROWS_BESIDE_TILES`] rows, which go to
+/// dot products as below). Without AMX, fewer than 32 rows (a decode step's few tokens) go to
+/// dot products where `b`'s columns are contiguous, in groups of 4 rows instead of panels of 32
+/// (0.36 against 0.80 ms for 15 or 16 rows by GPT-2's 768 x 3072 bf16 weight on one Zen 4
+/// thread), on any AVX-512 CPU: bf16 on AVX512-BF16 when on, else (and f16) on fused
+/// multiply-adds, the f32 route's arithmetic without converting the weight. Anything else (matrix-vector products of other layouts, tiny
 /// batched heads) takes the f32 route.
 pub(super) fn route(n: usize, k: usize, m: usize, f16: bool, b_columns: bool) -> Option<Route> {
     let panels = n >= 16 && m >= 16 && k >= 32;
     let dots = !f16 && avx512_bf16_enabled();
     // (AVX512-BF16's switch is on only on AVX-512 CPUs.)
     let few = b_columns && n < PANEL && super::isa::detected() == super::isa::Isa::Avx512;
-    if panels && amx_enabled() {
+    if panels && amx_enabled() && !(f16 && few && n < F16_FEW_ROWS_BESIDE_TILES) {
         Some(Route::Tiles)
     } else if few {
         Some(Route::FewRows { dots })
@@ -114,6 +115,16 @@ pub(super) fn route(n: usize, k: usize, m: usize, f16: bool, b_columns: bool) ->
 
 /// Rows of the result per panel (two tiles).
 const PANEL: usize = 32;
+/// f16 products of fewer rows than this by a transposed weight take the few-row kernel also
+/// where AMX is on. On tiles such a product pads its rows to one panel and splits every weight
+/// element into two bf16 parts as it packs: packing a 3072x768 f16 weight that way alone took
+/// 0.62 ms (Emerald Rapids, 1 thread; 0.22 ms unsplit, as bf16), and the whole product of 16
+/// rows took 1.2-1.5 ms on the AMX VMs of that CPU (stops 35 and 42, scaled to this shape and to
+/// PyTorch's time on each VM), whatever the rows up to 32. The few-row kernel took 0.94 ms for
+/// 16 rows, 1.35 for 24 and 1.75 for 31, so it is ahead below about 20-26 rows: 20 keeps it
+/// where both estimates agree. bf16 keeps the tiles: its packing has no split and its tiles a
+/// quarter of f16's work.
+const F16_FEW_ROWS_BESIDE_TILES: usize = 20;
 /// Inner elements per tile (32 bf16 in a 64-byte tile row).
 const CHUNK: usize = 32;
 /// Columns of the result per B tile.
@@ -524,5 +535,42 @@ unsafe fn round_row<const F16: bool>(from: &[f32], to: *mut u16) {
         let bits = if F16 { half::f16::narrow(v).to_bits() } else { half::bf16::narrow(v).to_bits() };
         // SAFETY: the caller gives `from.len()` writable elements at `to`.
         unsafe { to.add(i).write(bits) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::kernels::isa::{Isa, detected};
+
+    /// A decode step's rows by GPT-2's transposed 3072x768 weight: f16 below 20 rows takes the
+    /// few-row kernel whether or not AMX is on; at 20 rows and more, and bf16 from 16 rows,
+    /// the tiles where AMX is on. Layouts that are not a transposed weight never take it.
+    #[test]
+    fn f16_products_of_few_rows_skip_the_tiles() {
+        if detected() != Isa::Avx512 {
+            eprintln!("skipped: few-row products run on AVX-512 only");
+            return;
+        }
+        let f32_dots = Some(Route::FewRows { dots: false });
+        for n in [1, 15, 16, 19] {
+            assert_eq!(route(n, 768, 3072, true, true), f32_dots, "f16, {n} rows");
+        }
+        let bf16_few = Some(Route::FewRows { dots: avx512_bf16_enabled() });
+        assert_eq!(route(15, 768, 3072, false, true), bf16_few);
+        if amx_enabled() {
+            for n in [20, 31, 32] {
+                assert_eq!(route(n, 768, 3072, true, true), Some(Route::Tiles), "f16, {n} rows");
+            }
+            assert_eq!(route(16, 768, 3072, false, true), Some(Route::Tiles), "bf16, 16 rows");
+            assert_eq!(route(16, 768, 3072, true, false), Some(Route::Tiles), "f16, row-major weight");
+        } else {
+            for n in [20, 31] {
+                assert_eq!(route(n, 768, 3072, true, true), f32_dots, "f16, {n} rows");
+            }
+            assert_eq!(route(16, 768, 3072, false, true), bf16_few, "bf16, 16 rows");
+            assert_eq!(route(32, 768, 3072, true, true), None, "f16, 32 rows");
+            assert_eq!(route(16, 768, 3072, true, false), None, "f16, row-major weight");
+        }
     }
 }
