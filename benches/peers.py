@@ -56,6 +56,10 @@ WORKLOADS = [
     ("where", "where(mask, scores, zeros), 12x256x256"),
     ("embedding", "embedding, 1024 ids into 50257x768"),
     ("cat_kv", "cat 12x1023x64 + 12x1x64 on dim 1 (KV cache)"),
+    ("layer_norm_bf16", "layer_norm 1024x768, bf16"),
+    ("gelu_bf16", "gelu 1024x3072, bf16"),
+    ("silu_bf16", "silu 1024x3072, bf16"),
+    ("softmax_bf16", "softmax 12x256x256, bf16"),
 ]
 if ARGS.workloads:
     WORKLOADS = [w for w in WORKLOADS if w[0] in ARGS.workloads.split(",")]
@@ -82,6 +86,8 @@ for k in ("x", "y"):
     NP[k + "16"] = NP[k].astype(np.float16)
 for k in ("a", "b"):
     T[k + "16"], T[k + "b"] = T[k].to(torch.float16), T[k].to(torch.bfloat16)
+for k in ("h", "w768", "b768", "mlp", "scores"):
+    T[k + "b"] = T[k].to(torch.bfloat16)
     NP[k + "16"] = NP[k].astype(np.float16)
 
 TORCH = {
@@ -115,6 +121,10 @@ TORCH = {
     "where": lambda t: torch.where(t["causal"], t["scores"], t["zeros"]),
     "embedding": lambda t: torch.nn.functional.embedding(t["ids"], t["table"]),
     "cat_kv": lambda t: torch.cat([t["cache"], t["new_kv"]], 1),
+    "layer_norm_bf16": lambda t: torch.nn.functional.layer_norm(t["hb"], [768], t["w768b"], t["b768b"], 1e-5),
+    "gelu_bf16": lambda t: torch.nn.functional.gelu(t["mlpb"]),
+    "silu_bf16": lambda t: torch.nn.functional.silu(t["mlpb"]),
+    "softmax_bf16": lambda t: t["scoresb"].softmax(-1),
 }
 NUMPY = {
     "add": lambda t: t["a"] + t["b"],

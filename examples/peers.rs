@@ -17,7 +17,8 @@
 //! `softmax` and `scale` (`* 0.125`) of the 12x256x256 attention scores, `masked_fill` of them
 //! by a causal 256x256 mask, `where` of the mask between them and a zero tensor, `embedding`
 //! (1024 token ids into a 50257x768 table) and `cat_kv` (a 12x1023x64 key cache grown by one
-//! position).
+//! position); `layer_norm_bf16`, `gelu_bf16`, `silu_bf16` and `softmax_bf16`, those ops on bf16
+//! operands.
 //!
 //! ```text
 //! cargo build --release --example peers
@@ -62,6 +63,8 @@ struct Data {
     tokens: [Tensor; 3],
     weight16: Tensor,
     tokens16: [Tensor; 2],
+    /// `h`, `w768`, `b768`, `mlp` and `scores` in bf16.
+    block_bf16: [Tensor; 5],
 }
 
 fn run(d: &Data, workload: &str) -> Result<()> {
@@ -96,6 +99,13 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "where" => drop(black_box(d.scores.where_cond(&d.causal, &d.zeros)?)),
         "embedding" => drop(black_box(d.table.embedding(&d.ids)?)),
         "cat_kv" => drop(black_box(Tensor::cat(&[&d.cache, &d.new_kv], 1)?)),
+        "layer_norm_bf16" => {
+            let [h, w, b, ..] = &d.block_bf16;
+            drop(black_box(h.layer_norm(&[768], Some(w), Some(b), 1e-5)?))
+        }
+        "gelu_bf16" => drop(black_box(d.block_bf16[3].gelu()?)),
+        "silu_bf16" => drop(black_box(d.block_bf16[3].silu()?)),
+        "softmax_bf16" => drop(black_box(d.block_bf16[4].softmax(-1)?)),
         _ => panic!("unknown workload {workload:?}"),
     }
     Ok(())
@@ -144,6 +154,13 @@ fn main() -> Result<()> {
         ],
         weight16: rand(&[3072, 768])?.to_dtype(DType::F16)?,
         tokens16: [rand(&[16, 768])?.to_dtype(DType::F16)?, rand(&[1, 768])?.to_dtype(DType::F16)?],
+        block_bf16: [
+            rand(&[1024, 768])?.to_dtype(DType::BF16)?,
+            rand(&[768])?.to_dtype(DType::BF16)?,
+            rand(&[768])?.to_dtype(DType::BF16)?,
+            rand(&[1024, 3072])?.to_dtype(DType::BF16)?,
+            rand(&[12, 256, 256])?.to_dtype(DType::BF16)?,
+        ],
     };
     let mut stdout = std::io::stdout().lock();
     for line in std::io::stdin().lock().lines() {

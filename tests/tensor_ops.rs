@@ -677,6 +677,16 @@ fn activations_give_the_same_bits_on_every_route() {
     let xt = x.t().unwrap().contiguous().unwrap().t().unwrap();
     assert!(!xt.is_contiguous());
     let xb = x.to_dtype(DType::BF16).unwrap();
+    // Every f16 value, and strided half-precision views (the converting loops).
+    let hs: Vec<f32> = (0..=u16::MAX).map(|b| half::f16::from_bits(b).to_f32()).chain([0.5, -0.5]).collect();
+    let xh = t32(&hs, &[3, hs.len() / 3]).to_dtype(DType::F16).unwrap();
+    let strided = |t: &Tensor| t.t().unwrap().contiguous().unwrap().t().unwrap();
+    let copy = |t: &Tensor| {
+        let c = Tensor::zeros(t.sizes(), t.dtype()).unwrap();
+        c.copy_(t).unwrap();
+        c
+    };
+    let (xbt, xht) = (strided(&xb), strided(&xh));
     let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     let blocks = avx512_blocks_enabled();
     for (name, fresh, inplace) in ops {
@@ -686,6 +696,7 @@ fn activations_give_the_same_bits_on_every_route() {
         set_avx512_blocks(false);
         let loop_result = fresh(&x).unwrap();
         let loop_bf16 = fresh(&xb).unwrap();
+        let loop_f16 = fresh(&xh).unwrap();
         set_avx512_blocks(blocks);
         assert_eq!(bits(&loop_result), bits(&want), "{name}, blocks / one-vector loop");
         assert_eq!(bits(&fresh(&xt).unwrap()), bits(&want), "{name} of a strided view");
@@ -698,6 +709,25 @@ fn activations_give_the_same_bits_on_every_route() {
         let wb = want.to_dtype(DType::BF16).unwrap();
         assert_eq!(bits(&b.to_dtype(DType::F32).unwrap()), bits(&wb.to_dtype(DType::F32).unwrap()), "{name} in bf16");
         assert_eq!(bits(&b.to_dtype(DType::F32).unwrap()), bits(&loop_bf16.to_dtype(DType::F32).unwrap()));
+        // Half-precision runs are widened, computed and rounded in registers where the blocks
+        // are on, through buffers in the converting loops elsewhere: the same bits, fresh, in
+        // place and strided, and f16 the f32 result of its widened values rounded once.
+        let h = fresh(&xh).unwrap();
+        let wh = fresh(&xh.to_dtype(DType::F32).unwrap()).unwrap().to_dtype(DType::F16).unwrap();
+        for (t, want, what) in [
+            (&b, &loop_bf16, "bf16, blocks / one-vector loop"),
+            (&fresh(&xbt).unwrap(), &b, "bf16 of a strided view"),
+            (inplace(&copy(&xb)).unwrap(), &b, "bf16 in place"),
+            (&h, &wh, "f16"),
+            (&loop_f16, &wh, "f16, one-vector loop"),
+            (&fresh(&xht).unwrap(), &wh, "f16 of a strided view"),
+            (inplace(&copy(&xh)).unwrap(), &wh, "f16 in place"),
+        ] {
+            assert_eq!(t.dtype(), want.dtype(), "{name}, {what}");
+            let (got, want) = (bits(&t.to_dtype(DType::F32).unwrap()), bits(&want.to_dtype(DType::F32).unwrap()));
+            let first = got.iter().zip(&want).position(|(g, w)| g != w);
+            assert!(first.is_none(), "{name}, {what}: element {first:?} differs ({} elements)", got.len());
+        }
     }
 }
 

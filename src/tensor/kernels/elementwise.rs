@@ -462,6 +462,34 @@ impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
             false
         }
     }
+
+    /// The same on bf16 and f16 runs, each element widened, computed and rounded in registers
+    /// ([`vmath::avx512::run_half`](crate::tensor::vmath::avx512::run_half)).
+    #[inline(always)]
+    unsafe fn call_run_half(&self, isa: Isa, half: DType, x: *const u16, o: *mut u16, n: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::tensor::vmath::avx512::{Half, run_half};
+            let Some(func) = Unary::lanes_fn(K) else { return false };
+            let half = match half {
+                DType::BF16 => Half::Bf16,
+                DType::F16 => Half::F16,
+                _ => return false,
+            };
+            if isa != Isa::Avx512 || !super::switch::avx512_blocks_enabled() {
+                return false;
+            }
+            // SAFETY: the CPU has AVX-512 F, BW and VL (the switch is on only there); the rest
+            // is the caller's promise.
+            unsafe { run_half(func, half, x, o, n) };
+            true
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (isa, half, x, o, n);
+            false
+        }
+    }
 }
 
 fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tensor, dest: Dest) -> Result<()> {
@@ -475,9 +503,10 @@ fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tens
         && Unary::lanes_fn(kind as u8).is_some()
         && super::switch::avx512_blocks_enabled()
     {
-        // Likewise for bf16 where the f32 kernel runs four vectors side by side: widening bf16
-        // is a shift and the loop of `call` keeps it, but GELU's blocks more than repay
-        // converting in blocks (the same bits: each element widens, computes, rounds once).
+        // Likewise for bf16 where the f32 kernel runs four vectors side by side: contiguous
+        // runs are widened, computed and rounded in the blocks' registers (`call_run_half`),
+        // strided ones through the converting loops (the same bits: each element widens,
+        // computes, rounds once).
         return launch_unary(op, kind, DType::F32, out, a, dest);
     }
     if kind.is_float_only() {

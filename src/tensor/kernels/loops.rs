@@ -395,6 +395,20 @@ pub(crate) trait UnaryFn<T, O>: Copy + Send + Sync {
         let _ = (isa, x, o, n);
         false
     }
+
+    /// As [`call_run`](UnaryFn::call_run), for an `f32` function over a contiguous run of
+    /// `half` (bf16 or f16) elements: each widened, computed and rounded once in registers,
+    /// with the bits of the converting loops around [`call`](UnaryFn::call). False, and
+    /// nothing written, where there is no such route.
+    ///
+    /// # Safety
+    /// `x` is readable and `o` writable for `n` elements of `half`; `o` is `x` or overlaps it
+    /// nowhere.
+    #[inline(always)]
+    unsafe fn call_run_half(&self, isa: Isa, half: DType, x: *const u16, o: *mut u16, n: usize) -> bool {
+        let _ = (isa, half, x, o, n);
+        false
+    }
 }
 
 impl<T, O, F: Fn(T) -> O + Copy + Send + Sync> UnaryFn<T, O> for F {
@@ -501,10 +515,27 @@ fn unary_in<T: Element, O: Element>(
                 unsafe { inplace_unary(&g, isa, p, s, n) }
             })
         }
-        _ => plan.run(parallel, &|p, s, n| {
-            // SAFETY: as in `run_binary`: the loader and storer match the dtypes.
-            unsafe { converting_unary(&f, isa, la, so, p, s, n) }
-        }),
+        _ => {
+            // An f32 function on bf16 or f16 in and out: contiguous runs go through
+            // `call_run_half` where the function has it.
+            let half = [a.dtype(), out.dtype()] == [DType::BF16; 2] || [a.dtype(), out.dtype()] == [DType::F16; 2];
+            let half = (half && computes_f32::<T, O>()).then(|| a.dtype());
+            const H: usize = size_of::<u16>();
+            plan.run(parallel, &|p, s, n| {
+                // SAFETY: as in `run_binary`: the loader and storer match the dtypes; a run of
+                // `half` elements with unit strides is `n` contiguous elements of each, the
+                // output exactly the input (`alias`) or apart from it.
+                unsafe {
+                    if let Some(h) = half
+                        && s == [H; 2]
+                        && f.call_run_half(isa, h, p[1].cast(), p[0].cast(), n)
+                    {
+                        return;
+                    }
+                    converting_unary(&f, isa, la, so, p, s, n)
+                }
+            })
+        }
     }
     Ok(())
 }
