@@ -207,9 +207,10 @@ pub(crate) unsafe fn run(f: Func, x: *const f32, o: *mut f32, n: usize) {
 /// The CPU has AVX-512 F, BW and VL. `x` is readable and `o` writable for `n` 16-bit
 /// elements, and `o` is `x` or overlaps it nowhere.
 pub(crate) unsafe fn run_half(f: Func, half: Half, x: *const u16, o: *mut u16, n: usize) {
-    // SAFETY: the caller's promise.
+    // SAFETY: the caller's promise; `BF16_CVT` where the CPU has its features.
     unsafe {
         match half {
+            Half::Bf16 if bf16_conversion() => run_as::<BF16_CVT>(f, x.cast(), o.cast(), n),
             Half::Bf16 => run_as::<BF16>(f, x.cast(), o.cast(), n),
             Half::F16 => run_as::<F16>(f, x.cast(), o.cast(), n),
         }
@@ -219,31 +220,31 @@ pub(crate) unsafe fn run_half(f: Func, half: Half, x: *const u16, o: *mut u16, n
 /// [`run`] over elements of kind `E`.
 ///
 /// # Safety
-/// As [`run`], for `n` elements of kind `E`.
+/// As [`run`], for `n` elements of kind `E`; for [`BF16_CVT`], the CPU has the features of
+/// [`blocks_bf16`].
 unsafe fn run_as<const E: u8>(f: Func, x: *const u8, o: *mut u8, n: usize) {
     // SAFETY: the caller's promise.
     unsafe {
-        if E == BF16 && bf16_conversion() {
-            return match f {
-                Func::Gelu => blocks_bf16::<GELU>(x, o, n),
-                Func::Silu => blocks_bf16::<SILU>(x, o, n),
-                Func::Sigmoid => blocks_bf16::<SIGMOID>(x, o, n),
-                Func::GeluTanh => blocks_bf16::<GELU_TANH>(x, o, n),
-                Func::Tanh => blocks_bf16::<TANH>(x, o, n),
-                Func::Exp => blocks_bf16::<EXP>(x, o, n),
-                Func::Ln => blocks_bf16::<LN>(x, o, n),
-            };
-        }
         match f {
-            Func::Gelu => blocks::<GELU, E>(x, o, n),
-            Func::Silu => blocks::<SILU, E>(x, o, n),
-            Func::Sigmoid => blocks::<SIGMOID, E>(x, o, n),
-            Func::GeluTanh => blocks::<GELU_TANH, E>(x, o, n),
-            Func::Tanh => blocks::<TANH, E>(x, o, n),
-            Func::Exp => blocks::<EXP, E>(x, o, n),
-            Func::Ln => blocks::<LN, E>(x, o, n),
+            Func::Gelu => blocks_of::<GELU, E>(x, o, n),
+            Func::Silu => blocks_of::<SILU, E>(x, o, n),
+            Func::Sigmoid => blocks_of::<SIGMOID, E>(x, o, n),
+            Func::GeluTanh => blocks_of::<GELU_TANH, E>(x, o, n),
+            Func::Tanh => blocks_of::<TANH, E>(x, o, n),
+            Func::Exp => blocks_of::<EXP, E>(x, o, n),
+            Func::Ln => blocks_of::<LN, E>(x, o, n),
         }
     }
+}
+
+/// [`blocks_bf16`] for [`BF16_CVT`], else [`blocks`].
+///
+/// # Safety
+/// As [`run_as`].
+#[inline(always)]
+unsafe fn blocks_of<const F: u8, const E: u8>(x: *const u8, o: *mut u8, n: usize) {
+    // SAFETY: the caller's promise.
+    unsafe { if E == BF16_CVT { blocks_bf16::<F>(x, o, n) } else { blocks::<F, E>(x, o, n) } }
 }
 
 /// The CPU has AVX512-BF16's conversion (`vcvtne2ps2bf16`) and AVX-512 DQ's `vfpclassps`,
@@ -491,18 +492,7 @@ mod tests {
         ];
         if bf16_conversion() {
             // SAFETY: as above.
-            let dots: Run = |f, x, o, n| unsafe {
-                match f {
-                    Func::Gelu => blocks_bf16::<GELU>(x, o, n),
-                    Func::Silu => blocks_bf16::<SILU>(x, o, n),
-                    Func::Sigmoid => blocks_bf16::<SIGMOID>(x, o, n),
-                    Func::GeluTanh => blocks_bf16::<GELU_TANH>(x, o, n),
-                    Func::Tanh => blocks_bf16::<TANH>(x, o, n),
-                    Func::Exp => blocks_bf16::<EXP>(x, o, n),
-                    Func::Ln => blocks_bf16::<LN>(x, o, n),
-                }
-            };
-            kinds.push(bf16(dots, "bf16 by vcvtne2ps2bf16"));
+            kinds.push(bf16(|f, x, o, n| unsafe { run_as::<BF16_CVT>(f, x, o, n) }, "bf16 by vcvtne2ps2bf16"));
         }
         let xs: Vec<u16> = (0..=u16::MAX).collect();
         for k in kinds {
