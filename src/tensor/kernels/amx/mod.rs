@@ -95,8 +95,8 @@ pub(super) enum Route {
 /// dot products where `b`'s columns are contiguous, in groups of 4 rows instead of panels of 32
 /// (0.36 against 0.80 ms for 15 or 16 rows by GPT-2's 768 x 3072 bf16 weight on one Zen 4
 /// thread), on any AVX-512 CPU: bf16 on AVX512-BF16 when on, else (and f16) on fused
-/// multiply-adds, the f32 route's arithmetic without converting the weight. Anything else (matrix-vector products of other layouts, tiny
-/// batched heads) takes the f32 route.
+/// multiply-adds, the f32 route's arithmetic without converting the weight. Anything else
+/// (matrix-vector products of other layouts, tiny batched heads) takes the f32 route.
 pub(super) fn route(n: usize, k: usize, m: usize, f16: bool, b_columns: bool) -> Option<Route> {
     let panels = n >= 16 && m >= 16 && k >= 32;
     let dots = !f16 && avx512_bf16_enabled();
