@@ -518,8 +518,8 @@ fn unary_in<T: Element, O: Element>(
         _ => {
             // An f32 function on bf16 or f16 in and out: contiguous runs go through
             // `call_run_half` where the function has it.
-            let half = [a.dtype(), out.dtype()] == [DType::BF16; 2] || [a.dtype(), out.dtype()] == [DType::F16; 2];
-            let half = (half && computes_f32::<T, O>()).then(|| a.dtype());
+            let same_half = a.dtype() == out.dtype() && matches!(a.dtype(), DType::BF16 | DType::F16);
+            let half = (same_half && computes_f32::<T, O>()).then(|| a.dtype());
             const H: usize = size_of::<u16>();
             plan.run(parallel, &|p, s, n| {
                 // SAFETY: as in `run_binary`: the loader and storer match the dtypes; a run of
