@@ -60,6 +60,8 @@ WORKLOADS = [
     ("gelu_bf16", "gelu 1024x3072, bf16"),
     ("silu_bf16", "silu 1024x3072, bf16"),
     ("softmax_bf16", "softmax 12x256x256, bf16"),
+    ("to_bf16", "1024x3072 f32 to bf16"),
+    ("from_bf16", "1024x3072 bf16 to f32"),
 ]
 if ARGS.workloads:
     WORKLOADS = [w for w in WORKLOADS if w[0] in ARGS.workloads.split(",")]
@@ -125,6 +127,8 @@ TORCH = {
     "gelu_bf16": lambda t: torch.nn.functional.gelu(t["mlpb"]),
     "silu_bf16": lambda t: torch.nn.functional.silu(t["mlpb"]),
     "softmax_bf16": lambda t: t["scoresb"].softmax(-1),
+    "to_bf16": lambda t: t["mlp"].to(torch.bfloat16),
+    "from_bf16": lambda t: t["mlpb"].float(),
 }
 NUMPY = {
     "add": lambda t: t["a"] + t["b"],

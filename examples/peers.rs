@@ -18,7 +18,7 @@
 //! by a causal 256x256 mask, `where` of the mask between them and a zero tensor, `embedding`
 //! (1024 token ids into a 50257x768 table) and `cat_kv` (a 12x1023x64 key cache grown by one
 //! position); `layer_norm_bf16`, `gelu_bf16`, `silu_bf16` and `softmax_bf16`, those ops on bf16
-//! operands.
+//! operands; `to_bf16` and `from_bf16`, the 1024x3072 activation converted to bf16 and back.
 //!
 //! ```text
 //! cargo build --release --example peers
@@ -106,6 +106,8 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "gelu_bf16" => drop(black_box(d.block_bf16[3].gelu()?)),
         "silu_bf16" => drop(black_box(d.block_bf16[3].silu()?)),
         "softmax_bf16" => drop(black_box(d.block_bf16[4].softmax(-1)?)),
+        "to_bf16" => drop(black_box(d.mlp.to_dtype(DType::BF16)?)),
+        "from_bf16" => drop(black_box(d.block_bf16[3].to_dtype(DType::F32)?)),
         _ => panic!("unknown workload {workload:?}"),
     }
     Ok(())
