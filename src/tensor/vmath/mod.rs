@@ -14,34 +14,36 @@
 //!
 //! GELU, the sigmoid, SiLU, GELU's tanh form, `tanh`, `exp` and `ln` are written over [`Lanes`]:
 //! one `f32`, or a group of AVX-512 vectors ([`avx512`]), which the unary kernels use for
-//! contiguous `f32`, bf16 and f16 runs where the CPU has AVX-512. A vector at a time, these functions' long
-//! chains of dependent steps left the vector units idle. Four vectors side by side took, on a
-//! Xeon against the one-vector loop in the same process (in L2 / 12 MB): GELU 0.76 / 0.79 of
-//! the time, GELU's tanh form 0.73 / 0.84, SiLU 0.79 / 0.90, `exp` 0.64 / 0.82, the sigmoid
-//! 0.85 / 0.93, `tanh` 0.92-0.97 / 1.00-1.03, `ln` 0.62-0.77 / 0.88 (its `m 2^e` split is two
-//! instructions there, `vgetmantps` and `vgetexpps`); with the same bits (each lane goes through
-//! the scalar function's IEEE operations, in its order). `set_avx512_blocks(false)` (or
-//! `TENSORMEM_AVX512_BLOCKS=0`) keeps every run on the one-vector loop.
+//! contiguous `f32`, bf16 and f16 runs where the CPU has AVX-512. A vector at a time, these
+//! functions' long chains of dependent steps left the vector units idle. Four vectors side by side
+//! took, on a Xeon against the one-vector loop in the same process (in L2 / 12 MB): GELU 0.76 /
+//! 0.79 of the time, GELU's tanh form 0.73 / 0.84, SiLU 0.79 / 0.90, `exp` 0.64 / 0.82, the sigmoid
+//! 0.85 / 0.93, `tanh` (Cephes' two-branch form, before the one below) 0.92-0.97 / 1.00-1.03, `ln`
+//! 0.62-0.77 / 0.88 (its `m 2^e` split is two instructions there, `vgetmantps` and `vgetexpps`);
+//! with the same bits (each lane goes through the scalar function's IEEE operations, in its order).
+//! `set_avx512_blocks(false)` (or `TENSORMEM_AVX512_BLOCKS=0`) keeps every run on the one-vector
+//! loop.
 //!
-//! `f32::exp`, `f32::tanh`, `f32::ln` and `libm::erff` are calls into scalar code, one element at
-//! a time (4-13 ns an element here): GELU of a GPT-2 MLP activation (1024x3072) took 12x
-//! PyTorch's time, softmax of its attention scores 6x, `tanh` of that activation 5x. These are
-//! the methods of Cephes' `expf` (Cody and Waite's range reduction, a degree-7 polynomial),
-//! `tanhf` and `logf`; for GELU, the complementary error function in the form of Numerical
-//! Recipes' `erfcc`, with a polynomial fitted here (`examples/gelu_fit.py`) and `x^2` carried in
-//! two parts;
-//! and for the sigmoid family (`sigmoid`, `silu`, GELU's tanh form) `s e^v / (1 + e^v)` below 0,
-//! so that the tail is a number where PyTorch's `1 / (1 + e^-v)` overflows to 0.
+//! `f32::exp`, `f32::tanh`, `f32::ln` and `libm::erff` are calls into scalar code, one element at a
+//! time (4-13 ns an element here): GELU of a GPT-2 MLP activation (1024x3072) took 12x PyTorch's
+//! time, softmax of its attention scores 6x, `tanh` of that activation 5x. These are the methods of
+//! Cephes' `expf` (Cody and Waite's range reduction, a degree-7 polynomial) and `logf`; for `tanh`,
+//! `y / (y + 2)` with `y = e^(2|x|) - 1` from that reduction and polynomial (in one branch: Cephes'
+//! `tanhf`, a polynomial below 0.625 and `e^(2|x|)` above, took 1.37x the time, every lane
+//! computing both); for GELU, the complementary error function in the form of Numerical Recipes'
+//! `erfcc`, with a polynomial fitted here (`examples/gelu_fit.py`) and `x^2` carried in two parts;
+//! and for the sigmoid family (`sigmoid`, `silu`, GELU's tanh form) `s e^v / (1 + e^v)` below 0, so
+//! that the tail is a number where PyTorch's `1 / (1 + e^-v)` overflows to 0.
 //!
-//! Accuracy over every `f32` (`exhaustive_accuracy`, ignored: it walks all 2^32 values, 8
-//! minutes in release on 2 cores; a spread of a million of them is checked in every run),
-//! counting a subnormal result's ulp as the smallest subnormal: `exp` within 0.98 ulp of the
-//! exact result, `ln` 0.83, `tanh` 1.33, `sigmoid` 2.4, `silu` 3.4, `gelu` 5.1 (at -7.14), and
-//! `gelu_tanh` within 2.8 ulp per unit of its argument `2u` (the error that `2u`'s own rounding
-//! carries through `e^(-2u)`, as in every f32 evaluation of that formula). The old
-//! `0.5 * x * (1 + erff(x / √2))` lost the tail to cancellation: 10% off at -5. PyTorch's
-//! vectorised loops are of the same kind (Sleef's 1-ulp `exp`); its GELU's `erf` has an
-//! absolute error of 1.5e-7, 26% of `gelu(-5)`.
+//! Accuracy over every `f32` (`exhaustive_accuracy`, ignored: it walks all 2^32 values, 8 minutes
+//! in release on 2 cores; a spread of a million of them is checked in every run), counting a
+//! subnormal result's ulp as the smallest subnormal: `exp` within 0.98 ulp of the exact result,
+//! `ln` 0.83, `tanh` 2.42 at 0.0078 (Cephes' `tanhf` 1.33, PyTorch's Sleef `tanh` 1; the rounding
+//! of `y + 2` is most of it), `sigmoid` 2.4, `silu` 3.4, `gelu` 5.1 (at -7.14), and `gelu_tanh`
+//! within 2.8 ulp per unit of its argument `2u` (the error that `2u`'s own rounding carries through
+//! `e^(-2u)`, as in every f32 evaluation of that formula). The old `0.5 * x * (1 + erff(x / √2))`
+//! lost the tail to cancellation: 10% off at -5. PyTorch's vectorised loops are of the same kind
+//! (Sleef's 1-ulp `exp`); its GELU's `erf` has an absolute error of 1.5e-7, 26% of `gelu(-5)`.
 //!
 //! Results that are subnormal (`gelu` below -13, `gelu_tanh` below -10.3, `silu` below -87)
 //! are computed, not flushed: on x86 each costs a microcode assist, so a tensor with many of
@@ -92,20 +94,24 @@ pub(crate) fn exp<V: Lanes>(x: V) -> V {
 #[inline(always)]
 fn exp_parts<V: Lanes>(hi: V, lo: Option<V>) -> (V, V) {
     const LOG2E: f32 = core::f32::consts::LOG2_E;
-    // ln 2 in two parts: `LN2_HI` has 9 significant bits, so `n * LN2_HI` is exact for the
-    // `|n| <= 217` used here, and `x - n * LN2_HI` is exact too (Cody and Waite).
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
     let c = V::splat;
     let plus_lo = |v: V| lo.map_or(v, |lo| v + lo);
     let t = plus_lo(hi).mul_add(c(LOG2E), c(SHIFT));
     let n = t - c(SHIFT);
     let r = plus_lo(n.mul_add(c(-LN2_LO), n.mul_add(c(-LN2_HI), hi)));
-    // e^r on |r| <= ln2 / 2 (Cephes' coefficients).
-    let p = horner(r, [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5]);
+    let p = horner(r, EXP_POLY);
     // Not fused: `p.mul_add(r * r, r)` took the worst error over all f32 from 0.98 ulp to 1.01.
     (p * (r * r) + r + c(1.0), t)
 }
+
+/// ln 2 in two parts: `LN2_HI` has 9 significant bits, so `n * LN2_HI` is exact for the
+/// `|n| <= 217` used here, and `x - n * LN2_HI` is exact too (Cody and Waite).
+const LN2_HI: f32 = 0.693_359_4;
+/// `ln 2 - LN2_HI`.
+const LN2_LO: f32 = -2.121_944_4e-4;
+
+/// `(e^r - 1 - r) / r^2` on `|r| <= ln 2 / 2`, for Horner's rule (Cephes' coefficients).
+const EXP_POLY: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
 
 /// 1.5 * 2^23: adding it rounds to an integer `n` (in the default rounding mode), which the
 /// low bits of the sum then hold: `(n + SHIFT).to_bits() == SHIFT.to_bits() + n`.
@@ -215,23 +221,36 @@ pub(crate) fn gelu<V: Lanes>(x: V) -> V {
     V::select(x.lt(c(-EDGE)), x * c(0.0), g)
 }
 
-/// `tanh(x)`, as Cephes' `tanhf`: an odd polynomial of degree 11 for `|x| <= 0.625`, and
-/// `1 - 2 / (e^(2|x|) + 1)` beyond (1 from `|x|` about 9.02, where the fraction is below half an
-/// ulp of 1); the sign of `x` last, so that `tanh(-0)` is -0.
+/// `tanh(x)` as `y / (y + 2)` with `y = e^(2|x|) - 1`, the sign of `x` last (so that
+/// `tanh(-0)` is -0). `y` is `2^n q + (2^n - 1)` in one rounding, with `q = e^r - 1` the
+/// polynomial of [`exp_parts`] without its `+ 1` (`r = 2|x| - n ln 2`, `|r| <= ln 2 / 2`): near
+/// 0, `n` is 0, `r` is `2|x|` exactly and `y` keeps its relative accuracy, so one formula serves
+/// every argument. `2|x|` stops at 20, from where the result rounds to 1 (`2 / (e^20 + 1)` is
+/// below half an ulp of 1). An error in `y` reaches the result damped by `2 / (y + 2)`.
 #[inline(always)]
 pub(crate) fn tanh<V: Lanes>(x: V) -> V {
     let c = V::splat;
     let a = x.abs();
-    let z = a * a;
-    let small = (horner(z, [-5.704_988_7e-3, 2.063_908_8e-2, -5.373_971_5e-2, 1.333_144_2e-1, -3.333_328e-1]) * z)
-        .mul_add(a, a);
-    // `2 / (e^20 + 1)` is below half an ulp of 1, so `large` rounds to 1 from |x| = 10 whatever
-    // the argument: it stops at 20, and `2^n` (n <= 29) is one normal number.
-    let (e, k) = exp_parts((a + a).clamp(0.0, 20.0), None);
-    let large = c(1.0) - c(2.0) / (e.scale_by_normal_pow2(k) + c(1.0));
-    // NaN fails the comparison and keeps the polynomial's NaN.
-    let t = V::select(a.gt(c(0.625)), large, small);
-    t.copysign(x)
+    let d = (a + a).clamp(0.0, 20.0);
+    let (q, t) = exp_minus_1_parts(d);
+    // 2^n, n in [0, 29]: `2^n - 1` is exact up to n = 24 and within half an ulp of 2^n - 1
+    // beyond, where it is 2^-5 of an ulp of `y` at most.
+    let p = c(1.0).scale_by_normal_pow2(t);
+    let y = p.mul_add(q, p - c(1.0));
+    (y / (y + c(2.0))).copysign(x)
+}
+
+/// `e^x - 1` as `(q, t)` with `e^x - 1 = 2^n q + (2^n - 1)`: `q = e^r - 1` on `|r| <= ln 2 / 2`
+/// (the polynomial of [`exp_parts`], without its `+ 1`, so that `q` keeps its relative
+/// accuracy near 0), and `t` holding `n` as in [`exp_parts`]; for `x` in `[0, 89]`.
+#[inline(always)]
+fn exp_minus_1_parts<V: Lanes>(x: V) -> (V, V) {
+    let c = V::splat;
+    let t = x.mul_add(c(core::f32::consts::LOG2_E), c(SHIFT));
+    let n = t - c(SHIFT);
+    let r = n.mul_add(c(-LN2_LO), n.mul_add(c(-LN2_HI), x));
+    let p = horner(r, EXP_POLY);
+    (p.mul_add(r * r, r), t)
 }
 
 /// `ln(x)`, as Cephes' `logf`: `x = m 2^e` with `m` in `[√½, √2)`, `ln(m)` by a polynomial of
@@ -328,7 +347,7 @@ mod tests {
         ("sigmoid", sigmoid, |x| 1.0 / (1.0 + (-f64::from(x)).exp()), 3.0),
         ("exp", exp, |x| f64::from(x).exp(), 1.0),
         ("gelu", gelu, gelu_exact, 6.0),
-        ("tanh", tanh, |x| f64::from(x).tanh(), 2.0),
+        ("tanh", tanh, |x| f64::from(x).tanh(), 2.5),
         ("ln", ln, |x| f64::from(x).ln(), 1.0),
         ("silu", silu, |x| f64::from(x) / (1.0 + (-f64::from(x)).exp()), 4.0),
         ("gelu_tanh", gelu_tanh, |x| f64::from(x) / (1.0 + (-two_u(x)).exp()), 3.0),
