@@ -5,8 +5,15 @@
 //! their sums do not stall (in f16, `2048 + 1` is 2048: a 4096-element row of zeros summed in
 //! f16 gave 1/2048 for each element, in bf16 1/256). The maximum and the sum run in 16
 //! independent lanes and `exp` is [`vmath::exp`](crate::tensor::vmath), so that the compiler
-//! vectorises all three passes; the row loop is compiled for the CPU's widest vector extension.
+//! vectorises every pass; the row loop is compiled for the CPU's widest vector extension, and
+//! where the CPU has AVX-512 the exponentials of a row go through the blocks of
+//! [`vmath::avx512`](crate::tensor::vmath::avx512), four vectors side by side (the same bits).
+//! Each exponential is then multiplied by `1 / sum`, as PyTorch's kernel does: one division a
+//! row instead of one an element, and PyTorch's two roundings. On the 12x256x256 attention
+//! scores of a GPT-2 block (Emerald Rapids, 1 thread, medians of 12 alternated runs), the
+//! blocks and the product took f32 softmax from 0.63 to 0.51 ms and bf16 from 0.80 to 0.68.
 
+use core::any::TypeId;
 use core::mem::MaybeUninit;
 
 use crate::tensor::dtype::match_float;
@@ -18,40 +25,72 @@ use crate::tensor::{Result, Tensor, TensorError};
 
 use super::isa::{self, vectorised};
 use super::lanes;
+use super::switch::avx512_blocks_enabled;
 
 /// Rows up to this long keep their exponentials in a scratch row (64 KiB of f32, in L2);
 /// longer ones compute each exponential twice rather than allocate scratch as large as the row.
 const SCRATCH: usize = 16 << 10;
 
-/// One row, with `tmp` as scratch (see [`SCRATCH`]).
+/// One row, with `tmp` as scratch (see [`SCRATCH`]); `blocks`: the exponentials of an `f32`
+/// scratch row go through the AVX-512 blocks ([`exp_in_place`]).
 #[inline(always)]
-fn row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C]) {
+fn row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], blocks: bool) {
     // NaN anywhere makes the maximum NaN, and with it the whole row, as in PyTorch.
     let m = lanes(src, T::C::LOWEST, T::to_op, Num::maximum);
     let e = |x: T| Float::exp(Num::sub(x.to_op(), m));
     if let Some(tmp) = tmp.get_mut(..src.len()) {
-        for (t, &x) in tmp.iter_mut().zip(src) {
-            *t = e(x);
+        if blocks {
+            for (t, &x) in tmp.iter_mut().zip(src) {
+                *t = Num::sub(x.to_op(), m);
+            }
+            exp_in_place(tmp);
+        } else {
+            for (t, &x) in tmp.iter_mut().zip(src) {
+                *t = e(x);
+            }
         }
-        let total = lanes(tmp, T::C::ZERO, |v| v, Num::add);
+        let scale = Float::div(T::C::ONE, lanes(tmp, T::C::ZERO, |v| v, Num::add));
         for (d, &v) in dst.iter_mut().zip(tmp.iter()) {
-            d.write(T::from_op(Float::div(v, total)));
+            d.write(T::from_op(Num::mul(v, scale)));
         }
     } else {
-        let total = lanes(src, T::C::ZERO, e, Num::add);
+        let scale = Float::div(T::C::ONE, lanes(src, T::C::ZERO, e, Num::add));
         for (d, &x) in dst.iter_mut().zip(src) {
-            d.write(T::from_op(Float::div(e(x), total)));
+            d.write(T::from_op(Num::mul(e(x), scale)));
         }
+    }
+}
+
+/// `tmp[i] = e^tmp[i]`, through the AVX-512 blocks of
+/// [`vmath::avx512`](crate::tensor::vmath::avx512) (four vectors side by side, the same bits as
+/// [`Float::exp`]); only for `f32` scratch, where the CPU has AVX-512 and the blocks are on
+/// (the `blocks` of [`row`]).
+#[inline(always)]
+fn exp_in_place<C: Float>(tmp: &mut [C]) {
+    #[cfg(target_arch = "x86_64")]
+    if TypeId::of::<C>() == TypeId::of::<f32>() {
+        use crate::tensor::vmath::{Func, avx512};
+        // SAFETY: `C` is `f32`, so `tmp` is `tmp.len()` readable and writable `f32`s, read and
+        // written in place; `row` is told `blocks` only where the CPU has AVX-512 F, BW and VL
+        // (`avx512_blocks_enabled`).
+        unsafe { avx512::run(Func::Exp, tmp.as_ptr().cast(), tmp.as_mut_ptr().cast(), tmp.len()) };
+        return;
+    }
+    for t in tmp {
+        *t = Float::exp(*t);
     }
 }
 
 /// Every row of `len` elements of `src` into `dst`, split across the kernel threads by rows.
 fn rows<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], len: usize) {
+    // f32 scratch rows (f16, bf16 and f32 tensors) take the AVX-512 blocks for their
+    // exponentials where they are on.
+    let blocks = TypeId::of::<T::C>() == TypeId::of::<f32>() && avx512_blocks_enabled();
     let run = |first: usize, part: &mut [MaybeUninit<T>]| {
         let mut tmp = vec![T::C::ZERO; len.min(SCRATCH)];
         vectorised!(isa::detected(), {
             for (s, d) in src[first..first + part.len()].chunks(len).zip(part.chunks_mut(len)) {
-                row(s, d, &mut tmp);
+                row(s, d, &mut tmp, blocks);
             }
         });
     };
@@ -66,7 +105,8 @@ fn rows<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], len: usize) {
 
 impl Tensor {
     /// `exp(x - max) / sum(exp(x - max))` along `dim` (floating-point tensors), computed in
-    /// `f32` for `f16`/`bf16`/`f32` (in `f64` for `f64`) and rounded once, as in PyTorch.
+    /// `f32` for `f16`/`bf16`/`f32` (in `f64` for `f64`) as PyTorch computes it, each
+    /// exponential multiplied by `1 / sum`, and rounded once.
     ///
     /// ```
     /// use tensormem::tensor::{DType, Tensor};
