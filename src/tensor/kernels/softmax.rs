@@ -9,9 +9,11 @@
 //! where the CPU has AVX-512 the exponentials of a row go through the blocks of
 //! [`vmath::avx512`](crate::tensor::vmath::avx512), four vectors side by side (the same bits).
 //! Each exponential is then multiplied by `1 / sum`, as PyTorch's kernel does: one division a
-//! row instead of one an element, and PyTorch's two roundings. On the 12x256x256 attention
-//! scores of a GPT-2 block (Emerald Rapids, 1 thread, medians of 12 alternated runs), the
-//! blocks and the product took f32 softmax from 0.63 to 0.51 ms and bf16 from 0.80 to 0.68.
+//! row instead of one an element, and PyTorch's two roundings. bf16 rows are rounded 32 at a
+//! time by `vcvtne2ps2bf16` where the CPU has AVX512-BF16 (the same bits). On the 12x256x256
+//! attention scores of a GPT-2 block (Emerald Rapids, 1 thread, medians of 12 alternated
+//! runs), the blocks and the product took f32 softmax from 0.63 to 0.51 ms and bf16 from 0.80
+//! to 0.68; the bf16 rounding then took bf16 from 0.59 to 0.52 (1.24x the f32 time to 1.11x).
 
 use core::any::TypeId;
 use core::mem::MaybeUninit;
@@ -27,29 +29,57 @@ use super::isa::{self, vectorised};
 use super::lanes;
 use super::switch::avx512_blocks_enabled;
 
+/// Whether the CPU has AVX512-BF16's rounding, for [`Route::BlocksBf16`].
+fn bf16_conversion() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    let has = crate::tensor::vmath::avx512::bf16_conversion();
+    #[cfg(not(target_arch = "x86_64"))]
+    let has = false;
+    has
+}
+
 /// Rows up to this long keep their exponentials in a scratch row (64 KiB of f32, in L2);
 /// longer ones compute each exponential twice rather than allocate scratch as large as the row.
 const SCRATCH: usize = 16 << 10;
 
-/// One row, with `tmp` as scratch (see [`SCRATCH`]); `blocks`: the exponentials of an `f32`
-/// scratch row go through the AVX-512 blocks ([`exp_in_place`]).
+/// How [`row`] computes a row that fits its scratch row, each way with the same bits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Every pass a loop the compiler vectorises.
+    Loops,
+    /// The exponentials of an `f32` scratch row through the AVX-512 blocks ([`exp_in_place`]).
+    Blocks,
+    /// As `Blocks`, for bf16 rows on a CPU with AVX512-BF16: the results are multiplied in
+    /// the scratch row, then rounded 32 at a time by `vcvtne2ps2bf16`
+    /// ([`narrow_bf16`](crate::tensor::vmath::avx512::narrow_bf16)).
+    BlocksBf16,
+}
+
+/// One row, with `tmp` as scratch (see [`SCRATCH`]), by `route`.
 #[inline(always)]
-fn row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], blocks: bool) {
+fn row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], route: Route) {
     // NaN anywhere makes the maximum NaN, and with it the whole row, as in PyTorch.
     let m = lanes(src, T::C::LOWEST, T::to_op, Num::maximum);
     let e = |x: T| Float::exp(Num::sub(x.to_op(), m));
     if let Some(tmp) = tmp.get_mut(..src.len()) {
-        if blocks {
+        if route == Route::Loops {
+            for (t, &x) in tmp.iter_mut().zip(src) {
+                *t = e(x);
+            }
+        } else {
             for (t, &x) in tmp.iter_mut().zip(src) {
                 *t = Num::sub(x.to_op(), m);
             }
             exp_in_place(tmp);
-        } else {
-            for (t, &x) in tmp.iter_mut().zip(src) {
-                *t = e(x);
-            }
         }
         let scale = Float::div(T::C::ONE, lanes(tmp, T::C::ZERO, |v| v, Num::add));
+        if route == Route::BlocksBf16 {
+            for v in tmp.iter_mut() {
+                *v = Num::mul(*v, scale);
+            }
+            narrow_bf16(tmp, dst);
+            return;
+        }
         for (d, &v) in dst.iter_mut().zip(tmp.iter()) {
             d.write(T::from_op(Num::mul(v, scale)));
         }
@@ -64,15 +94,15 @@ fn row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], block
 /// `tmp[i] = e^tmp[i]`, through the AVX-512 blocks of
 /// [`vmath::avx512`](crate::tensor::vmath::avx512) (four vectors side by side, the same bits as
 /// [`Float::exp`]); only for `f32` scratch, where the CPU has AVX-512 and the blocks are on
-/// (the `blocks` of [`row`]).
+/// ([`Route::Blocks`], [`Route::BlocksBf16`]).
 #[inline(always)]
 fn exp_in_place<C: Float>(tmp: &mut [C]) {
     #[cfg(target_arch = "x86_64")]
     if TypeId::of::<C>() == TypeId::of::<f32>() {
         use crate::tensor::vmath::{Func, avx512};
         // SAFETY: `C` is `f32`, so `tmp` is `tmp.len()` readable and writable `f32`s, read and
-        // written in place; `row` is told `blocks` only where the CPU has AVX-512 F, BW and VL
-        // (`avx512_blocks_enabled`).
+        // written in place; `rows` chooses a route through here only where the CPU has
+        // AVX-512 F, BW and VL (`avx512_blocks_enabled`).
         unsafe { avx512::run(Func::Exp, tmp.as_ptr().cast(), tmp.as_mut_ptr().cast(), tmp.len()) };
         return;
     }
@@ -81,16 +111,41 @@ fn exp_in_place<C: Float>(tmp: &mut [C]) {
     }
 }
 
+/// `dst[i] = tmp[i]` rounded to `T`, for `T` bf16 and `C` `f32` on a CPU with AVX512-BF16 (the
+/// [`Route::BlocksBf16`] of [`row`]): the bits of `T::from_op`, 32 at a time.
+#[inline(always)]
+fn narrow_bf16<T: Opmath>(tmp: &[T::C], dst: &mut [MaybeUninit<T>]) {
+    #[cfg(target_arch = "x86_64")]
+    if TypeId::of::<T>() == TypeId::of::<half::bf16>() && TypeId::of::<T::C>() == TypeId::of::<f32>() {
+        let n = tmp.len().min(dst.len());
+        // SAFETY: `T` is bf16 (a `u16`) and `T::C` is `f32` (checked above): `tmp` holds `n`
+        // readable `f32`s and `dst` `n` writable bf16, in separate allocations; `rows`
+        // chooses `Route::BlocksBf16` only where the CPU has AVX512-BF16, AVX-512 DQ and the
+        // blocks' features (`bf16_conversion`, `avx512_blocks_enabled`).
+        unsafe { crate::tensor::vmath::avx512::narrow_bf16(tmp.as_ptr().cast(), dst.as_mut_ptr().cast(), n) };
+        return;
+    }
+    for (d, &v) in dst.iter_mut().zip(tmp) {
+        d.write(T::from_op(v));
+    }
+}
+
 /// Every row of `len` elements of `src` into `dst`, split across the kernel threads by rows.
 fn rows<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], len: usize) {
     // f32 scratch rows (f16, bf16 and f32 tensors) take the AVX-512 blocks for their
-    // exponentials where they are on.
-    let blocks = TypeId::of::<T::C>() == TypeId::of::<f32>() && avx512_blocks_enabled();
+    // exponentials where they are on, and bf16 rows AVX512-BF16's rounding where it is there.
+    let route = if TypeId::of::<T::C>() != TypeId::of::<f32>() || !avx512_blocks_enabled() {
+        Route::Loops
+    } else if TypeId::of::<T>() == TypeId::of::<half::bf16>() && bf16_conversion() {
+        Route::BlocksBf16
+    } else {
+        Route::Blocks
+    };
     let run = |first: usize, part: &mut [MaybeUninit<T>]| {
         let mut tmp = vec![T::C::ZERO; len.min(SCRATCH)];
         vectorised!(isa::detected(), {
             for (s, d) in src[first..first + part.len()].chunks(len).zip(part.chunks_mut(len)) {
-                row(s, d, &mut tmp, blocks);
+                row(s, d, &mut tmp, route);
             }
         });
     };

@@ -250,7 +250,7 @@ unsafe fn blocks_of<const F: u8, const E: u8>(x: *const u8, o: *mut u8, n: usize
 /// The CPU has AVX512-BF16's conversion (`vcvtne2ps2bf16`) and AVX-512 DQ's `vfpclassps`,
 /// which [`store_pair_bf16`] uses (every CPU with the first has the second). Switched off
 /// with the blocks ([`set_avx512_blocks`](crate::tensor::set_avx512_blocks)), not apart.
-fn bf16_conversion() -> bool {
+pub(crate) fn bf16_conversion() -> bool {
     is_x86_feature_detected!("avx512bf16") && is_x86_feature_detected!("avx512dq")
 }
 
@@ -362,6 +362,31 @@ unsafe fn blocks_in<const F: u8, const E: u8>(x: *const u8, o: *mut u8, n: usize
         let r = apply::<F, _>(Zmm([v]));
         // SAFETY: the lanes of `m` only, writable as above.
         unsafe { store::<E>(o, i, m, r.0[0]) };
+        i += 16;
+    }
+}
+
+/// `o[i] = x[i]` rounded to bf16 for `i < n`, with the bits of
+/// [`HalfFloat::narrow`](crate::tensor::halfconv::HalfFloat): 32 at a time by
+/// [`store_pair_bf16`], the last ones under a mask in integer arithmetic ([`store`]).
+///
+/// # Safety
+/// The CPU has AVX-512 F, BW, VL and DQ and AVX512-BF16 ([`bf16_conversion`]); `x` is
+/// readable for `n` `f32`s and `o` writable for `n` bf16, apart from it.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")]
+pub(crate) unsafe fn narrow_bf16(x: *const f32, o: *mut u16, n: usize) {
+    let mut i = 0;
+    while n - i >= 32 {
+        // SAFETY: `i + 32 <= n`: 32 readable `f32`s and 32 writable bf16 (the caller's
+        // promise); unaligned loads; the CPU has `store_pair_bf16`'s features.
+        unsafe { store_pair_bf16(o.cast(), i, _mm512_loadu_ps(x.add(i)), _mm512_loadu_ps(x.add(i + 16))) };
+        i += 32;
+    }
+    while i < n {
+        let m: __mmask16 = if n - i >= 16 { u16::MAX } else { (1u16 << (n - i)) - 1 };
+        // SAFETY: the lanes of `m` are elements below `n`, readable and writable; masked loads
+        // and stores touch no other lane.
+        unsafe { store::<BF16>(o.cast(), i, m, _mm512_maskz_loadu_ps(m, x.add(i))) };
         i += 16;
     }
 }
