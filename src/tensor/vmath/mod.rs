@@ -233,8 +233,8 @@ pub(crate) fn tanh<V: Lanes>(x: V) -> V {
     let a = x.abs();
     let d = (a + a).clamp(0.0, 20.0);
     let (q, t) = exp_minus_1_parts(d);
-    // 2^n, n in [0, 29]: `2^n - 1` is exact up to n = 24 and within half an ulp of 2^n - 1
-    // beyond, where it is 2^-5 of an ulp of `y` at most.
+    // 2^n, n in [0, 29]: `2^n - 1` is exact up to n = 24; beyond, its rounding error (at most
+    // 1) reaches the result damped by `2 / (y + 2)`, below 2^-23 there.
     let p = c(1.0).scale_by_normal_pow2(t);
     let y = p.mul_add(q, p - c(1.0));
     (y / (y + c(2.0))).copysign(x)
