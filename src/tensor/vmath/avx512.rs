@@ -304,6 +304,12 @@ unsafe fn store<const E: u8>(o: *mut u8, i: usize, m: __mmask16, v: __m512) {
     }
 }
 
+/// The mask of the first `min(left, 16)` lanes, for a loop's last, partial vector.
+#[inline(always)]
+fn first_lanes(left: usize) -> __mmask16 {
+    if left >= 16 { u16::MAX } else { (1u16 << left) - 1 }
+}
+
 /// [`run_as`] for function `F` on elements of kind `E`, compiled for AVX-512.
 ///
 /// # Safety
@@ -355,7 +361,7 @@ unsafe fn blocks_in<const F: u8, const E: u8>(x: *const u8, o: *mut u8, n: usize
         i += 64;
     }
     while i < n {
-        let m: __mmask16 = if n - i >= 16 { u16::MAX } else { (1u16 << (n - i)) - 1 };
+        let m = first_lanes(n - i);
         // SAFETY: a masked load reads only the lanes of `m`, elements below `n`; the others
         // are 0 and are not stored.
         let v = unsafe { load::<E>(x, i, m) };
@@ -383,7 +389,7 @@ pub(crate) unsafe fn narrow_bf16(x: *const f32, o: *mut u16, n: usize) {
         i += 32;
     }
     while i < n {
-        let m: __mmask16 = if n - i >= 16 { u16::MAX } else { (1u16 << (n - i)) - 1 };
+        let m = first_lanes(n - i);
         // SAFETY: the lanes of `m` are elements below `n`, readable and writable; masked loads
         // and stores touch no other lane.
         unsafe { store::<BF16>(o.cast(), i, m, _mm512_maskz_loadu_ps(m, x.add(i))) };
