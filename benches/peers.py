@@ -62,6 +62,7 @@ WORKLOADS = [
     ("softmax_bf16", "softmax 12x256x256, bf16"),
     ("to_bf16", "1024x3072 f32 to bf16"),
     ("from_bf16", "1024x3072 bf16 to f32"),
+    ("log_softmax", "log_softmax 16x50257 logits, last dim"),
 ]
 if ARGS.workloads:
     WORKLOADS = [w for w in WORKLOADS if w[0] in ARGS.workloads.split(",")]
@@ -72,7 +73,7 @@ T = {k: torch.rand(s, generator=g) for k, s in
      {"a": [N], "b": [N], "out": [N], "m": [2048, 2048], "m2": [2048, 2048], "row": [2048], "x": [512, 512], "y": [512, 512]}.items()}
 T.update({k: torch.rand(s, generator=g) for k, s in
           {"h": [1024, 768], "w768": [768], "b768": [768], "mlp": [1024, 3072], "scores": [12, 256, 256],
-           "table": [50257, 768], "cache": [12, 1023, 64], "new_kv": [12, 1, 64]}.items()})
+           "table": [50257, 768], "cache": [12, 1023, 64], "new_kv": [12, 1, 64], "logits": [16, 50257]}.items()})
 T["zeros"] = torch.zeros(12, 256, 256)
 T["causal"] = torch.arange(256).unsqueeze(0) > torch.arange(256).unsqueeze(1)
 T["ids"] = torch.arange(1024) * 49 % 50257
@@ -88,6 +89,7 @@ for k in ("x", "y"):
     NP[k + "16"] = NP[k].astype(np.float16)
 for k in ("a", "b"):
     T[k + "16"], T[k + "b"] = T[k].to(torch.float16), T[k].to(torch.bfloat16)
+    NP[k + "16"] = NP[k].astype(np.float16)
 for k in ("h", "w768", "b768", "mlp", "scores"):
     T[k + "b"] = T[k].to(torch.bfloat16)
     NP[k + "16"] = NP[k].astype(np.float16)
@@ -129,6 +131,7 @@ TORCH = {
     "softmax_bf16": lambda t: t["scoresb"].softmax(-1),
     "to_bf16": lambda t: t["mlp"].to(torch.bfloat16),
     "from_bf16": lambda t: t["mlpb"].float(),
+    "log_softmax": lambda t: t["logits"].log_softmax(-1),
 }
 NUMPY = {
     "add": lambda t: t["a"] + t["b"],

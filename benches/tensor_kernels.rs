@@ -36,7 +36,8 @@
 //! 10. The element-wise and row ops of a GPT-2 block (`transformer_ops_1t`), at 1 thread,
 //!     beside a copy of the 12 MB of a 1024x3072 activation: GELU of that activation in f32,
 //!     bf16 and f16, its tanh approximation, `silu`, `exp`, `sigmoid`, `tanh` and `log` (of its
-//!     absolute value) of it, softmax of 12x256x256 attention scores, and
+//!     absolute value) of it, softmax of 12x256x256 attention scores, `log_softmax` of 16 rows
+//!     of next-token logits over GPT-2's 50257-token vocabulary, and
 //!     `layer_norm` / `rms_norm` of 1024x768 with a weight (and a bias); and GELU, its tanh
 //!     form, `silu`, `tanh`, `log` and bf16 GELU on the AVX-512 blocks beside the one-vector loop
 //!     (`set_avx512_blocks`), call by call (`*_blocks_beside_one_vector`).
@@ -570,6 +571,7 @@ fn transformer_ops(c: &mut Criterion) {
     let (xb, xh) = (x.to_dtype(DType::BF16).unwrap(), x.to_dtype(DType::F16).unwrap());
     let positive = x.abs().unwrap();
     let scores = Tensor::randn(&[12, 256, 256], default_opts(14)).unwrap();
+    let logits = Tensor::randn(&[16, 50257], default_opts(18)).unwrap();
     let h = Tensor::randn(&[1024, 768], default_opts(15)).unwrap();
     let (w, b) = (Tensor::rand(&[768], default_opts(16)).unwrap(), Tensor::rand(&[768], default_opts(17)).unwrap());
     // The activation's 12 MB, read and written.
@@ -586,6 +588,7 @@ fn transformer_ops(c: &mut Criterion) {
     bench(&mut g, name, "tanh", || x.tanh().unwrap());
     bench(&mut g, name, "log", || positive.log().unwrap());
     bench(&mut g, name, "softmax_12x256x256", || scores.softmax(-1).unwrap());
+    bench(&mut g, name, "log_softmax_16x50257", || logits.log_softmax(-1).unwrap());
     bench(&mut g, name, "layer_norm_1024x768", || h.layer_norm(&[768], Some(&w), Some(&b), 1e-5).unwrap());
     bench(&mut g, name, "rms_norm_1024x768", || h.rms_norm(&[768], Some(&w), None).unwrap());
     // The AVX-512 blocks (the default where the CPU has AVX-512) beside the one-vector loop,

@@ -18,7 +18,9 @@
 //! by a causal 256x256 mask, `where` of the mask between them and a zero tensor, `embedding`
 //! (1024 token ids into a 50257x768 table) and `cat_kv` (a 12x1023x64 key cache grown by one
 //! position); `layer_norm_bf16`, `gelu_bf16`, `silu_bf16` and `softmax_bf16`, those ops on bf16
-//! operands; `to_bf16` and `from_bf16`, the 1024x3072 activation converted to bf16 and back.
+//! operands; `to_bf16` and `from_bf16`, the 1024x3072 activation converted to bf16 and back;
+//! `log_softmax`, the log-probabilities of 16 rows of next-token logits over GPT-2's 50257-token
+//! vocabulary (a beam search's step).
 //!
 //! ```text
 //! cargo build --release --example peers
@@ -53,6 +55,7 @@ struct Data {
     b768: Tensor,
     mlp: Tensor,
     scores: Tensor,
+    logits: Tensor,
     causal: Tensor,
     zeros: Tensor,
     table: Tensor,
@@ -108,6 +111,7 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "softmax_bf16" => drop(black_box(d.block_bf16[4].softmax(-1)?)),
         "to_bf16" => drop(black_box(d.mlp.to_dtype(DType::BF16)?)),
         "from_bf16" => drop(black_box(d.block_bf16[3].to_dtype(DType::F32)?)),
+        "log_softmax" => drop(black_box(d.logits.log_softmax(-1)?)),
         _ => panic!("unknown workload {workload:?}"),
     }
     Ok(())
@@ -138,6 +142,7 @@ fn main() -> Result<()> {
         b768: rand(&[768])?,
         mlp: rand(&[1024, 3072])?,
         scores: rand(&[12, 256, 256])?,
+        logits: rand(&[16, 50257])?,
         // True above the diagonal: the future positions a causal mask hides.
         causal: {
             let pos = Tensor::arange(0.0, 256.0, 1.0, DType::I64)?;

@@ -195,7 +195,7 @@ def gen():
             sizes.append(x)
             rem = max(1, rem // x)
         d = R.choice(FLOATS + ["i32", "i64", "u8"])
-        op = R.choice(["add", "mul_", "add_out", "sum", "sum_dim", "mean_dim", "max_dim", "argmax", "argmax_dim", "softmax", "layer_norm", "rms_norm", "cat", "contiguous", "to_dtype", "where", "index_select", "masked_fill_", "gelu", "exp_", "matmul"])
+        op = R.choice(["add", "mul_", "add_out", "sum", "sum_dim", "mean_dim", "max_dim", "argmax", "argmax_dim", "softmax", "log_softmax", "layer_norm", "rms_norm", "cat", "contiguous", "to_dtype", "where", "index_select", "masked_fill_", "gelu", "exp_", "matmul"])
         x = tensor_spec(sizes, d, False)
         ndim = len(sizes)
         dim = R.randint(-ndim, ndim - 1)
@@ -207,7 +207,7 @@ def gen():
             return {"op": op, "inputs": ins, "args": {}}
         if op in ("sum_dim", "mean_dim", "max_dim", "argmax_dim"):
             return {"op": op, "inputs": [x], "args": {"dim": dim, "keepdim": R.random() < 0.5}}
-        if op == "softmax":
+        if op in ("softmax", "log_softmax"):
             x["dtype"] = R.choice(FLOATS)
             return {"op": op, "inputs": [x], "args": {"dim": dim}}
         if op in ("layer_norm", "rms_norm"):
@@ -340,7 +340,7 @@ def gen():
     if k == "softmax":
         s0 = rshape()
         nd = max(len(s0), 1)
-        return {"op": "softmax", "inputs": [tensor_spec(s0, R.choice(dts))], "args": {"dim": R.randint(-nd, nd - 1)}}
+        return {"op": R.choice(["softmax", "log_softmax"]), "inputs": [tensor_spec(s0, R.choice(dts))], "args": {"dim": R.randint(-nd, nd - 1)}}
     if k == "norm":
         s0 = rshape(R.choice([1, 2, 3]))
         j = R.randint(0, len(s0))
@@ -433,7 +433,7 @@ def gen():
         ext = lambda: R.choice(big + [-(2**63), -(2**62), 2**63 - 1, -1, 0, 1, 5])
         rd = lambda: R.randint(-nd, nd - 1)
         op = R.choice(["slice", "narrow", "chunk", "split", "select", "expand", "broadcast_to", "reshape", "view", "flatten", "unsqueeze",
-                       "squeeze", "permute", "t", "contiguous", "sum", "sum_dim", "max_dim", "argmax_dim", "softmax", "add", "neg", "to_dtype",
+                       "squeeze", "permute", "t", "contiguous", "sum", "sum_dim", "max_dim", "argmax_dim", "softmax", "log_softmax", "add", "neg", "to_dtype",
                        "display", "matmul", "cat", "stack", "index_select", "where", "masked_fill", "layer_norm", "size", "copy_", "mean"])
         args = {}
         ins = [x]
@@ -464,7 +464,7 @@ def gen():
             zeros = [j for j, z in enumerate(sizes) if z == 0]
             others = [j for j in range(nd) if j != zeros[0]] if len(zeros) == 1 else list(range(nd))
             args = {"dim": R.choice(others or [0]), "keepdim": R.random() < 0.5}
-        elif op == "softmax":
+        elif op in ("softmax", "log_softmax"):
             x["dtype"] = R.choice(FLOATS)
             args = {"dim": rd()}
         elif op in ("add", "where", "copy_"):
@@ -749,6 +749,8 @@ def t_run(case):
         return one(f(x, a["dim"], keepdim=a["keepdim"]))
     if op == "softmax":
         return one(torch.softmax(x, a["dim"]))
+    if op == "log_softmax":
+        return one(torch.log_softmax(x, a["dim"]))
     if op == "layer_norm":
         return one(torch.nn.functional.layer_norm(x, a["shape"], ins[1] if len(ins) > 1 else None, ins[2] if len(ins) > 2 else None, a["eps"]))
     if op == "rms_norm":
@@ -846,7 +848,7 @@ def close(a, b, dt, op):
     if math.isinf(a) or math.isinf(b):
         return a == b
     if dt in TOL:
-        tol = TOL[dt] * (8 if op in ("layer_norm", "rms_norm", "softmax", "matmul", "mean", "mean_dim", "gelu", "pow") or "pow" in op else 2)
+        tol = TOL[dt] * (8 if op in ("layer_norm", "rms_norm", "softmax", "log_softmax", "matmul", "mean", "mean_dim", "gelu", "pow") or "pow" in op else 2)
         return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
     return a == b
 

@@ -227,6 +227,7 @@ fn run(case: &Value) -> Result<Value, String> {
         "min_dim" => one(x.min_dim(i(&a["dim"]), a["keepdim"].as_bool().unwrap()).map_err(e)?),
         "argmax_dim" => one(x.argmax_dim(i(&a["dim"]), a["keepdim"].as_bool().unwrap()).map_err(e)?),
         "softmax" => one(x.softmax(i(&a["dim"])).map_err(e)?),
+        "log_softmax" => one(x.log_softmax(i(&a["dim"])).map_err(e)?),
         "layer_norm" => {
             one(x.layer_norm(&us(&a["shape"]), ins.get(1), ins.get(2), a["eps"].as_f64().unwrap()).map_err(e)?)
         }

@@ -732,12 +732,12 @@ fn activations_give_the_same_bits_on_every_route() {
 }
 
 #[test]
-fn softmax_gives_the_same_bits_with_the_blocks_on_and_off() {
+fn softmax_and_log_softmax_give_the_same_bits_with_the_blocks_on_and_off() {
     // A row's exponentials go through the AVX-512 blocks where they are on (bf16 rows rounded
     // by AVX512-BF16's instruction where the CPU has it), and through the one-vector loop
     // elsewhere: the same bits, in f32, bf16 and f16, for rows around the blocks' 64, 32 and 16
     // elements, along the last dimension and along the first. One row in each runs down to
-    // -120, below the max by more than 87: its smallest results are subnormal, which
+    // -120, below the max by more than 87: its smallest softmax results are subnormal, which
     // `vcvtne2ps2bf16` would flush to zero.
     let bits = |t: &Tensor| -> Vec<u32> {
         let v = t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
@@ -752,19 +752,25 @@ fn softmax_gives_the_same_bits_with_the_blocks_on_and_off() {
         x.select(0, 3).unwrap().copy_(&t32(&ramp, &[len])).unwrap();
         for dt in [DType::F32, DType::BF16, DType::F16] {
             let x = x.to_dtype(dt).unwrap();
-            for dim in [-1, 0] {
-                let on = x.softmax(dim).unwrap();
+            for (dim, log) in [(-1, false), (0, false), (-1, true), (0, true)] {
+                let op = |x: &Tensor| if log { x.log_softmax(dim) } else { x.softmax(dim) }.unwrap();
+                let on = op(&x);
                 set_avx512_blocks(false);
-                let off = x.softmax(dim).unwrap();
+                let off = op(&x);
                 set_avx512_blocks(blocks);
                 assert_eq!(on.dtype(), dt);
                 let (on_bits, off_bits) = (bits(&on), bits(&off));
                 let first = on_bits.iter().zip(&off_bits).position(|(a, b)| a != b);
-                assert!(first.is_none(), "{dt:?}, rows of {len}, dim {dim}: element {first:?} differs");
-                // Each row sums to 1 within its rounding.
-                let sums = on.to_dtype(DType::F64).unwrap().sum_dim(dim, false).unwrap().to_vec::<f64>().unwrap();
+                assert!(first.is_none(), "{dt:?}, rows of {len}, dim {dim}, log {log}: element {first:?} differs");
+                // Each row's probabilities sum to 1 within their rounding.
+                let p = on.to_dtype(DType::F64).unwrap();
+                let p = if log { p.exp().unwrap() } else { p };
+                let sums = p.sum_dim(dim, false).unwrap().to_vec::<f64>().unwrap();
                 let tol = if dt == DType::F32 { 1e-5 } else { 2e-2 };
-                assert!(sums.iter().all(|s| (s - 1.0).abs() < tol), "{dt:?}, rows of {len}, dim {dim}: {sums:?}");
+                assert!(
+                    sums.iter().all(|s| (s - 1.0).abs() < tol),
+                    "{dt:?}, rows of {len}, dim {dim}, log {log}: {sums:?}"
+                );
             }
         }
     }

@@ -316,6 +316,97 @@ fn half_precision_softmax_sums_its_row_in_f32_as_pytorch_does() {
 }
 
 #[test]
+fn log_softmax_gives_pytorchs_answers_at_the_edges() {
+    let f32s = |t: Tensor| t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    let inf = f32::INFINITY;
+    for dt in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+        let ls = |v: &[f32]| {
+            f32s(Tensor::from_slice(v, &[v.len()], DType::F32).unwrap().to_dtype(dt).unwrap().log_softmax(0).unwrap())
+        };
+        // torch.log_softmax of each row, in every float dtype.
+        assert!(ls(&[-inf, -inf]).iter().all(|v| v.is_nan()), "{dt:?}: a row of -inf is NaN");
+        assert_eq!(ls(&[0.0, -inf]), [0.0, -inf], "{dt:?}");
+        assert!(ls(&[inf, 0.0]).iter().all(|v| v.is_nan()), "{dt:?}: inf makes the row NaN");
+        assert!(ls(&[f32::NAN, 0.0]).iter().all(|v| v.is_nan()), "{dt:?}: NaN makes the row NaN");
+        assert_eq!(ls(&[3.0]), [0.0], "{dt:?}");
+        assert_eq!(
+            ls(&[2.0, 2.0, 2.0, 2.0]),
+            [-core::f32::consts::LN_2 * 2.0; 4].map(|v| f32s(Tensor::full(&[1], f64::from(v), dt).unwrap())[0]),
+            "{dt:?}"
+        );
+        // 0-d: its own row.
+        let zero_d = Tensor::full(&[], 5.0, dt).unwrap().log_softmax(-1).unwrap();
+        assert_eq!(zero_d.sizes(), [] as [usize; 0]);
+        assert_eq!(f32s(zero_d), [0.0]);
+        assert!(f32s(Tensor::full(&[], f64::INFINITY, dt).unwrap().log_softmax(0).unwrap())[0].is_nan());
+        // Empty rows and an empty set of rows keep their shape.
+        assert_eq!(Tensor::zeros(&[0, 3], dt).unwrap().log_softmax(1).unwrap().sizes(), [0, 3]);
+        assert_eq!(Tensor::zeros(&[3, 0], dt).unwrap().log_softmax(0).unwrap().sizes(), [3, 0]);
+        assert_eq!(Tensor::zeros(&[2, 3], dt).unwrap().log_softmax(1).unwrap().dtype(), dt);
+    }
+    // (x - max) - ln(sum), in that order: with x near 1e6 (an ulp of 0.0625 there), adding the
+    // maximum and the logarithm first would lose all but 4 bits of the answer.
+    let x = Tensor::from_slice(&[1e6f32, 1e6 + 0.0625], &[2], DType::F32).unwrap();
+    let got = f32s(x.log_softmax(0).unwrap());
+    let l = (1.0 + (-0.0625f64).exp()).ln();
+    let want = [-0.0625 - l, -l];
+    for (g, w) in got.iter().zip(want) {
+        assert!((f64::from(*g) - w).abs() < 1e-6, "{got:?} against {want:?}");
+    }
+    // Errors name the op.
+    let i = Tensor::from_slice(&[1i64, 2], &[2], DType::I64).unwrap();
+    let err = i.log_softmax(0).unwrap_err();
+    assert!(matches!(err, TensorError::UnsupportedDType { op: "log_softmax", .. }), "{err}");
+    assert!(err.to_string().contains("log_softmax needs a floating-point tensor"), "{err}");
+    let err = Tensor::zeros(&[2, 3], DType::F32).unwrap().log_softmax(2).unwrap_err();
+    assert!(err.to_string().starts_with("log_softmax: dimension 2"), "{err}");
+    let err = Tensor::full(&[], 1.0, DType::F32).unwrap().log_softmax(1).unwrap_err();
+    assert!(err.to_string().starts_with("log_softmax: dimension 1"), "{err}");
+}
+
+#[test]
+fn log_softmax_of_half_precision_rows_is_computed_in_f32_and_rounded_once() {
+    // bf16 [0, ln 0.002]: the sum 1.002 is 1 in bf16. PyTorch's CPU kernel along the last
+    // dimension rounds the sum to bf16 first and gives 0 for the first element; rounded once
+    // (PyTorch along other dimensions, and on CUDA) it is -0.002.
+    let v = [0.0, 0.002f64.ln()];
+    let x = Tensor::from_vec(v.to_vec(), &[2], DType::F64).unwrap().to_dtype(DType::BF16).unwrap();
+    let xs = x.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+    let exact = -(1.0 + xs[1].exp()).ln();
+    let first = x.log_softmax(0).unwrap().to_vec::<bf16>().unwrap()[0];
+    assert_eq!(first, bf16::from_f64(exact), "{first} against {exact}");
+    // Along the last dimension and the first, the same answer.
+    let col = x.reshape(&[2, 1]).unwrap().log_softmax(0).unwrap().to_vec::<bf16>().unwrap()[0];
+    assert_eq!(col, first);
+    // Long rows of varied values against the f64 log_softmax of the same (rounded) values:
+    // halves within one unit of their last place, f32 within 4 (its exp, its sum of up to 20000
+    // terms in 16 lanes, its logarithm and two subtractions). 20000 elements is past the
+    // scratch row: the exponentials are computed twice there.
+    for n in [1, 37, 6000, 20000] {
+        let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 / 50.0 - 10.0).collect();
+        for (dt, ulp) in [
+            (DType::F16, 2f64.powi(-10)),
+            (DType::BF16, 2f64.powi(-7)),
+            (DType::F32, 2f64.powi(-21)),
+            (DType::F64, 1e-13),
+        ] {
+            let t = Tensor::from_vec(x.clone(), &[n], DType::F64).unwrap().to_dtype(dt).unwrap();
+            let xs = t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+            let m = xs.iter().cloned().fold(f64::MIN, f64::max);
+            let ls = xs.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+            let got = t.log_softmax(0).unwrap().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+            for (i, (&g, &v)) in got.iter().zip(&xs).enumerate() {
+                let want = (v - m) - ls;
+                assert!(
+                    (g - want).abs() <= want.abs().max(ls) * ulp,
+                    "{dt:?} row of {n}, element {i}: {g} against {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn a_fill_value_the_dtype_cannot_hold_is_refused_as_pytorch_refuses_it() {
     let full = |v: f64, dt| Tensor::full(&[1], v, dt).map(|t| t.to_dtype(DType::F64).unwrap().item::<f64>().unwrap());
     // torch.full((1,), v, dtype=...) in PyTorch 2.15.

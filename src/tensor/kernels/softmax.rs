@@ -1,4 +1,4 @@
-//! `softmax`: `exp(x - max) / sum(exp(x - max))` along one dimension.
+//! `softmax`: `exp(x - max) / sum(exp(x - max))` along one dimension, and `log_softmax`.
 //!
 //! Each row is computed in `f32` (`f64` for `f64` tensors) and rounded once into the output, as
 //! PyTorch's CPU kernel does (its `opmath` type): f16 and bf16 rows are widened first, so that
@@ -14,6 +14,14 @@
 //! attention scores of a GPT-2 block (Emerald Rapids, 1 thread, medians of 12 alternated
 //! runs), the blocks and the product took f32 softmax from 0.63 to 0.51 ms and bf16 from 0.80
 //! to 0.68; the bf16 rounding then took bf16 from 0.59 to 0.52 (1.24x the f32 time to 1.11x).
+//!
+//! `log_softmax` is `(x - max) - ln(sum(exp(x - max)))`, in that order (PyTorch's: adding `max`
+//! and the logarithm first loses the differences when the inputs are large and close), with
+//! the same maximum, exponentials and sum as `softmax`, each element rounded once. PyTorch's
+//! CPU kernel along the last dimension rounds the sum and its logarithm to a bf16 or f16
+//! tensor's dtype before the subtraction (along other dimensions it does not, nor does its CUDA
+//! kernel); here they stay in `f32` along every dimension, so a half-precision result can be
+//! an ulp closer to the exact value than PyTorch's.
 
 use core::any::TypeId;
 use core::mem::MaybeUninit;
@@ -55,7 +63,7 @@ enum Route {
     BlocksBf16,
 }
 
-/// One row, with `tmp` as scratch (see [`SCRATCH`]), by `route`.
+/// One row of `softmax`, with `tmp` as scratch (see [`SCRATCH`]), by `route`.
 #[inline(always)]
 fn row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], route: Route) {
     // NaN anywhere makes the maximum NaN, and with it the whole row, as in PyTorch.
@@ -88,6 +96,38 @@ fn row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], route
         for (d, &x) in dst.iter_mut().zip(src) {
             d.write(T::from_op(Num::mul(e(x), scale)));
         }
+    }
+}
+
+/// One row of `log_softmax`, with `tmp` as scratch, by `route`: `(x - max) - ln(sum)`, the sum
+/// of the same exponentials as [`row`]'s (the loops route sums them as they are computed, in
+/// the same lanes and order, so every route gives the same bits).
+#[inline(always)]
+fn log_row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], route: Route) {
+    let m = lanes(src, T::C::LOWEST, T::to_op, Num::maximum);
+    let shifted = |x: T| Num::sub(x.to_op(), m);
+    let tmp = tmp.get_mut(..src.len()).filter(|_| route != Route::Loops);
+    let sum = if let Some(tmp) = tmp {
+        for (t, &x) in tmp.iter_mut().zip(src) {
+            *t = shifted(x);
+        }
+        exp_in_place(tmp);
+        let sum = lanes(tmp, T::C::ZERO, |v| v, Num::add);
+        if route == Route::BlocksBf16 {
+            let ls = Float::ln(sum);
+            for (t, &x) in tmp.iter_mut().zip(src) {
+                *t = Num::sub(shifted(x), ls);
+            }
+            narrow_bf16(tmp, dst);
+            return;
+        }
+        sum
+    } else {
+        lanes(src, T::C::ZERO, |x| Float::exp(shifted(x)), Num::add)
+    };
+    let ls = Float::ln(sum);
+    for (d, &x) in dst.iter_mut().zip(src) {
+        d.write(T::from_op(Num::sub(shifted(x), ls)));
     }
 }
 
@@ -130,8 +170,9 @@ fn narrow_bf16<T: Opmath>(tmp: &[T::C], dst: &mut [MaybeUninit<T>]) {
     }
 }
 
-/// Every row of `len` elements of `src` into `dst`, split across the kernel threads by rows.
-fn rows<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], len: usize) {
+/// Every row of `len` elements of `src` into `dst` (their `log_softmax` where `log`), split
+/// across the kernel threads by rows.
+fn rows<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], len: usize, log: bool) {
     // f32 scratch rows (f16, bf16 and f32 tensors) take the AVX-512 blocks for their
     // exponentials where they are on, and bf16 rows AVX512-BF16's rounding where it is there.
     let route = if TypeId::of::<T::C>() != TypeId::of::<f32>() || !avx512_blocks_enabled() {
@@ -145,7 +186,11 @@ fn rows<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], len: usize) {
         let mut tmp = vec![T::C::ZERO; len.min(SCRATCH)];
         vectorised!(isa::detected(), {
             for (s, d) in src[first..first + part.len()].chunks(len).zip(part.chunks_mut(len)) {
-                row(s, d, &mut tmp, route);
+                if log {
+                    log_row(s, d, &mut tmp, route);
+                } else {
+                    row(s, d, &mut tmp, route);
+                }
             }
         });
     };
@@ -175,19 +220,55 @@ impl Tensor {
     /// # Errors
     /// [`TensorError::UnsupportedDType`] for non-float tensors; [`TensorError::DimOutOfRange`].
     pub fn softmax(&self, dim: isize) -> Result<Tensor> {
-        let op = "softmax";
+        self.softmax_along(dim, false)
+    }
+
+    /// `(x - max) - ln(sum(exp(x - max)))` along `dim`, the logarithm of [`softmax`]
+    /// (PyTorch's `log_softmax`, for log-probabilities: beam search, a sequence's score, the
+    /// cross-entropy of next-token logits) without its rounding to 0 far below the maximum.
+    /// Computed in `f32` for `f16`/`bf16`/`f32` (in `f64` for `f64`) in PyTorch's order, and
+    /// rounded once. A row holding `inf` or NaN, or only `-inf`, is NaN throughout; a `-inf`
+    /// beside a finite value stays `-inf`.
+    ///
+    /// [`softmax`]: Tensor::softmax
+    ///
+    /// ```
+    /// use tensormem::tensor::{DType, Tensor};
+    ///
+    /// let logits = Tensor::from_vec(vec![0.0f32, 100.0, f32::NEG_INFINITY], &[3], DType::F32)?;
+    /// let lp = logits.log_softmax(0)?.to_vec::<f32>()?;
+    /// // softmax gives e^-100 as a subnormal of 3 significant bits (and 0 below -104): its
+    /// // logarithm is -99.983 (PyTorch gives the same).
+    /// assert_eq!(lp, [-100.0, 0.0, f32::NEG_INFINITY]);
+    /// # Ok::<(), tensormem::tensor::TensorError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`TensorError::UnsupportedDType`] for non-float tensors; [`TensorError::DimOutOfRange`].
+    pub fn log_softmax(&self, dim: isize) -> Result<Tensor> {
+        self.softmax_along(dim, true)
+    }
+
+    /// [`softmax`](Tensor::softmax), or [`log_softmax`](Tensor::log_softmax) where `log`.
+    fn softmax_along(&self, dim: isize, log: bool) -> Result<Tensor> {
+        let op = if log { "log_softmax" } else { "softmax" };
         if !self.dtype().is_floating_point() {
             return Err(TensorError::UnsupportedDType {
                 op,
                 dtype: self.dtype(),
                 shape: self.sizes().to_vec(),
-                hint: "softmax needs a floating-point tensor; convert with to_dtype first",
+                hint: if log {
+                    "log_softmax needs a floating-point tensor; convert with to_dtype first"
+                } else {
+                    "softmax needs a floating-point tensor; convert with to_dtype first"
+                },
             });
         }
         if self.dim() == 0 {
-            // One element, its own row: 1, or NaN for an infinity or NaN, as in PyTorch.
+            // One element, its own row: 1 (0 for log_softmax), or NaN for an infinity or NaN,
+            // as in PyTorch.
             self.wrap_dim(op, dim)?;
-            return self.unsqueeze(0)?.softmax(0)?.squeeze_dim(0);
+            return self.unsqueeze(0)?.softmax_along(0, log)?.squeeze_dim(0);
         }
         let d = self.wrap_dim(op, dim)?;
         let x = self.movedim(d as isize, -1)?.contiguous()?;
@@ -208,7 +289,7 @@ impl Tensor {
                         core::slice::from_raw_parts_mut(y.data_ptr() as *mut MaybeUninit<T>, n),
                     )
                 };
-                rows::<T>(src, dst, len)
+                rows::<T>(src, dst, len, log)
             }, _ => {});
         }
         drop(_g);
