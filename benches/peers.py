@@ -63,6 +63,7 @@ WORKLOADS = [
     ("to_bf16", "1024x3072 f32 to bf16"),
     ("from_bf16", "1024x3072 bf16 to f32"),
     ("log_softmax", "log_softmax 16x50257 logits, last dim"),
+    ("softmax_vocab", "softmax 16x50257 logits, last dim"),
 ]
 if ARGS.workloads:
     WORKLOADS = [w for w in WORKLOADS if w[0] in ARGS.workloads.split(",")]
@@ -132,6 +133,7 @@ TORCH = {
     "to_bf16": lambda t: t["mlp"].to(torch.bfloat16),
     "from_bf16": lambda t: t["mlpb"].float(),
     "log_softmax": lambda t: t["logits"].log_softmax(-1),
+    "softmax_vocab": lambda t: t["logits"].softmax(-1),
 }
 NUMPY = {
     "add": lambda t: t["a"] + t["b"],

@@ -19,8 +19,8 @@
 //! (1024 token ids into a 50257x768 table) and `cat_kv` (a 12x1023x64 key cache grown by one
 //! position); `layer_norm_bf16`, `gelu_bf16`, `silu_bf16` and `softmax_bf16`, those ops on bf16
 //! operands; `to_bf16` and `from_bf16`, the 1024x3072 activation converted to bf16 and back;
-//! `log_softmax`, the log-probabilities of 16 rows of next-token logits over GPT-2's 50257-token
-//! vocabulary (a beam search's step).
+//! `log_softmax` and `softmax_vocab`, the log-probabilities and probabilities of 16 rows of
+//! next-token logits over GPT-2's 50257-token vocabulary (a beam search's or a sampler's step).
 //!
 //! ```text
 //! cargo build --release --example peers
@@ -112,6 +112,7 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "to_bf16" => drop(black_box(d.mlp.to_dtype(DType::BF16)?)),
         "from_bf16" => drop(black_box(d.block_bf16[3].to_dtype(DType::F32)?)),
         "log_softmax" => drop(black_box(d.logits.log_softmax(-1)?)),
+        "softmax_vocab" => drop(black_box(d.logits.softmax(-1)?)),
         _ => panic!("unknown workload {workload:?}"),
     }
     Ok(())

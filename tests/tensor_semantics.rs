@@ -289,9 +289,10 @@ fn half_precision_softmax_sums_its_row_in_f32_as_pytorch_does() {
     }
     // Long rows of varied values against the f64 softmax of the same (rounded) values, rounded
     // once: halves within one unit of their last place (or the smallest subnormal), f32 within
-    // 8 (its exp, its sum of up to 20000 terms in 16 lanes, its reciprocal and product). 20000
-    // elements is past the scratch row: the exponentials are computed twice there.
-    for n in [6000, 20000] {
+    // 8 (its exp, its sum of up to 20011 terms in 16 lanes, its reciprocal and product). 20011
+    // elements is past the 16384-element scratch row: the exponentials are computed twice
+    // there, and the last 11 elements are summed outside the lanes.
+    for n in [6000, 20011] {
         let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 / 100.0 - 5.0).collect();
         let cases = [
             (DType::F16, 2f64.powi(-10), 2f64.powi(-24)),
@@ -379,10 +380,10 @@ fn log_softmax_of_half_precision_rows_is_computed_in_f32_and_rounded_once() {
     let col = x.reshape(&[2, 1]).unwrap().log_softmax(0).unwrap().to_vec::<bf16>().unwrap()[0];
     assert_eq!(col, first);
     // Long rows of varied values against the f64 log_softmax of the same (rounded) values:
-    // halves within one unit of their last place, f32 within 4 (its exp, its sum of up to 20000
-    // terms in 16 lanes, its logarithm and two subtractions). 20000 elements is past the
-    // scratch row: the exponentials are computed twice there.
-    for n in [1, 37, 6000, 20000] {
+    // halves within one unit of their last place, f32 within 4 (its exp, its sum of up to 20011
+    // terms in 16 lanes, its logarithm and two subtractions). 20011 elements is past the
+    // 16384-element scratch row, and the last 11 elements are summed outside the lanes.
+    for n in [1, 37, 6000, 20011] {
         let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 / 50.0 - 10.0).collect();
         for (dt, ulp) in [
             (DType::F16, 2f64.powi(-10)),
