@@ -116,10 +116,23 @@ impl<const M: usize> Lanes for Zmm<M> {
         each!(|k| _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), self.0[k])))
     }
 
+    /// `vminps` (its second operand where either is NaN).
+    #[inline(always)]
+    fn min(self, hi: f32) -> Self {
+        each!(|k| _mm512_min_ps(self.0[k], _mm512_set1_ps(hi)))
+    }
+
     /// `vscalefps`: `self 2^n` rounded once, `n` being `t - SHIFT` (an integer).
     #[inline(always)]
     fn scale_by_pow2(self, t: Self) -> Self {
         let n = t - Self::splat(super::SHIFT);
+        each!(|k| _mm512_scalef_ps(self.0[k], n.0[k]))
+    }
+
+    /// `vscalefps` by `n - 1 = t - (SHIFT + 1)` (exact: both are integers below 2^24).
+    #[inline(always)]
+    fn half_scale_by_pow2(self, t: Self) -> Self {
+        let n = t - Self::splat(super::SHIFT + 1.0);
         each!(|k| _mm512_scalef_ps(self.0[k], n.0[k]))
     }
 

@@ -28,9 +28,14 @@ pub(crate) trait Lanes:
     fn select(m: Self::Mask, a: Self, b: Self) -> Self;
     /// `f32::clamp`: NaN stays NaN.
     fn clamp(self, lo: f32, hi: f32) -> Self;
+    /// `self` where `self < hi`, else `hi` (so NaN gives `hi`), as `vminps` takes it.
+    fn min(self, hi: f32) -> Self;
     /// `self 2^n` rounded once, for the `t` of `exp_parts` with `n` in `[-217, 0]` and `self`
     /// with `|self| 2^(n + 100)` below 2^128 (or `self` infinite, or NaN).
     fn scale_by_pow2(self, t: Self) -> Self;
+    /// `self 2^(n - 1)` rounded once, for `t` and `self` as in
+    /// [`scale_by_pow2`](Lanes::scale_by_pow2).
+    fn half_scale_by_pow2(self, t: Self) -> Self;
     /// `self 2^n` rounded once, for the `t` of `exp_parts` with `n` in `[-126, 127]`.
     fn scale_by_normal_pow2(self, t: Self) -> Self;
     /// `self 2^n` rounded once, for the `e` and `t` of `exp_parts` with `n` in `[-217, 129]`.
@@ -81,10 +86,21 @@ impl Lanes for f32 {
     }
 
     #[inline(always)]
+    fn min(self, hi: f32) -> Self {
+        if self < hi { self } else { hi }
+    }
+
+    #[inline(always)]
     fn scale_by_pow2(self, t: Self) -> Self {
         // `self 2^(n + 100)` is exact (a normal power of two, and no overflow),
         // and the product by 2^-100 rounds once.
         self * super::pow2_plus::<100>(t) * super::TWO_M100
+    }
+
+    #[inline(always)]
+    fn half_scale_by_pow2(self, t: Self) -> Self {
+        // As `scale_by_pow2`, with 2^(n + 99) (normal for `n` down to -225).
+        self * super::pow2_plus::<99>(t) * super::TWO_M100
     }
 
     #[inline(always)]

@@ -184,7 +184,7 @@ pub(crate) fn gelu<V: Lanes>(x: V) -> V {
     const EDGE: f32 = 14.6;
     // c / √2, so that `c z = K |x|`.
     const K: f32 = 0.321_733_6;
-    let a = V::select(x.abs().gt(c(EDGE)), c(EDGE), x.abs());
+    let a = x.abs().min(EDGE);
     let u = c(K) * a;
     // `t` to within an ulp (not `1 - s`: where `t` is small, that carries `s`'s rounding
     // error into it many times over).
@@ -211,14 +211,13 @@ pub(crate) fn gelu<V: Lanes>(x: V) -> V {
     let hi = h * a;
     let (e, k) = exp_parts(hi, Some(s.mul_add(p, h.mul_add(a, -hi))));
     let negative = x.lt(c(0.0));
-    // x q, for x < 0, and q: `e 2^n` times `t / 2` (exact) and by `|x|` where x < 0, then
-    // scaled by 2^n, rounding once (for the subnormal results below -13).
-    let scale = c(0.5) * t;
-    let scale = V::select(negative, scale * -a, scale);
-    let w = (e * scale).scale_by_pow2(k);
-    // x (1 - q) in one rounding (`a` is `x` up to the edge, and keeps `inf - inf` out above).
-    let g = V::select(negative, w, (-a).mul_add(w, x));
-    V::select(x.lt(c(-EDGE)), x * c(0.0), g)
+    // x q, for x < 0, and q: `e 2^n` times `t` and by `|x|` where x < 0, then scaled by
+    // 2^(n - 1) (the `/ 2` of `t / 2`), rounding once (for the subnormal results below -13).
+    let w = (e * V::select(negative, t * -a, t)).half_scale_by_pow2(k);
+    // Below -EDGE, `w` is `-EDGE q(EDGE)`, which rounds to -0; `x - x` is 0 but for `-inf`,
+    // where it makes the result the formula's NaN. Above 0, x (1 - q) in one rounding (`a` is
+    // `x` up to the edge, and keeps `inf - inf` out above).
+    V::select(negative, w - (x - x), (-a).mul_add(w, x))
 }
 
 /// `tanh(x)` as `y / (y + 2)` with `y = e^(2|x|) - 1`, the sign of `x` last (so that
