@@ -52,10 +52,11 @@ fn bf16_conversion() -> bool {
 /// the AVX-512 blocks instead (`x - max` into the scratch row, the blocks, then the sum), such
 /// rows were slower: on 16 rows of 50257 logits (Emerald Rapids, 1 thread, medians of 8
 /// alternated runs) softmax took 0.82 ms with parts of 2048 elements and 0.98 with 16384,
-/// against 0.74 in the loop, and `log_softmax` 0.63 and 0.67 against 0.57.
+/// against 0.72-0.74 in the loop, and `log_softmax` 0.63 and 0.67 against 0.56-0.57.
 const SCRATCH: usize = 16 << 10;
 
-/// How [`row`] computes a row that fits its scratch row, each way with the same bits.
+/// How [`row`] and [`log_row`] compute a row that fits the scratch row, each way with the same
+/// bits.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Route {
     /// Every pass a loop the compiler vectorises.
@@ -230,7 +231,8 @@ impl Tensor {
 
     /// `(x - max) - ln(sum(exp(x - max)))` along `dim`, the logarithm of [`softmax`]
     /// (PyTorch's `log_softmax`, for log-probabilities: beam search, a sequence's score, the
-    /// cross-entropy of next-token logits) without its rounding to 0 far below the maximum.
+    /// cross-entropy of next-token logits), without softmax's rounding to 0 far below the
+    /// maximum.
     /// Computed in `f32` for `f16`/`bf16`/`f32` (in `f64` for `f64`) in PyTorch's order, and
     /// rounded once. A row holding `inf` or NaN, or only `-inf`, is NaN throughout; a `-inf`
     /// beside a finite value stays `-inf`.
