@@ -214,10 +214,11 @@ pub(crate) fn gelu<V: Lanes>(x: V) -> V {
     // x q, for x < 0, and q: `e 2^n` times `t` and by `|x|` where x < 0, then scaled by
     // 2^(n - 1) (the `/ 2` of `t / 2`), rounding once (for the subnormal results below -13).
     let w = (e * V::select(negative, t * -a, t)).half_scale_by_pow2(k);
-    // Below -EDGE, `w` is `-EDGE q(EDGE)`, which rounds to -0; `x - x` is 0 but for `-inf`,
-    // where it makes the result the formula's NaN. Above 0, x (1 - q) in one rounding (`a` is
-    // `x` up to the edge, and keeps `inf - inf` out above).
-    V::select(negative, w - (x - x), (-a).mul_add(w, x))
+    // Below -EDGE, `w` is `-EDGE q(EDGE)`, which rounds to -0; adding `x * 0` (-0 for a
+    // negative `x`) leaves every `w` as it is, -0 included, but for `-inf`, where it makes the
+    // result the formula's NaN. Above 0, x (1 - q) in one rounding (`a` is `x` up to the edge,
+    // and keeps `inf - inf` out above).
+    V::select(negative, w + x * c(0.0), (-a).mul_add(w, x))
 }
 
 /// `tanh(x)` as `y / (y + 2)` with `y = e^(2|x|) - 1`, the sign of `x` last (so that
