@@ -46,15 +46,16 @@ fn bf16_conversion() -> bool {
     has
 }
 
-/// Rows up to this long keep their exponentials in a scratch row (64 KiB of f32, in L2);
-/// longer ones keep them in the output where it is `f32` or `f64` (softmax of 16 rows of 50257
-/// f32 logits: 0.55 ms instead of 0.70, Emerald Rapids, 1 thread, medians of 8 alternated
-/// runs), and compute each twice for f16 and bf16 rather than allocate scratch as large as the
-/// row, in the one-vector loop, which sums them as it computes them. Taken a part at a time through
-/// the AVX-512 blocks instead (`x - max` into the scratch row, the blocks, then the sum), such
-/// rows were slower: on 16 rows of 50257 logits (Emerald Rapids, 1 thread, medians of 8
-/// alternated runs) softmax took 0.82 ms with parts of 2048 elements and 0.98 with 16384,
-/// against 0.72-0.74 in the loop, and `log_softmax` 0.63 and 0.67 against 0.56-0.57.
+/// Rows up to this long keep their exponentials in a scratch row (64 KiB of f32, in L2).
+/// Longer rows compute them in the one-vector loop, which sums them as it computes them: f32
+/// and f64 rows keep them in the output and scale it in place (softmax of 16 rows of 50257
+/// f32 logits: 0.55 ms instead of 0.70 computing each twice; Emerald Rapids, 1 thread, medians
+/// of 8 alternated runs); f16 and bf16 rows compute each twice rather than allocate scratch as
+/// large as the row. Taking such rows a part at a time through the AVX-512 blocks (`x - max`
+/// into the scratch row, the blocks, then the sum) was slower than the loop: with each
+/// exponential computed twice, softmax of those logits took 0.82 ms with parts of 2048
+/// elements and 0.98 with 16384, against 0.72-0.74, and `log_softmax` 0.63 and 0.67 against
+/// 0.56-0.57.
 const SCRATCH: usize = 16 << 10;
 
 /// How [`row`] and [`log_row`] compute a row that fits the scratch row, each way with the same
