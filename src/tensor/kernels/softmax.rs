@@ -84,10 +84,7 @@ fn row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], route
                 *t = e(x);
             }
         } else {
-            for (t, &x) in tmp.iter_mut().zip(src) {
-                *t = Num::sub(x.to_op(), m);
-            }
-            exp_in_place(tmp);
+            exp_shifted(src, m, tmp);
         }
         let scale = Float::div(T::C::ONE, lanes(tmp, T::C::ZERO, |v| v, Num::add));
         if route == Route::BlocksBf16 {
@@ -136,10 +133,7 @@ fn log_row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], r
     let shifted = |x: T| Num::sub(x.to_op(), m);
     let tmp = tmp.get_mut(..src.len()).filter(|_| route != Route::Loops);
     let sum = if let Some(tmp) = tmp {
-        for (t, &x) in tmp.iter_mut().zip(src) {
-            *t = shifted(x);
-        }
-        exp_in_place(tmp);
+        exp_shifted(src, m, tmp);
         let sum = lanes(tmp, T::C::ZERO, |v| v, Num::add);
         if route == Route::BlocksBf16 {
             let ls = Float::ln(sum);
@@ -157,6 +151,16 @@ fn log_row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], r
     for (d, &x) in dst.iter_mut().zip(src) {
         d.write(T::from_op(Num::sub(shifted(x), ls)));
     }
+}
+
+/// `tmp[i] = e^(src[i] - m)` for a row that fits `tmp`: the shifted row written there, then its
+/// exponentials in place ([`exp_in_place`]).
+#[inline(always)]
+fn exp_shifted<T: Opmath>(src: &[T], m: T::C, tmp: &mut [T::C]) {
+    for (t, &x) in tmp.iter_mut().zip(src) {
+        *t = Num::sub(x.to_op(), m);
+    }
+    exp_in_place(tmp);
 }
 
 /// `tmp[i] = e^tmp[i]`, through the AVX-512 blocks of
