@@ -99,12 +99,6 @@ impl<const M: usize> Lanes for Zmm<M> {
     }
 
     #[inline(always)]
-    fn gt(self, o: Self) -> Self::Mask {
-        // SAFETY: as in `lt`.
-        core::array::from_fn(|k| unsafe { _mm512_cmp_ps_mask::<_CMP_GT_OQ>(self.0[k], o.0[k]) })
-    }
-
-    #[inline(always)]
     fn select(m: Self::Mask, a: Self, b: Self) -> Self {
         each!(|k| _mm512_mask_blend_ps(m[k], b.0[k], a.0[k]))
     }
@@ -164,6 +158,20 @@ impl<const M: usize> Lanes for Zmm<M> {
         let m = each!(|k| _mm512_getmant_ps::<_MM_MANT_NORM_P5_1, _MM_MANT_SIGN_ZERO>(self.0[k]));
         let e = each!(|k| _mm512_getexp_ps(self.0[k]));
         (m, e + Self::splat(1.0))
+    }
+
+    /// One `vfixupimmps`, which replaces each lane by a value chosen by the class of `x`'s
+    /// lane (4 bits per class, the table's class `j` at bits `4j..4j + 4`): QNaN and SNaN
+    /// (classes 0 and 1) take `x` (token 1), zero (2) `-inf` (token 4), `+inf` (5) `x`; 1.0
+    /// (3), `-inf` (4), negative (6) and positive (7) numbers keep `self` (token 0).
+    /// Subnormals are numbers (the DAZ flag, which would make them zero, is off in Rust
+    /// programs). In place of the `f32` form's three compares and three blends, this took
+    /// `log` of a 1024x3072 tensor from 1.33x to 1.10x the time of a copy of its bytes
+    /// (criterion, 1 thread, Emerald Rapids), and from 1.21-1.35x torch's time to 1.09-1.13x.
+    #[inline(always)]
+    fn ln_edges(self, x: Self) -> Self {
+        const TABLE: i32 = 0x0010_0411;
+        each!(|k| _mm512_fixupimm_ps::<0>(self.0[k], x.0[k], _mm512_set1_epi32(TABLE)))
     }
 }
 
@@ -477,6 +485,45 @@ mod tests {
         check(Func::Tanh, &xs, super::super::tanh, bits);
         check(Func::Exp, &xs, super::super::exp, bits);
         check(Func::Ln, &xs, super::super::ln, bits);
+    }
+
+    /// `ln`'s edges to the bit, in the blocks (`vfixupimmps`) and in the scalar function
+    /// (`same_bits_*` take any NaN as any other): `f32::NAN`'s bits below 0, as PyTorch
+    /// gives; a NaN argument's own bits, sign and payload (a signalling one too); -inf for ±0;
+    /// inf for inf; subnormals as the numbers they are.
+    #[test]
+    fn ln_edges_to_the_bit() {
+        let cases: [(u32, u32); 12] = [
+            ((-1.0f32).to_bits(), f32::NAN.to_bits()),
+            (f32::NEG_INFINITY.to_bits(), f32::NAN.to_bits()),
+            (0x8000_0001, f32::NAN.to_bits()),
+            (f32::MIN.to_bits(), f32::NAN.to_bits()),
+            (0x7fc0_0001, 0x7fc0_0001),
+            (0xffc1_2345, 0xffc1_2345),
+            (0x7f80_0001, 0x7f80_0001),
+            (0.0f32.to_bits(), f32::NEG_INFINITY.to_bits()),
+            (0x8000_0000, f32::NEG_INFINITY.to_bits()),
+            (f32::INFINITY.to_bits(), f32::INFINITY.to_bits()),
+            (1.0f32.to_bits(), 0),
+            // ln(2^-149) = -103.27893, the nearest f32.
+            (1, (-103.278_93f32).to_bits()),
+        ];
+        for (x, want) in cases {
+            assert_eq!(super::super::ln(f32::from_bits(x)).to_bits(), want, "scalar ln of {x:#010x}");
+        }
+        if detected() != Isa::Avx512 {
+            eprintln!("skipped the blocks: this CPU has no AVX-512");
+            return;
+        }
+        // Each case in every lane of a block of four vectors, and in the masked tail.
+        for n in [64, 64 + 16, 64 + 5] {
+            for (x, want) in cases {
+                let mut buf = vec![f32::from_bits(x); n];
+                // SAFETY: AVX-512 is there (checked above); `o` is `x`, `n` elements.
+                unsafe { run(Func::Ln, buf.as_ptr(), buf.as_mut_ptr(), n) };
+                assert!(buf.iter().all(|y| y.to_bits() == want), "blocks' ln of {x:#010x}, {n} elements: {buf:?}");
+            }
+        }
     }
 
     /// Every bf16 and every f16 value through each function, as half-precision runs (fused

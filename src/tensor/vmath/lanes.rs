@@ -22,8 +22,6 @@ pub(crate) trait Lanes:
     fn abs(self) -> Self;
     /// `self < o` (false where either is NaN).
     fn lt(self, o: Self) -> Self::Mask;
-    /// `self > o` (false where either is NaN).
-    fn gt(self, o: Self) -> Self::Mask;
     /// `a` where `m` holds, `b` elsewhere.
     fn select(m: Self::Mask, a: Self, b: Self) -> Self;
     /// `f32::clamp`: NaN stays NaN.
@@ -45,6 +43,10 @@ pub(crate) trait Lanes:
     /// `(m, e)` with `self = m 2^e` and `m` in `[0.5, 1)`, `e` an integer, for a positive
     /// finite `self` (subnormals included); unspecified (but no fault) for other lanes.
     fn frexp(self) -> (Self, Self);
+    /// `self` (`ln(x)` as computed for a positive finite `x`) where `x` is not 0, infinite or
+    /// NaN; `-inf` where `x` is ±0, and `x` itself where it is `+inf` or NaN (its bits kept).
+    /// Lanes where `x` is negative or `-inf` keep `self`.
+    fn ln_edges(self, x: Self) -> Self;
 }
 
 impl Lanes for f32 {
@@ -68,11 +70,6 @@ impl Lanes for f32 {
     #[inline(always)]
     fn lt(self, o: Self) -> bool {
         self < o
-    }
-
-    #[inline(always)]
-    fn gt(self, o: Self) -> bool {
-        self > o
     }
 
     #[inline(always)]
@@ -128,5 +125,16 @@ impl Lanes for f32 {
         let bits = y.to_bits();
         let e = ((bits >> 23) & 0xff) as i32 - if sub { 126 + 23 } else { 126 };
         (f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000), e as f32)
+    }
+
+    #[inline(always)]
+    fn ln_edges(self, x: Self) -> Self {
+        if x == 0.0 {
+            f32::NEG_INFINITY
+        } else if x.is_nan() || x == f32::INFINITY {
+            x
+        } else {
+            self
+        }
     }
 }

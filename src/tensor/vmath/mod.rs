@@ -281,9 +281,9 @@ pub(crate) fn ln<V: Lanes>(x: V) -> V {
         * z;
     // ln 2 in two parts, as in `exp_parts` (`0.693_359_4 * e` is exact).
     let r = c(0.693_359_4).mul_add(e, m + c(-0.5).mul_add(z, c(-2.121_944_4e-4).mul_add(e, p)));
-    // Not positive: -inf for ±0 (`-inf + x`), NaN below. inf and NaN stay as they are.
-    let not_positive = V::select(x.lt(c(0.0)), c(f32::NAN), c(f32::NEG_INFINITY) + x);
-    V::select(x.lt(c(f32::INFINITY)), V::select(x.gt(c(0.0)), r, not_positive), x)
+    // -inf for ±0, inf and NaN as they are ([`Lanes::ln_edges`]), NaN below 0 (`f32::NAN`'s
+    // bits, as PyTorch's).
+    V::select(x.lt(c(0.0)), c(f32::NAN), r.ln_edges(x))
 }
 
 /// `x σ(x) = x / (1 + e^-x)` (SiLU, or swish), as PyTorch computes it: -0 where `e^-x` is
