@@ -23,6 +23,28 @@ mod reduce;
 mod softmax;
 mod switch;
 
+/// A pointer (or a matrix holding one) shared by the pieces of one parallel kernel
+/// ([`for_each_piece`](crate::tensor::parallel::for_each_piece)). Whoever wraps a pointer
+/// promises what makes sharing it sound: each piece writes only its own part through it (the
+/// AMX product: packs by panel or tile, results by block; the gemm product: its own columns of
+/// the result), and reads only what no piece writes, or what every piece finished writing
+/// before a phase that reads it.
+#[derive(Clone, Copy)]
+pub(super) struct Shared<T: Copy>(pub(super) T);
+
+impl<T: Copy> Shared<T> {
+    /// The value (a method, so closures capture the `Sync` wrapper, not the raw field).
+    pub(super) fn get(&self) -> T {
+        self.0
+    }
+}
+// SAFETY: only pointers into a kernel's own buffers are wrapped, by kernels that keep the
+// promise above (each piece its own part), so sending one to another piece's thread races on
+// nothing.
+unsafe impl<T: Copy> Send for Shared<T> {}
+// SAFETY: as above: the pieces sharing it touch disjoint parts.
+unsafe impl<T: Copy> Sync for Shared<T> {}
+
 /// Independent accumulators of [`lanes`] (one AVX-512 vector of f32).
 const LANES: usize = 16;
 

@@ -55,6 +55,8 @@
 use core::sync::atomic::Ordering;
 
 #[cfg(target_arch = "x86_64")]
+use super::Shared;
+#[cfg(target_arch = "x86_64")]
 use super::matmul::Mat;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -217,23 +219,6 @@ impl Plan {
         fit.min(spread).clamp(1, GROUP_PAIRS)
     }
 }
-
-/// A pointer (or a matrix holding one) shared by the pieces of one product, each of which
-/// touches only its own part.
-#[derive(Clone, Copy)]
-struct Shared<T: Copy>(T);
-
-impl<T: Copy> Shared<T> {
-    /// The value (a method, so closures capture the `Sync` wrapper, not the raw field).
-    fn get(&self) -> T {
-        self.0
-    }
-}
-// SAFETY: the pieces of `product` write disjoint parts through it (packs by panel / tile,
-// results by block) and read only what every piece finished writing before the next phase.
-unsafe impl<T: Copy> Send for Shared<T> {}
-// SAFETY: as above.
-unsafe impl<T: Copy> Sync for Shared<T> {}
 
 /// `dst[i] (n x m, row-major) = a[i] (n x k) * b[i] (k x m)` for each batch `i`, on AMX tiles,
 /// of bf16 or (with `plan.parts == 2`) f16 elements, rounded to the same type.
