@@ -290,8 +290,9 @@ fn half_precision_softmax_sums_its_row_in_f32_as_pytorch_does() {
     // Long rows of varied values against the f64 softmax of the same (rounded) values, rounded
     // once: halves within one unit of their last place (or the smallest subnormal), f32 within
     // 8 (its exp, its sum of up to 20011 terms in 16 lanes, its reciprocal and product). 20011
-    // elements is past the 16384-element scratch row: the exponentials are computed twice
-    // there, and the last 11 elements are summed outside the lanes.
+    // elements is past the 16384-element scratch row: there f32 keeps the exponentials in its
+    // output and the halves compute them twice, and the last 11 elements are summed outside
+    // the lanes.
     for n in [6000, 20011] {
         let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 1000) as f64 / 100.0 - 5.0).collect();
         let cases = [

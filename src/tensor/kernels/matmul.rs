@@ -14,7 +14,7 @@
 //! single-threaded gemm call per piece ([`Split`]), where each piece gets at least
 //! [`PIECE_COLUMNS`] columns; gemm's own parallelism takes the rest.
 
-use super::Shared;
+use super::{Shared, piece_range};
 use crate::tensor::core::for_each_offset;
 use crate::tensor::dtype::match_numeric;
 use crate::tensor::num::Num;
@@ -384,14 +384,9 @@ fn batched<T: Element + Num>(
     match split {
         Split::One => columns(0..m, gemm::Parallelism::None),
         Split::Gemm(threads) => columns(0..m, gemm::Parallelism::Rayon(threads)),
-        Split::Columns(pieces) => {
-            let units = m.div_ceil(PIECE_ALIGN);
-            crate::tensor::parallel::for_each_piece(pieces, |p| {
-                let start = (units * p / pieces * PIECE_ALIGN).min(m);
-                let end = (units * (p + 1) / pieces * PIECE_ALIGN).min(m);
-                columns(start..end, gemm::Parallelism::None);
-            });
-        }
+        Split::Columns(pieces) => crate::tensor::parallel::for_each_piece(pieces, |p| {
+            columns(piece_range(m, PIECE_ALIGN, pieces, p), gemm::Parallelism::None);
+        }),
     }
 }
 
@@ -479,6 +474,20 @@ mod tests {
         assert_eq!(Split::new(2, (16, 16, 100)), Split::One);
         assert_eq!(Split::new(16, (512, 512, 512)), Split::Gemm(16));
         assert_eq!(Split::new(16, (64, 64, 1024)), Split::Columns(16));
+    }
+
+    #[test]
+    fn pieces_cover_the_columns_once_at_multiples_of_their_alignment() {
+        for (len, align, pieces) in [(261, 16, 2), (261, 16, 16), (512, 16, 2), (7, 4, 3), (5, 1, 5), (3, 16, 4)] {
+            let ranges: Vec<_> = (0..pieces).map(|p| piece_range(len, align, pieces, p)).collect();
+            assert_eq!(ranges[0].start, 0);
+            assert_eq!(ranges[pieces - 1].end, len, "{len} {align} {pieces}");
+            for w in ranges.windows(2) {
+                assert_eq!(w[0].end, w[1].start, "{len} {align} {pieces}: {ranges:?}");
+            }
+            assert!(ranges.iter().all(|r| r.start % align == 0 || r.start == len), "{ranges:?}");
+        }
+        assert_eq!(piece_range(261, 16, 2, 0), 0..128);
     }
 
     /// Every split, with more pieces than this machine has cores and columns that are no

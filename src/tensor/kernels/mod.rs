@@ -45,6 +45,15 @@ unsafe impl<T: Copy> Send for Shared<T> {}
 // SAFETY: as above: the pieces sharing it touch disjoint parts.
 unsafe impl<T: Copy> Sync for Shared<T> {}
 
+/// The part of `0..len` that piece `piece` of `pieces` takes (pieces of a
+/// [`for_each_piece`](crate::tensor::parallel::for_each_piece) kernel): consecutive, as even as
+/// whole units of `align` allow, each starting at a multiple of `align`, the last one ending at
+/// `len`.
+pub(super) fn piece_range(len: usize, align: usize, pieces: usize, piece: usize) -> core::ops::Range<usize> {
+    let units = len.div_ceil(align);
+    (units * piece / pieces * align).min(len)..(units * (piece + 1) / pieces * align).min(len)
+}
+
 /// Independent accumulators of [`lanes`] (one AVX-512 vector of f32).
 const LANES: usize = 16;
 

@@ -55,9 +55,9 @@
 use core::sync::atomic::Ordering;
 
 #[cfg(target_arch = "x86_64")]
-use super::Shared;
-#[cfg(target_arch = "x86_64")]
 use super::matmul::Mat;
+#[cfg(target_arch = "x86_64")]
+use super::{Shared, piece_range};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod dots;
@@ -263,7 +263,6 @@ pub(super) unsafe fn product(
     let (a, b) = (Shared(a), Shared(b));
     // `jobs` split into consecutive ranges, one per piece.
     let pieces = |jobs: usize| threads.clamp(1, jobs.max(1));
-    let range = |jobs: usize, pieces: usize, piece: usize| jobs * piece / pieces..jobs * (piece + 1) / pieces;
 
     // Phase 1: pack every A panel, and B by inner chunk (a row-major `b` is read row after row)
     // or, for a transposed one (a Linear layer's weight), by tile column (column after column),
@@ -274,7 +273,7 @@ pub(super) unsafe fn product(
     let jobs = a_jobs + if p.fused { 0 } else { p.batches * b_jobs };
     let n_pieces = pieces(jobs);
     for_each_piece(n_pieces, |piece| {
-        for job in range(jobs, n_pieces, piece) {
+        for job in piece_range(jobs, 1, n_pieces, piece) {
             if job < a_jobs {
                 let (bi, panel) = (job / p.panels, job % p.panels);
                 let a = a.get();
@@ -322,7 +321,7 @@ pub(super) unsafe fn product(
         // SAFETY: the plan's route is usable (our contract).
         let engine = unsafe { Engine::start(p.route) };
         let own_b = per_group * 2 * p.column_len();
-        for job in range(jobs, n_pieces, piece) {
+        for job in piece_range(jobs, 1, n_pieces, piece) {
             if non_finite.load(Ordering::Relaxed) {
                 return;
             }
@@ -408,7 +407,7 @@ pub(super) unsafe fn few_rows_product<A: Copy>(
     let pieces = threads.clamp(1, blocks.max(1));
     let (a, b, out) = (Shared(a), Shared(b), Shared(dst));
     crate::tensor::parallel::for_each_piece(pieces, |piece| {
-        let cols = (blocks * piece / pieces * 4).min(m)..(blocks * (piece + 1) / pieces * 4).min(m);
+        let cols = piece_range(m, 4, pieces, piece);
         let (a, b) = (a.get(), b.get());
         for (i, (&x, &y)) in a_offsets.iter().zip(b_offsets).enumerate() {
             // SAFETY: matrix `i` of each operand is valid with these strides, rows of `a` and
