@@ -40,7 +40,10 @@
 //!     of next-token logits over GPT-2's 50257-token vocabulary, and
 //!     `layer_norm` / `rms_norm` of 1024x768 with a weight (and a bias); and GELU, its tanh
 //!     form, `silu`, `tanh`, `log` and bf16 GELU on the AVX-512 blocks beside the one-vector loop
-//!     (`set_avx512_blocks`), call by call (`*_blocks_beside_one_vector`).
+//!     (`set_avx512_blocks`), call by call (`*_blocks_beside_one_vector`); and GELU, SiLU, `tanh`
+//!     and `exp` of the bf16 or f16 activation by their lookup tables (the default) beside the
+//!     same computed element by element (`set_half_tables`), call by call
+//!     (`*_tables_beside_computed`).
 //!
 //! The `pool` rows call the default path beside each pool call, on the same tensors and on a
 //! second set allocated from the default allocator (the control), and write default / pool and
@@ -75,7 +78,8 @@ use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, measurem
 use rayon::prelude::*;
 use tensormem::tensor::{
     DEFAULT_KERNEL_SPIN, DType, Tensor, TensorOptions, amx_enabled, avx512_bf16_enabled, avx512_blocks_enabled,
-    kernel_spin, set_amx, set_avx512_bf16, set_avx512_blocks, set_kernel_spin, set_num_threads,
+    half_tables_enabled, kernel_spin, set_amx, set_avx512_bf16, set_avx512_blocks, set_half_tables, set_kernel_spin,
+    set_num_threads,
 };
 use tensormem::{Allocator, AllocatorRegistry, PoolAllocator};
 
@@ -594,6 +598,9 @@ fn transformer_ops(c: &mut Criterion) {
     // The AVX-512 blocks (the default where the CPU has AVX-512) beside the one-vector loop,
     // call by call: blocks / one vector (1.0 on CPUs without AVX-512, where both are the loop).
     let blocks = avx512_blocks_enabled();
+    // The bf16 row measures the blocks, not the tables (see below).
+    let tables = half_tables_enabled();
+    set_half_tables(false);
     type Op = fn(&Tensor) -> tensormem::tensor::Result<Tensor>;
     let ops: [(&str, Op, &Tensor); 6] = [
         ("gelu_blocks_beside_one_vector", Tensor::gelu, &x),
@@ -615,6 +622,27 @@ fn transformer_ops(c: &mut Criterion) {
         );
     }
     set_avx512_blocks(blocks);
+    // bf16 and f16 by their tables (the default) beside the same functions computed element by
+    // element (`set_half_tables`), call by call: tables / computed.
+    let ops: [(&str, Op, &Tensor); 5] = [
+        ("gelu_bf16_tables_beside_computed", Tensor::gelu, &xb),
+        ("gelu_f16_tables_beside_computed", Tensor::gelu, &xh),
+        ("silu_bf16_tables_beside_computed", Tensor::silu, &xb),
+        ("tanh_bf16_tables_beside_computed", Tensor::tanh, &xb),
+        ("exp_f16_tables_beside_computed", Tensor::exp, &xh),
+    ];
+    for (row, op, t) in ops {
+        bench_route_beside(
+            &mut g,
+            name,
+            row,
+            &|on| {
+                set_half_tables(on && tables);
+            },
+            &|| drop(black_box(op(t).unwrap())),
+        );
+    }
+    set_half_tables(tables);
     g.finish();
 }
 

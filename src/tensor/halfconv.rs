@@ -16,9 +16,23 @@ pub(crate) trait HalfFloat: Copy {
     fn widen(self) -> f32;
     /// `v` rounded to nearest, ties to even.
     fn narrow(v: f32) -> Self;
+    /// The value of bit pattern `b`.
+    fn from_bits16(b: u16) -> Self;
+    /// The bit pattern.
+    fn to_bits16(self) -> u16;
 }
 
 impl HalfFloat for bf16 {
+    #[inline(always)]
+    fn from_bits16(b: u16) -> Self {
+        bf16::from_bits(b)
+    }
+
+    #[inline(always)]
+    fn to_bits16(self) -> u16 {
+        self.to_bits()
+    }
+
     #[inline(always)]
     fn widen(self) -> f32 {
         // bf16 is the top half of an f32.
@@ -40,6 +54,16 @@ impl HalfFloat for bf16 {
 const F16_MIN_NORMAL: u32 = 113 << 23;
 
 impl HalfFloat for f16 {
+    #[inline(always)]
+    fn from_bits16(b: u16) -> Self {
+        f16::from_bits(b)
+    }
+
+    #[inline(always)]
+    fn to_bits16(self) -> u16 {
+        self.to_bits()
+    }
+
     #[inline(always)]
     fn widen(self) -> f32 {
         let h = self.to_bits() as u32;

@@ -18,7 +18,9 @@
 //! Half precision (`f16`, `bf16`) computes each element in `f32` and rounds once, as
 //! PyTorch's CPU kernels do. Numbers and `alpha` follow PyTorch bit for bit: a float number
 //! multiplies and divides in `f32`, while `add`, `sub` and `pow` round it to the tensor's dtype
-//! first, and `alpha` is rounded to it before `x + alpha * y` is computed in `f32`.
+//! first, and `alpha` is rounded to it before `x + alpha * y` is computed in `f32`. GELU,
+//! its tanh form, the sigmoid, SiLU, `tanh`, `exp` and `log` of a bf16 or f16 tensor into its
+//! own dtype read those results from a table of all 65,536 (`table`), the same bits.
 
 use crate::tensor::dtype::{match_dtype, match_float, match_numeric};
 use crate::tensor::halfconv::HalfFloat;
@@ -31,6 +33,7 @@ use super::cast::cast_into;
 use super::f16c;
 use super::isa::Isa;
 use super::loops::{Dest, UnaryFn, run_binary, run_unary, run_unary_wide};
+use super::table::TableFn;
 
 /// The binary arithmetic operations.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -493,6 +496,18 @@ impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
 }
 
 fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tensor, dest: Dest) -> Result<()> {
+    if let Some(func) = Unary::lanes_fn(kind as u8)
+        && [a.dtype(), out.dtype()] == [ct, ct]
+        && super::switch::half_tables_enabled()
+        && let Some(table) = super::table::table(func, ct)
+    {
+        // bf16 or f16 in and out: each element's result looked up by its bits (the same bits
+        // as the routes below; see `table`).
+        return match ct {
+            DType::BF16 => run_unary_wide(op, out, a, dest, TableFn::<half::bf16>::new(table)),
+            _ => run_unary_wide(op, out, a, dest, TableFn::<half::f16>::new(table)),
+        };
+    }
     if [ct, a.dtype(), out.dtype()] == [DType::F16; 3] && f16c::has_f16c() && kind.is_float_only() {
         // The f32 kernel between F16C's conversions, as in `launch_binary`: every f16 function
         // widens, computes in f32 and rounds once. (Only the float-only ops: `neg`, `abs`,

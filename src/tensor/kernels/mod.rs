@@ -14,14 +14,15 @@ pub(crate) use elementwise::BinaryOp;
 pub use elementwise::Scalar;
 pub(crate) use mask::FILL_HINT;
 pub use switch::{
-    AMX_ENV, AVX512_BF16_ENV, AVX512_BLOCKS_ENV, amx_enabled, avx512_bf16_enabled, avx512_blocks_enabled, set_amx,
-    set_avx512_bf16, set_avx512_blocks,
+    AMX_ENV, AVX512_BF16_ENV, AVX512_BLOCKS_ENV, HALF_TABLES_ENV, amx_enabled, avx512_bf16_enabled,
+    avx512_blocks_enabled, half_tables_enabled, set_amx, set_avx512_bf16, set_avx512_blocks, set_half_tables,
 };
 mod loops;
 mod matmul;
 mod reduce;
 mod softmax;
 mod switch;
+mod table;
 
 /// A pointer (or a matrix holding one) shared by the pieces of one parallel kernel
 /// ([`for_each_piece`](crate::tensor::parallel::for_each_piece)). Whoever wraps a pointer

@@ -1,8 +1,8 @@
 //! The switches of the hardware routes: for half-precision products AMX tiles (bf16 and f16)
 //! and, on CPUs without AMX, AVX512-BF16 registers (bf16); for the elementary functions,
-//! AVX-512 blocks of four vectors. Each is on where the CPU (and the OS) allows it, unless its
-//! environment variable or its setter turned it off; AVX512-BF16's only where it is also the
-//! faster route (AMD), unless turned on.
+//! AVX-512 blocks of four vectors, and lookup tables on bf16 and f16 tensors. Each is on where
+//! the CPU (and the OS) allows it, unless its environment variable or its setter turned it off;
+//! AVX512-BF16's only where it is also the faster route (AMD), unless turned on.
 
 use core::sync::atomic::{AtomicU8, Ordering};
 
@@ -18,6 +18,10 @@ pub const AVX512_BF16_ENV: &str = "TENSORMEM_AVX512_BF16";
 /// The environment variable that turns the AVX-512 blocks of the elementary functions off at
 /// startup, with the values of [`AMX_ENV`].
 pub const AVX512_BLOCKS_ENV: &str = "TENSORMEM_AVX512_BLOCKS";
+
+/// The environment variable that turns the lookup tables of the elementary functions on bf16
+/// and f16 tensors off at startup, with the values of [`AMX_ENV`].
+pub const HALF_TABLES_ENV: &str = "TENSORMEM_HALF_TABLES";
 
 /// One route's switch.
 struct Switch {
@@ -48,6 +52,14 @@ static BLOCKS: Switch = Switch {
     env: AVX512_BLOCKS_ENV,
     state: AtomicU8::new(0),
     supported: avx512_supported,
+    by_default: always,
+};
+
+static TABLES: Switch = Switch {
+    name: "half-precision tables",
+    env: HALF_TABLES_ENV,
+    state: AtomicU8::new(0),
+    supported: always,
     by_default: always,
 };
 
@@ -186,6 +198,41 @@ pub fn avx512_blocks_enabled() -> bool {
 /// ```
 pub fn set_avx512_blocks(enabled: bool) -> bool {
     BLOCKS.set(enabled)
+}
+
+/// Whether GELU, the sigmoid, SiLU, GELU's tanh form, `tanh`, `exp` and `log` of a bf16 or f16
+/// tensor into one of its own dtype look each element up in a table of the function's 65,536
+/// results (one per bit pattern, computed on first use by the route the tensor would take
+/// without it: widened to `f32`, computed, rounded once), unless [`set_half_tables`]`(false)`
+/// or `TENSORMEM_HALF_TABLES=0` turned them off. The results are the same bits either way.
+///
+/// ```
+/// // true unless turned off
+/// let _tables: bool = tensormem::tensor::half_tables_enabled();
+/// ```
+pub fn half_tables_enabled() -> bool {
+    TABLES.enabled()
+}
+
+/// Turns the lookup tables of the elementary functions on bf16 and f16 tensors on or off.
+/// Returns whether they are on afterwards. Off, each element is widened, computed and rounded
+/// as it goes, with the same results.
+///
+/// ```
+/// use tensormem::tensor::{DType, Tensor, set_half_tables};
+///
+/// let x = Tensor::arange(-4.0, 4.0, 0.25, DType::BF16)?;
+/// let previous = tensormem::tensor::half_tables_enabled();
+/// set_half_tables(false);
+/// let computed = x.gelu()?.to_dtype(DType::F32)?.to_vec::<f32>()?;
+/// set_half_tables(true);
+/// let looked_up = x.gelu()?.to_dtype(DType::F32)?.to_vec::<f32>()?;
+/// assert_eq!(computed, looked_up);
+/// set_half_tables(previous);
+/// # Ok::<(), tensormem::tensor::TensorError>(())
+/// ```
+pub fn set_half_tables(enabled: bool) -> bool {
+    TABLES.set(enabled)
 }
 
 /// The CPU has AVX-512 F, BW and VL (what the blocks are compiled for).
