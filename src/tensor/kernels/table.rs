@@ -284,6 +284,13 @@ mod tests {
                     let part = x.narrow(0, 4097, n).unwrap();
                     assert_eq!(bits(&fresh(&part).unwrap()), looked_up[4097..4097 + n], "{func:?} {dt:?}, {n}");
                 }
+                // A 0-d tensor, and a transposed view in place (a strided run of the output).
+                let one = x.select(0, 0x3f80).unwrap();
+                assert_eq!(bits(&fresh(&one).unwrap()), [looked_up[0x3f80]], "{func:?} {dt:?} 0-d");
+                let square = Tensor::zeros(&[256, 256], dt).unwrap();
+                square.copy_(&x.reshape(&[256, 256]).unwrap()).unwrap();
+                in_place(&square.t().unwrap()).unwrap();
+                assert_eq!(bits(&square), looked_up, "{func:?} {dt:?} transposed in place");
                 let previous = set_half_tables(false);
                 let computed = bits(&fresh(&x).unwrap());
                 set_half_tables(previous);
