@@ -601,8 +601,7 @@ fn transformer_ops(c: &mut Criterion) {
     // The bf16 row measures the blocks, not the tables (see below).
     let tables = half_tables_enabled();
     set_half_tables(false);
-    type Op = fn(&Tensor) -> tensormem::tensor::Result<Tensor>;
-    let ops: [(&str, Op, &Tensor); 6] = [
+    let ops: [(&str, UnaryOp, &Tensor); 6] = [
         ("gelu_blocks_beside_one_vector", Tensor::gelu, &x),
         ("gelu_tanh_blocks_beside_one_vector", Tensor::gelu_tanh, &x),
         ("silu_blocks_beside_one_vector", Tensor::silu, &x),
@@ -610,40 +609,40 @@ fn transformer_ops(c: &mut Criterion) {
         ("log_blocks_beside_one_vector", Tensor::log, &positive),
         ("gelu_bf16_blocks_beside_one_vector", Tensor::gelu, &xb),
     ];
-    for (row, op, t) in ops {
-        bench_route_beside(
-            &mut g,
-            name,
-            row,
-            &|on| {
-                set_avx512_blocks(on && blocks);
-            },
-            &|| drop(black_box(op(t).unwrap())),
-        );
-    }
+    ops_beside(&mut g, name, &ops, &|on| {
+        set_avx512_blocks(on && blocks);
+    });
     set_avx512_blocks(blocks);
     // bf16 and f16 by their tables (the default) beside the same functions computed element by
     // element (`set_half_tables`), call by call: tables / computed.
-    let ops: [(&str, Op, &Tensor); 5] = [
+    let ops: [(&str, UnaryOp, &Tensor); 5] = [
         ("gelu_bf16_tables_beside_computed", Tensor::gelu, &xb),
         ("gelu_f16_tables_beside_computed", Tensor::gelu, &xh),
         ("silu_bf16_tables_beside_computed", Tensor::silu, &xb),
         ("tanh_bf16_tables_beside_computed", Tensor::tanh, &xb),
         ("exp_f16_tables_beside_computed", Tensor::exp, &xh),
     ];
-    for (row, op, t) in ops {
-        bench_route_beside(
-            &mut g,
-            name,
-            row,
-            &|on| {
-                set_half_tables(on && tables);
-            },
-            &|| drop(black_box(op(t).unwrap())),
-        );
-    }
+    ops_beside(&mut g, name, &ops, &|on| {
+        set_half_tables(on && tables);
+    });
     set_half_tables(tables);
     g.finish();
+}
+
+/// A unary op of the tensors, for [`ops_beside`].
+type UnaryOp = fn(&Tensor) -> tensormem::tensor::Result<Tensor>;
+
+/// [`bench_route_beside`] for each `(row, op, tensor)` of `ops`: `op(tensor)` on the route
+/// `route(true)` chooses beside the route `route(false)` chooses.
+fn ops_beside(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    group: &str,
+    ops: &[(&str, UnaryOp, &Tensor)],
+    route: &dyn Fn(bool),
+) {
+    for &(row, op, t) in ops {
+        bench_route_beside(g, group, row, route, &|| drop(black_box(op(t).unwrap())));
+    }
 }
 
 /// Half-precision matmul at 1 thread, beside the f32 product of the same sizes: 512^3 in f32,
