@@ -77,7 +77,8 @@ pub(super) fn table(func: Func, half: DType) -> Option<&'static [u16; ENTRIES]> 
         DType::F16 => 1,
         _ => return None,
     };
-    Some(TABLES[at][func as usize].get(|t| fill(func, half, t)))
+    // (`None` for a function missing from `Func::ALL`: it is computed.)
+    Some(TABLES[at].get(func as usize)?.get(|t| fill(func, half, t)))
 }
 
 /// `t[b] = func(b)` for every bit pattern `b` of `half`, widened, computed and rounded once as
@@ -316,5 +317,7 @@ mod tests {
             }
         }
         assert!(table(Func::Gelu, DType::F32).is_none());
+        // `TABLES` is indexed by `Func as usize`: `ALL` holds every function at its number.
+        assert!(Func::ALL.iter().enumerate().all(|(i, &f)| f as usize == i));
     }
 }
