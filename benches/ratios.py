@@ -196,7 +196,7 @@ one_thread_table("matmul_half_512_1t", "matmul, 1 thread", "ms", 1e6, "f32",
                  [("bf16_default_beside_f32_route", "bf16 on its default route / bf16 through f32"),
                   ("f16_default_beside_f32_route", "f16 on its default route / f16 through f32")])
 one_thread_table("transformer_ops_1t", "GPT-2 block ops, 1 thread (copy: 12 MB)", "ms", 1e6, "copy",
-                 ["copy", "gelu", "gelu_bf16", "gelu_f16", "gelu_tanh", "silu", "exp", "sigmoid", "tanh", "log",
+                 ["copy", "gelu", "gelu_bf16", "gelu_f16", "gelu_of_1e-20_x", "gelu_tanh", "silu", "exp", "sigmoid", "tanh", "log",
                   "softmax_12x256x256",
                   "layer_norm_1024x768", "rms_norm_1024x768"],
                  [(f"{op}_blocks_beside_one_vector", f"{op}: AVX-512 blocks / one-vector loop")

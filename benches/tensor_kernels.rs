@@ -35,8 +35,8 @@
 //!
 //! 10. The element-wise and row ops of a GPT-2 block (`transformer_ops_1t`), at 1 thread,
 //!     beside a copy of the 12 MB of a 1024x3072 activation: GELU of that activation in f32,
-//!     bf16 and f16, its tanh approximation, `silu`, `exp`, `sigmoid`, `tanh` and `log` (of its
-//!     absolute value) of it, softmax of 12x256x256 attention scores, `log_softmax` of 16 rows
+//!     bf16 and f16 (and of it times 1e-20, whose squares are subnormal), its tanh
+//!     approximation, `silu`, `exp`, `sigmoid`, `tanh` and `log` (of its absolute value) of it, softmax of 12x256x256 attention scores, `log_softmax` of 16 rows
 //!     of next-token logits over GPT-2's 50257-token vocabulary, and
 //!     `layer_norm` / `rms_norm` of 1024x768 with a weight (and a bias); and GELU, its tanh
 //!     form, `silu`, `tanh`, `log` and bf16 GELU on the AVX-512 blocks beside the one-vector loop
@@ -585,6 +585,9 @@ fn transformer_ops(c: &mut Criterion) {
     bench(&mut g, name, "gelu", || x.gelu().unwrap());
     bench(&mut g, name, "gelu_bf16", || xb.gelu().unwrap());
     bench(&mut g, name, "gelu_f16", || xh.gelu().unwrap());
+    // Arguments whose square is subnormal (multiply-adds keep the steps normal numbers).
+    let small = x.mul_scalar(1e-20).unwrap();
+    bench(&mut g, name, "gelu_of_1e-20_x", || small.gelu().unwrap());
     bench(&mut g, name, "gelu_tanh", || x.gelu_tanh().unwrap());
     bench(&mut g, name, "silu", || x.silu().unwrap());
     bench(&mut g, name, "exp", || x.exp().unwrap());

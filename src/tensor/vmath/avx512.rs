@@ -116,6 +116,12 @@ impl<const M: usize> Lanes for Zmm<M> {
         each!(|k| _mm512_min_ps(self.0[k], _mm512_set1_ps(hi)))
     }
 
+    /// `vmaxps` (its second operand where either is NaN).
+    #[inline(always)]
+    fn max(self, lo: f32) -> Self {
+        each!(|k| _mm512_max_ps(self.0[k], _mm512_set1_ps(lo)))
+    }
+
     /// `vscalefps`: `self 2^n` rounded once, `n` being `t - SHIFT` (an integer).
     #[inline(always)]
     fn scale_by_pow2(self, t: Self) -> Self {

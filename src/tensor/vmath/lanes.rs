@@ -28,6 +28,8 @@ pub(crate) trait Lanes:
     fn clamp(self, lo: f32, hi: f32) -> Self;
     /// `self` where `self < hi`, else `hi` (so NaN gives `hi`), as `vminps` takes it.
     fn min(self, hi: f32) -> Self;
+    /// `self` where `self > lo`, else `lo` (so NaN gives `lo`), as `vmaxps` takes it.
+    fn max(self, lo: f32) -> Self;
     /// `self 2^n` rounded once, for the `t` of `exp_parts` with `n` in `[-217, 0]` and `self`
     /// with `|self| 2^(n + 100)` below 2^128 (or `self` infinite, or NaN).
     fn scale_by_pow2(self, t: Self) -> Self;
@@ -85,6 +87,11 @@ impl Lanes for f32 {
     #[inline(always)]
     fn min(self, hi: f32) -> Self {
         if self < hi { self } else { hi }
+    }
+
+    #[inline(always)]
+    fn max(self, lo: f32) -> Self {
+        if self > lo { self } else { lo }
     }
 
     #[inline(always)]

@@ -39,19 +39,24 @@
 //! in release on 2 cores; a spread of a million of them is checked in every run), counting a
 //! subnormal result's ulp as the smallest subnormal: `exp` within 0.98 ulp of the exact result,
 //! `ln` 0.83, `tanh` 2.42 at 0.0078 (Cephes' `tanhf` 1.33, PyTorch's Sleef `tanh` 1; the rounding
-//! of `y + 2` is most of it), `sigmoid` 2.4, `silu` 3.4, `gelu` 5.1 (at -7.14), and `gelu_tanh`
-//! within 2.8 ulp per unit of its argument `2u` (the error that `2u`'s own rounding carries through
-//! `e^(-2u)`, as in every f32 evaluation of that formula). The old `0.5 * x * (1 + erff(x / √2))`
+//! of `y + 2` is most of it), `sigmoid` 2.4, `silu` 3.35, `gelu` 5.14 (at -13.1, a subnormal
+//! result), and `gelu_tanh` within 2.6 ulp per unit of its argument `2u` (the error that `2u`'s
+//! own rounding carries through `e^(-2u)`, as in every f32 evaluation of that formula). The old `0.5 * x * (1 + erff(x / √2))`
 //! lost the tail to cancellation: 10% off at -5. PyTorch's vectorised loops are of the same kind
 //! (Sleef's 1-ulp `exp`); its GELU's `erf` has an absolute error of 1.5e-7, 26% of `gelu(-5)`.
 //!
 //! Results that are subnormal (`gelu` below -13, `gelu_tanh` below -10.3, `silu` below -87)
 //! are computed, not flushed: on x86 each costs a microcode assist, so a tensor with many of
-//! them runs slower; so does one with many arguments whose square is subnormal (below 1e-19):
-//! a 1024x3072 `randn` activation times 1e-20 took 18-39 ms in each function here against 1-2.1
-//! ms unscaled, on a Xeon at 1 thread (PyTorch 2.15: 18-56 ms in `exp`, the sigmoid, SiLU and
-//! GELU's tanh form, 1.5 ms in GELU and `tanh`). bf16 and f16 tensors look these functions'
-//! results up in tables computed here (`kernels::table`), at the same cost whatever the values.
+//! them runs slower. Small arguments, whose square is subnormal (below 1e-19), take no assist:
+//! the squares go through multiply-adds, which do not round their products ([`p_r_r_plus_r`]),
+//! or are taken of at least 2^-30, where the change is below half an ulp of the sum it goes
+//! into (GELU's `x^2`). A 1024x3072
+//! `randn` activation times 1e-20 took 1.2-2.2 ms in GELU, its tanh form, the sigmoid, SiLU and
+//! `tanh`, as unscaled, against 18.8-43 ms before, on a Xeon at 1 thread (PyTorch 2.15: 18-56 ms
+//! in `exp`, the sigmoid, SiLU and GELU's tanh form, 1.5 ms in GELU and `tanh`). `exp` keeps the
+//! unfused form and its 18 ms: fused, its worst error went from 0.98 ulp to 1.016. bf16 and
+//! f16 tensors look these functions' results up in tables computed here (`kernels::table`), at
+//! the same cost whatever the values.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
@@ -106,16 +111,18 @@ fn horner<V: Lanes, const N: usize>(x: V, c: [f32; N]) -> V {
 pub(crate) fn exp<V: Lanes>(x: V) -> V {
     // Above 89, e^x is `inf` (e^88.73 > f32::MAX); below -150 it rounds to 0 (e^-103.98 <
     // 2^-150), and the clamp keeps the argument where [`exp_parts`] is exact (NaN stays NaN).
-    let (e, t) = exp_parts(x.clamp(-150.0, 89.0), None);
+    let (e, t) = exp_parts::<false, _>(x.clamp(-150.0, 89.0), None);
     V::select(x.lt(V::splat(-150.0)), V::splat(0.0), e.scale_e_by_pow2(t))
 }
 
 /// `e^(hi + lo)` as `e 2^n`, for an argument in `[-150, 89]` given in one part or in two (`lo`
 /// a few units at most): `e` in `[√½, √2]`, and `t`, whose bits hold `n` (see [`pow2_halves`],
 /// [`pow2_plus`]). The reduction subtracts `n ln 2` from `hi` before `lo` is added, so that
-/// the bits `hi + lo` would round away are kept. NaN gives a NaN `e`.
+/// the bits `hi + lo` would round away are kept. NaN gives a NaN `e`. `FUSED`: `e^r - 1` by
+/// [`p_r_r_plus_r`] (no subnormal step for small `r`), for the functions whose error is more
+/// than `exp`'s own; else unfused, `exp`'s 0.98 ulp.
 #[inline(always)]
-fn exp_parts<V: Lanes>(hi: V, lo: Option<V>) -> (V, V) {
+fn exp_parts<const FUSED: bool, V: Lanes>(hi: V, lo: Option<V>) -> (V, V) {
     const LOG2E: f32 = core::f32::consts::LOG2_E;
     let c = V::splat;
     let plus_lo = |v: V| lo.map_or(v, |lo| v + lo);
@@ -123,8 +130,13 @@ fn exp_parts<V: Lanes>(hi: V, lo: Option<V>) -> (V, V) {
     let n = t - c(SHIFT);
     let r = plus_lo(n.mul_add(c(-LN2_LO), n.mul_add(c(-LN2_HI), hi)));
     let p = horner(r, EXP_POLY);
-    // Not fused: `p.mul_add(r * r, r)` took the worst error over all f32 from 0.98 ulp to 1.01.
-    (p * (r * r) + r + c(1.0), t)
+    if FUSED {
+        (p_r_r_plus_r(p, r) + c(1.0), t)
+    } else {
+        // Not fused: `p.mul_add(r * r, r)` took the worst error over all f32 from 0.98 ulp to
+        // 1.01, and `p_r_r_plus_r` to 1.016.
+        (p * (r * r) + r + c(1.0), t)
+    }
 }
 
 /// ln 2 in two parts: `LN2_HI` has 9 significant bits, so `n * LN2_HI` is exact for the
@@ -176,7 +188,7 @@ fn scaled_sigmoid<V: Lanes>(scale: V, v: V) -> V {
     // e^-|v| = e 2^n, n in [-217, 0]; below -150, `scale e^-|v|` rounds to 0 for every
     // `|scale| < e^46` (e^-103.98 < 2^-150).
     let x = -v.abs();
-    let (e, t) = exp_parts(x.clamp(-150.0, 89.0), None);
+    let (e, t) = exp_parts::<true, _>(x.clamp(-150.0, 89.0), None);
     let s = V::select(neg, scale, c(1.0));
     let w = V::select(x.lt(c(-150.0)), s * c(0.0), (e * s).scale_by_pow2(t));
     V::select(neg, w, scale) / (c(1.0) + e.scale_by_pow2(t))
@@ -198,7 +210,7 @@ pub(crate) fn sigmoid<V: Lanes>(x: V) -> V {
 /// `erfcc` form, with `c = 0.455` for its 0.5), and `P` of degree 8 fitted (Remez) to a relative
 /// error of `erfc` below 1.1e-8 on `z` in `[0, 10.4]` (`examples/gelu_fit.py`). `s P(s)` is 0 at
 /// `z = 0`, so it keeps its relative accuracy near 0 too, and one formula serves every argument:
-/// within 5.1 ulp over all f32, about 3 near 0. (With Numerical Recipes' polynomial in `t`,
+/// within 5.14 ulp over all f32, about 3 near 0. (With Numerical Recipes' polynomial in `t`,
 /// which sums terms of 1.5 to about 0 there, the formula was 6.2 ulp off near 0, and `|x| < 0.7`
 /// took a series of `erf` besides: 7.3 ulp at worst, in 1.45x the time.)
 #[inline(always)]
@@ -207,6 +219,8 @@ pub(crate) fn gelu<V: Lanes>(x: V) -> V {
     const EDGE: f32 = 14.6;
     // c / √2, so that `c z = K |x|`.
     const K: f32 = 0.321_733_6;
+    // 2^-30 (exponent 127 - 30).
+    const TINY: f32 = f32::from_bits(97 << 23);
     let a = x.abs().min(EDGE);
     let u = c(K) * a;
     // `t` to within an ulp (not `1 - s`: where `t` is small, that carries `s`'s rounding
@@ -227,12 +241,15 @@ pub(crate) fn gelu<V: Lanes>(x: V) -> V {
             -1.479_956,
         ],
     );
-    // -z^2 = -a^2 / 2 exactly, as `hi + lo`: a fused multiply-add gives the product's
-    // rounding error exactly (`-0.5 a` is exact). The exponent is `hi` in one part and the
-    // rest in another, in [-109, 0].
-    let h = c(-0.5) * a;
-    let hi = h * a;
-    let (e, k) = exp_parts(hi, Some(s.mul_add(p, h.mul_add(a, -hi))));
+    // -z^2 = -b^2 / 2 exactly, as `hi + lo`: a fused multiply-add gives the product's
+    // rounding error exactly (`-0.5 b` is exact). The exponent is `hi` in one part and the
+    // rest in another, in [-109, 0]. `b` is `a`, but 2^-30 below it: there `b^2 / 2` is
+    // 2^-61 (a normal number, and so is its rounding error: see `p_r_r_plus_r`), below half an
+    // ulp of the exponent's other part, `s P(s)` (about -0.48 |x|).
+    let b = a.max(TINY);
+    let h = c(-0.5) * b;
+    let hi = h * b;
+    let (e, k) = exp_parts::<true, _>(hi, Some(s.mul_add(p, h.mul_add(b, -hi))));
     let negative = x.lt(c(0.0));
     // x q, for x < 0, and q: `e 2^n` times `t` and by `|x|` where x < 0, then scaled by
     // 2^(n - 1) (the `/ 2` of `t / 2`), rounding once (for the subnormal results below -13).
@@ -273,7 +290,17 @@ fn exp_minus_1_parts<V: Lanes>(x: V) -> (V, V) {
     let n = t - c(SHIFT);
     let r = n.mul_add(c(-LN2_LO), n.mul_add(c(-LN2_HI), x));
     let p = horner(r, EXP_POLY);
-    (p.mul_add(r * r, r), t)
+    (p_r_r_plus_r(p, r), t)
+}
+
+/// `p r^2 + r`, as `(p r) r + r` with one rounding after `p r`: `r * r` is subnormal for
+/// `|r| < 2^-63`, and on x86 each operation giving or taking a subnormal costs a microcode
+/// assist (SiLU of a 1024x3072 activation times 1e-20 took 19 ms against 1.3 unscaled), while
+/// `p r` (`p` near 1/2) is a normal number down to `|r|` = 2^-125 and the multiply-add's
+/// product is not rounded. One operation fewer than `p * (r * r) + r`.
+#[inline(always)]
+fn p_r_r_plus_r<V: Lanes>(p: V, r: V) -> V {
+    (p * r).mul_add(r, r)
 }
 
 /// `ln(x)`, as Cephes' `logf`: `x = m 2^e` with `m` in `[√½, √2)`, `ln(m)` by a polynomial of
@@ -323,9 +350,11 @@ pub(crate) fn silu<V: Lanes>(x: V) -> V {
 /// that of `2u`'s rounding carried through `e^(-2u)`: about `|2u|` units in the last place.
 #[inline(always)]
 pub(crate) fn gelu_tanh<V: Lanes>(x: V) -> V {
-    // 2√(2/π) and 2√(2/π) 0.044715.
+    // 2√(2/π) and 2√(2/π) 0.044715; `x (a + b x x)` with `b x` rounded and the rest in one
+    // multiply-add, whose product is not rounded: `x * x` is subnormal below 2^-63, where each
+    // operation on it costs a microcode assist (see `p_r_r_plus_r`).
     let c = V::splat;
-    scaled_sigmoid(x, x * (c(1.595_769_2) + c(7.135_481_4e-2) * (x * x)))
+    scaled_sigmoid(x, x * x.mul_add(c(7.135_481_4e-2) * x, c(1.595_769_2)))
 }
 
 #[cfg(test)]
@@ -483,6 +512,21 @@ mod tests {
             };
         }
         same_bits!(exp, ln, tanh, sigmoid, silu, gelu, gelu_tanh);
+    }
+
+    /// Arguments whose square is subnormal (the steps that would cost assists take multiply-adds
+    /// or 2^-30 instead) give the correctly rounded results: `x / 2` for GELU and its tanh form
+    /// and SiLU, 1/2 for the sigmoid, `x` for `tanh`.
+    #[test]
+    fn small_arguments_are_correctly_rounded() {
+        for x in [1e-20f32, -3.7e-25, 2.1e-30, -1e-37, 6e-13, -9.3e-10] {
+            let half = x / 2.0;
+            assert_eq!(gelu(x), half, "gelu({x:e})");
+            assert_eq!(gelu_tanh(x), half, "gelu_tanh({x:e})");
+            assert_eq!(silu(x), half, "silu({x:e})");
+            assert_eq!(sigmoid(x), 0.5, "sigmoid({x:e})");
+            assert_eq!(tanh(x), x, "tanh({x:e})");
+        }
     }
 
     #[test]
