@@ -41,8 +41,8 @@
 //! `ln` 0.83, `tanh` 2.42 at 0.0078 (Cephes' `tanhf` 1.33, PyTorch's Sleef `tanh` 1; the rounding
 //! of `y + 2` is most of it), `sigmoid` 2.4, `silu` 3.35, `gelu` 5.14 (at -13.1, a subnormal
 //! result), and `gelu_tanh` within 2.6 ulp per unit of its argument `2u` (the error that `2u`'s
-//! own rounding carries through `e^(-2u)`, as in every f32 evaluation of that formula). The old `0.5 * x * (1 + erff(x / √2))`
-//! lost the tail to cancellation: 10% off at -5. PyTorch's vectorised loops are of the same kind
+//! own rounding carries through `e^(-2u)`, as in every f32 evaluation of that formula). The old
+//! `0.5 * x * (1 + erff(x / √2))` lost the tail to cancellation: 10% off at -5. PyTorch's vectorised loops are of the same kind
 //! (Sleef's 1-ulp `exp`); its GELU's `erf` has an absolute error of 1.5e-7, 26% of `gelu(-5)`.
 //!
 //! Results that are subnormal (`gelu` below -13, `gelu_tanh` below -10.3, `silu` below -87)
@@ -50,13 +50,12 @@
 //! them runs slower. Small arguments, whose square is subnormal (below 1e-19), take no assist:
 //! the squares go through multiply-adds, which do not round their products ([`p_r_r_plus_r`]),
 //! or are taken of at least 2^-30, where the change is below half an ulp of the sum it goes
-//! into (GELU's `x^2`). A 1024x3072
-//! `randn` activation times 1e-20 took 1.2-2.2 ms in GELU, its tanh form, the sigmoid, SiLU and
-//! `tanh`, as unscaled, against 18.8-43 ms before, on a Xeon at 1 thread (PyTorch 2.15: 18-56 ms
-//! in `exp`, the sigmoid, SiLU and GELU's tanh form, 1.5 ms in GELU and `tanh`). `exp` keeps the
-//! unfused form and its 18 ms: fused, its worst error went from 0.98 ulp to 1.016. bf16 and
-//! f16 tensors look these functions' results up in tables computed here (`kernels::table`), at
-//! the same cost whatever the values.
+//! into (GELU's `x^2`). A 1024x3072 `randn` activation times 1e-20 took 1.2-2.2 ms in GELU, its
+//! tanh form, the sigmoid, SiLU and `tanh`, the time of the unscaled one, against 18.8-43 ms
+//! before, on a Xeon at 1 thread (PyTorch 2.15: 18-56 ms in `exp`, the sigmoid, SiLU and GELU's
+//! tanh form, 1.5 ms in GELU and `tanh`). `exp` keeps the unfused form and its 18 ms: fused,
+//! its worst error went from 0.98 ulp to 1.016. bf16 and f16 tensors look these functions'
+//! results up in tables computed here (`kernels::table`), at the same cost whatever the values.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
