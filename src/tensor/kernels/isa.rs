@@ -29,7 +29,7 @@ use half::{bf16, f16};
 use crate::tensor::halfconv::HalfFloat;
 
 /// The vector extensions a loop can be compiled for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Isa {
     /// The build's baseline (SSE2 on x86-64; anything on other architectures).
     Baseline,
@@ -39,19 +39,69 @@ pub(crate) enum Isa {
     Avx512,
 }
 
+/// The environment variable that caps the vector extensions tensormem's kernels use, read once,
+/// at the first kernel: `avx512`, `avx2` or `default` (the build's baseline: SSE2 on x86-64),
+/// PyTorch's names for its `ATEN_CPU_CAPABILITY`. A CPU without the extension named runs its
+/// widest; an unset, empty or unknown value (logged) caps nothing. Every route gives the same
+/// results (see the module documentation), so this changes speed only: to measure or check a
+/// machine without AVX-512 on one with it, or to rule a route out. The f32 matrix product (the
+/// `gemm` crate) detects the CPU on its own and is not capped.
+///
+/// ```
+/// // "avx512" on AVX-512 CPUs, "avx2" on AVX2 ones, "default" elsewhere, unless capped
+/// let capability: &str = tensormem::tensor::cpu_capability();
+/// assert!(["avx512", "avx2", "default"].contains(&capability));
+/// ```
+pub const CPU_CAPABILITY_ENV: &str = "TENSORMEM_CPU_CAPABILITY";
+
+/// The vector extensions tensormem's kernels use here, by [`CPU_CAPABILITY_ENV`]'s names:
+/// `"avx512"` (AVX-512 F, BW and VL, with AVX2, FMA and F16C), `"avx2"` (AVX2, FMA and F16C)
+/// or `"default"` (the build's baseline): the widest the CPU has, capped by
+/// `TENSORMEM_CPU_CAPABILITY`. Routes above these (AMX, AVX512-BF16) need `"avx512"`.
+///
+/// ```
+/// let capability = tensormem::tensor::cpu_capability();
+/// if capability == "default" {
+///     // no AVX2: AMX and AVX512-BF16 are off too
+///     assert!(!tensormem::tensor::amx_enabled());
+/// }
+/// ```
+pub fn cpu_capability() -> &'static str {
+    match detected() {
+        Isa::Baseline => "default",
+        Isa::Avx2 => "avx2",
+        Isa::Avx512 => "avx512",
+    }
+}
+
 /// The detected [`Isa`], plus one (0: not detected yet).
 static DETECTED: AtomicU8 = AtomicU8::new(0);
 
-/// The widest [`Isa`] this CPU runs.
+/// The widest [`Isa`] this CPU runs, capped by [`CPU_CAPABILITY_ENV`].
 pub(crate) fn detected() -> Isa {
     match DETECTED.load(Ordering::Relaxed) {
         1 => Isa::Baseline,
         2 => Isa::Avx2,
         3 => Isa::Avx512,
         _ => {
-            let isa = detect();
+            let isa = detect().min(cap(std::env::var(CPU_CAPABILITY_ENV).ok().as_deref()));
             DETECTED.store(isa as u8 + 1, Ordering::Relaxed);
             isa
+        }
+    }
+}
+
+/// The widest [`Isa`] a value of [`CPU_CAPABILITY_ENV`] allows.
+fn cap(value: Option<&str>) -> Isa {
+    match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        Some("default") => Isa::Baseline,
+        Some("avx2") => Isa::Avx2,
+        None | Some("" | "avx512") => Isa::Avx512,
+        Some(v) => {
+            tracing::warn!(
+                "{CPU_CAPABILITY_ENV}={v:?} is none of avx512, avx2, default; the CPU's widest extension is used"
+            );
+            Isa::Avx512
         }
     }
 }

@@ -12,6 +12,7 @@ mod norm;
 
 pub(crate) use elementwise::BinaryOp;
 pub use elementwise::Scalar;
+pub use isa::{CPU_CAPABILITY_ENV, cpu_capability};
 pub(crate) use mask::FILL_HINT;
 pub use switch::{
     AMX_ENV, AVX512_BF16_ENV, AVX512_BLOCKS_ENV, HALF_TABLES_ENV, amx_enabled, avx512_bf16_enabled,
