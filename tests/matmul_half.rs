@@ -1,8 +1,8 @@
 //! bf16 and f16 matmul on AMX tiles (Intel Xeon 4th generation and later) and bf16 on
 //! AVX512-BF16 registers (by default on AMD Zen 4 and later; Intel's turned on by the switch),
-//! and f16 and bf16 products of few rows on AVX-512's fused multiply-adds,
-//! against the f32 route: the same values
-//! where the sums are exact, within one rounding elsewhere; the hardware routes' subnormal
+//! and f16 and bf16 products of few rows on AVX-512's or AVX2's fused multiply-adds (CI runs
+//! these tests again with `TENSORMEM_CPU_CAPABILITY=avx2` for the second), against the f32
+//! route: the same values where the sums are exact, within one rounding elsewhere; the hardware routes' subnormal
 //! flushing (bf16 only); f16 infinities and NaNs; the switches and their environment variables.
 //! The bf16 tests run every route this CPU has in turn; where it has neither AMX nor
 //! AVX512-BF16 they check the f32 route alone (they say so on stderr).
@@ -10,16 +10,21 @@
 use std::sync::Mutex;
 
 use tensormem::tensor::{
-    AMX_ENV, AVX512_BF16_ENV, DType, Tensor, amx_enabled, avx512_bf16_enabled, set_amx, set_avx512_bf16,
+    AMX_ENV, AVX512_BF16_ENV, CPU_CAPABILITY_ENV, DType, Tensor, amx_enabled, avx512_bf16_enabled, set_amx,
+    set_avx512_bf16,
 };
 
 /// Whether Linux lists each of `wanted` (and AVX-512 F, BW and VL) for this CPU (read
-/// independently of the library's own detection).
+/// independently of the library's own detection), and `TENSORMEM_CPU_CAPABILITY` leaves the
+/// kernels AVX-512.
 fn cpu_lists(wanted: &[&str]) -> bool {
+    let capped = std::env::var(CPU_CAPABILITY_ENV)
+        .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "avx2" | "default"));
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
     let has = |f: &str| flags.split_whitespace().any(|x| x == f);
-    cfg!(all(target_arch = "x86_64", target_os = "linux"))
+    !capped
+        && cfg!(all(target_arch = "x86_64", target_os = "linux"))
         && ["avx512f", "avx512bw", "avx512vl"].iter().chain(wanted).all(|f| has(f))
 }
 

@@ -42,10 +42,12 @@ pub(crate) enum Isa {
 /// The environment variable that caps the vector extensions tensormem's kernels use, read once,
 /// at the first kernel: `avx512`, `avx2` or `default` (the build's baseline: SSE2 on x86-64),
 /// PyTorch's names for its `ATEN_CPU_CAPABILITY`. A CPU without the extension named runs its
-/// widest; an unset, empty or unknown value (logged) caps nothing. Every route gives the same
-/// results (see the module documentation), so this changes speed only: to measure or check a
-/// machine without AVX-512 on one with it, or to rule a route out. The f32 matrix product (the
-/// `gemm` crate) detects the CPU on its own and is not capped.
+/// widest; an unset, empty or unknown value (logged) caps nothing. The element-wise kernels,
+/// sums, softmax, the norms and the casts give the same bits on every route (see the module
+/// documentation), so for them this changes speed only: to measure or check a machine without
+/// AVX-512 on one with it, or to rule a route out. bf16 and f16 matrix products may differ in
+/// the last bit (the sums taken in another order; AMX and AVX512-BF16 need `avx512`); the f32
+/// product (the `gemm` crate) detects the CPU on its own and is not capped.
 ///
 /// ```
 /// // "avx512" on AVX-512 CPUs, "avx2" on AVX2 ones, "default" elsewhere, unless capped

@@ -303,7 +303,7 @@ fn few_rows(
     batch: &[usize],
     (n, k, m): (usize, usize, usize),
 ) -> Result<Tensor> {
-    use super::amx::{few_rows, few_rows_product};
+    use super::amx::{few_rows, few_rows_avx2, few_rows_product};
     let nb = batch.len();
     // The rows contiguous, bf16 or widened to f32 once: a strided one (few rows, so cheap) is
     // copied first.
@@ -319,9 +319,10 @@ fn few_rows(
     let (ars, acs) = (a.strides()[nb], a.strides()[nb + 1]);
     let bm = Mat { ptr: b.data_ptr() as *const u16, rs: b.strides()[nb], cs: b.strides()[nb + 1] };
     let dst = out.data_ptr() as *mut u16;
+    let avx512 = super::isa::detected() == super::isa::Isa::Avx512;
     // SAFETY: `route` returned `FewRows { dots }` for `dt` (the caller's test), so `isa::detected`
-    // is AVX-512: the CPU has AVX-512 F, BW and VL, FMA and F16C; with `dots`, AVX512-BF16 was
-    // on, so the CPU has it. `a` (bf16 if `dots`, else f32) and `b` (of `dt`) are host-ready and
+    // is AVX2 or AVX-512: the CPU has AVX2, FMA and F16C, and with `avx512` AVX-512 F, BW and VL;
+    // with `dots`, AVX512-BF16 was on, so the CPU has it (and AVX-512). `a` (bf16 if `dots`, else f32) and `b` (of `dt`) are host-ready and
     // read-locked, `a`'s rows and `b`'s columns contiguous (or `k <= 1`); each offset addresses
     // one of their matrices with these strides. `out` is fresh, `batches * n * m` elements, and
     // aliases nothing.
@@ -331,7 +332,12 @@ fn few_rows(
             few_rows_product(few_rows::bf16, (am, &ao), (bm, &bo), (n, k, m), dst, threads)
         } else {
             let am = Mat { ptr: a.data_ptr() as *const f32, rs: ars, cs: acs };
-            let kernel = if dt == DType::F16 { few_rows::f16 } else { few_rows::bf16_widened };
+            let kernel = match (dt == DType::F16, avx512) {
+                (true, true) => few_rows::f16,
+                (false, true) => few_rows::bf16_widened,
+                (true, false) => few_rows_avx2::f16,
+                (false, false) => few_rows_avx2::bf16_widened,
+            };
             few_rows_product(kernel, (am, &ao), (bm, &bo), (n, k, m), dst, threads)
         }
     };

@@ -63,6 +63,8 @@ use super::{Shared, piece_range};
 mod dots;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(super) mod few_rows;
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub(super) mod few_rows_avx2;
 #[cfg(target_arch = "x86_64")]
 mod pack;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -82,7 +84,8 @@ pub(super) enum Route {
     Dots,
     /// Fewer rows than a panel, the right operand with contiguous columns: dot products of rows
     /// and columns, unpacked ([`few_rows_product`]): bf16 on AVX512-BF16 (`dots`) where that
-    /// route is on, else (and f16) on AVX-512's fused multiply-adds.
+    /// route is on, else (and f16) on AVX-512's fused multiply-adds, or AVX2's
+    /// ([`few_rows_avx2`]) on CPUs without AVX-512.
     FewRows { dots: bool },
 }
 
@@ -97,13 +100,14 @@ pub(super) enum Route {
 /// dot products where `b`'s columns are contiguous, in groups of 4 rows instead of panels of 32
 /// (0.36 against 0.80 ms for 15 or 16 rows by GPT-2's 768 x 3072 bf16 weight on one Zen 4
 /// thread), on any AVX-512 CPU: bf16 on AVX512-BF16 when on, else (and f16) on fused
-/// multiply-adds, the f32 route's arithmetic without converting the weight. Anything else
+/// multiply-adds, the f32 route's arithmetic without converting the weight; on AVX2 CPUs, on
+/// AVX2's multiply-adds ([`few_rows_avx2`]). Anything else
 /// (matrix-vector products of other layouts, tiny batched heads) takes the f32 route.
 pub(super) fn route(n: usize, k: usize, m: usize, f16: bool, b_columns: bool) -> Option<Route> {
     let panels = n >= 16 && m >= 16 && k >= 32;
     let dots = !f16 && avx512_bf16_enabled();
     // (AVX512-BF16's switch is on only on AVX-512 CPUs.)
-    let few = b_columns && n < PANEL && super::isa::detected() == super::isa::Isa::Avx512;
+    let few = b_columns && n < PANEL && super::isa::detected() >= super::isa::Isa::Avx2;
     if panels && amx_enabled() && !(f16 && few && n < F16_FEW_ROWS_BESIDE_TILES) {
         Some(Route::Tiles)
     } else if few {
