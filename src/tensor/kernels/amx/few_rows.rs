@@ -122,29 +122,52 @@ unsafe fn blocks<const KIND: u8>(
     out: *mut u16,
     out_rs: usize,
 ) {
-    let a_bytes = a_rs * if KIND == DOTS { 2 } else { 4 };
+    let blk = Block { a, a_rs, b, b_cs, k, out, out_rs };
+    // SAFETY: our contract, for `for_each_block`'s blocks and `run`'s.
+    unsafe {
+        for_each_block(blk, if KIND == DOTS { 2 } else { 4 }, n, BLOCK, cols, |rows, wide, blk| match (rows, wide) {
+            (4, true) => run::<4, BLOCK, KIND>(blk),
+            (3, true) => run::<3, BLOCK, KIND>(blk),
+            (2, true) => run::<2, BLOCK, KIND>(blk),
+            (_, true) => run::<1, BLOCK, KIND>(blk),
+            (4, false) => run::<4, 1, KIND>(blk),
+            (3, false) => run::<3, 1, KIND>(blk),
+            (2, false) => run::<2, 1, KIND>(blk),
+            (_, false) => run::<1, 1, KIND>(blk),
+        })
+    }
+}
+
+/// Calls `block(rows, wide, blk)` for each block of the rows `0..n` and the columns `cols` of
+/// the product whose row 0 and column 0 are `whole`: blocks of `max_rows` rows (fewer for the
+/// last) by 4 columns (`wide`), or by 1 column for the last few; `a_bytes` is the size of an
+/// element of `a`. Each kernel's `block` calls its function for that size.
+///
+/// # Safety
+/// `block` may be called for every such block: the caller's contract for its kernel.
+#[inline(always)]
+pub(super) unsafe fn for_each_block(
+    whole: Block,
+    a_bytes: usize,
+    n: usize,
+    max_rows: usize,
+    cols: Range<usize>,
+    mut block: impl FnMut(usize, bool, Block),
+) {
+    let Block { a, a_rs, b, b_cs, out, out_rs, .. } = whole;
     let mut j = cols.start;
     while j < cols.end {
         let wide = cols.end - j >= BLOCK;
         let mut i = 0;
         while i < n {
-            let rows = (n - i).min(BLOCK);
+            let rows = (n - i).min(max_rows);
             // SAFETY: rows `i .. i + rows` and columns `j .. j + 4` (or `j`) are inside the
-            // product and the caller's columns (our contract).
-            unsafe {
-                let (a, out, b) = (a.add(i * a_bytes), out.add(i * out_rs + j), b.add(j * b_cs));
-                let blk = Block { a, a_rs, b, b_cs, k, out, out_rs };
-                match (rows, wide) {
-                    (4, true) => run::<4, BLOCK, KIND>(blk),
-                    (3, true) => run::<3, BLOCK, KIND>(blk),
-                    (2, true) => run::<2, BLOCK, KIND>(blk),
-                    (_, true) => run::<1, BLOCK, KIND>(blk),
-                    (4, false) => run::<4, 1, KIND>(blk),
-                    (3, false) => run::<3, 1, KIND>(blk),
-                    (2, false) => run::<2, 1, KIND>(blk),
-                    (_, false) => run::<1, 1, KIND>(blk),
-                }
-            }
+            // product and the caller's columns (our contract), so these pointers stay inside
+            // the operands.
+            let blk = unsafe {
+                Block { a: a.add(i * a_rs * a_bytes), b: b.add(j * b_cs), out: out.add(i * out_rs + j), ..whole }
+            };
+            block(rows, wide, blk);
             i += rows;
         }
         j += if wide { BLOCK } else { 1 };
@@ -155,14 +178,14 @@ unsafe fn blocks<const KIND: u8>(
 /// `a_rs` elements apart, columns of `b` `b_cs` apart, `k` inner elements, results at `out` in
 /// rows `out_rs` apart.
 #[derive(Clone, Copy)]
-struct Block {
-    a: *const u8,
-    a_rs: usize,
-    b: *const u16,
-    b_cs: usize,
-    k: usize,
-    out: *mut u16,
-    out_rs: usize,
+pub(super) struct Block {
+    pub(super) a: *const u8,
+    pub(super) a_rs: usize,
+    pub(super) b: *const u16,
+    pub(super) b_cs: usize,
+    pub(super) k: usize,
+    pub(super) out: *mut u16,
+    pub(super) out_rs: usize,
 }
 
 /// [`group`] compiled for its dtype's CPU features, each size a function of its own. With all

@@ -14,9 +14,10 @@
 use core::arch::x86_64::*;
 use core::ops::Range;
 
+use super::few_rows::{Block, for_each_block};
 use crate::tensor::halfconv::HalfFloat;
 
-/// Columns per block.
+/// Columns per block ([`for_each_block`]'s).
 const COLS: usize = 4;
 /// Rows per block.
 const ROWS: usize = 4;
@@ -83,53 +84,21 @@ unsafe fn blocks<const F16: bool>(
     out: *mut u16,
     out_rs: usize,
 ) {
-    let mut j = cols.start;
-    while j < cols.end {
-        let wide = cols.end - j >= COLS;
-        let mut i = 0;
-        while i < n {
-            let rows = (n - i).min(ROWS);
-            // SAFETY: rows `i .. i + rows` and columns `j .. j + 4` (or `j`) are inside the
-            // product and the caller's columns (our contract).
-            unsafe {
-                let blk = Block {
-                    a: a.add(i * a_rs),
-                    a_rs,
-                    b: b.add(j * b_cs),
-                    b_cs,
-                    k,
-                    out: out.add(i * out_rs + j),
-                    out_rs,
-                };
-                match (rows, wide) {
-                    (4, true) => group::<4, COLS, F16>(blk),
-                    (3, true) => group::<3, COLS, F16>(blk),
-                    (2, true) => group::<2, COLS, F16>(blk),
-                    (_, true) => group::<1, COLS, F16>(blk),
-                    (4, false) => group::<4, 1, F16>(blk),
-                    (3, false) => group::<3, 1, F16>(blk),
-                    (2, false) => group::<2, 1, F16>(blk),
-                    (_, false) => group::<1, 1, F16>(blk),
-                }
-            }
-            i += rows;
-        }
-        j += if wide { COLS } else { 1 };
+    let blk = Block { a: a.cast(), a_rs, b, b_cs, k, out, out_rs };
+    // SAFETY: our contract, for `for_each_block`'s blocks and `group`'s, with the CPU features
+    // `group` needs.
+    unsafe {
+        for_each_block(blk, 4, n, ROWS, cols, |rows, wide, blk| match (rows, wide) {
+            (4, true) => group::<4, COLS, F16>(blk),
+            (3, true) => group::<3, COLS, F16>(blk),
+            (2, true) => group::<2, COLS, F16>(blk),
+            (_, true) => group::<1, COLS, F16>(blk),
+            (4, false) => group::<4, 1, F16>(blk),
+            (3, false) => group::<3, 1, F16>(blk),
+            (2, false) => group::<2, 1, F16>(blk),
+            (_, false) => group::<1, 1, F16>(blk),
+        })
     }
-}
-
-/// One block's operands, from its row 0 and column 0: f32 rows of `a` `a_rs` elements apart,
-/// 16-bit columns of `b` `b_cs` apart, `k` inner elements, results at `out` in rows `out_rs`
-/// apart.
-#[derive(Clone, Copy)]
-struct Block {
-    a: *const f32,
-    a_rs: usize,
-    b: *const u16,
-    b_cs: usize,
-    k: usize,
-    out: *mut u16,
-    out_rs: usize,
 }
 
 /// `R` rows by `C` columns of [`blocks`]: the block `blk`, each result rounded once.
@@ -139,6 +108,7 @@ struct Block {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group<const R: usize, const C: usize, const F16: bool>(blk: Block) {
     let Block { a, a_rs, b, b_cs, k, out, out_rs } = blk;
+    let a = a.cast::<f32>();
     // Sums start at -0, the identity of IEEE addition, and the tail's unused lanes keep their
     // sums, so a sum of only -0 products is -0 (the exact sum), as on AVX-512; an empty sum is
     // +0.
