@@ -8,7 +8,8 @@
 //! sizes, and those of fewer than 32 rows by a transposed weight, run on AVX512-BF16's
 //! `vdpbf16ps` on AMD CPUs that have it (Zen 4 and later), as oneDNN does (Intel's run it at half
 //! the rate of f32 multiply-adds); f16 products of fewer than 32 rows by a transposed weight, and
-//! bf16 ones where that route is off, as dot products with fused multiply-adds.
+//! bf16 ones where that route is off, as dot products with fused multiply-adds (AVX-512's, or
+//! AVX2's on CPUs without AVX-512).
 //!
 //! On several kernel threads, a gemm product is cut by the columns of its result, one
 //! single-threaded gemm call per piece ([`Split`]), where each piece gets at least
@@ -97,8 +98,8 @@ impl Tensor {
     /// and [`set_avx512_bf16`]`(false)` (or `TENSORMEM_AMX=0` and `TENSORMEM_AVX512_BF16=0`)
     /// choose the f32 route everywhere. f16 products of fewer than 32 rows whose right operand
     /// has contiguous columns (and bf16 ones, where AVX512-BF16's route is off) run as dot
-    /// products on any AVX-512 CPU (where AMX is on, those of fewer than 20 rows for f16, 16
-    /// for bf16), with the f32 route's arithmetic (exact products, f32 sums in another order,
+    /// products on any AVX-512 or AVX2 CPU (where AMX is on, those of fewer than 20 rows for
+    /// f16, 16 for bf16), with the f32 route's arithmetic (exact products, f32 sums in another order,
     /// subnormals kept; a sum of only -0 products is -0) and without converting the right
     /// operand.
     ///
@@ -321,11 +322,11 @@ fn few_rows(
     let dst = out.data_ptr() as *mut u16;
     let avx512 = super::isa::detected() == super::isa::Isa::Avx512;
     // SAFETY: `route` returned `FewRows { dots }` for `dt` (the caller's test), so `isa::detected`
-    // is AVX2 or AVX-512: the CPU has AVX2, FMA and F16C, and with `avx512` AVX-512 F, BW and VL;
-    // with `dots`, AVX512-BF16 was on, so the CPU has it (and AVX-512). `a` (bf16 if `dots`, else f32) and `b` (of `dt`) are host-ready and
-    // read-locked, `a`'s rows and `b`'s columns contiguous (or `k <= 1`); each offset addresses
-    // one of their matrices with these strides. `out` is fresh, `batches * n * m` elements, and
-    // aliases nothing.
+    // is AVX2 or AVX-512: the CPU has AVX2, FMA and F16C, and with `avx512` AVX-512 F, BW and
+    // VL; with `dots`, AVX512-BF16 was on, so the CPU has it (and AVX-512). `a` (bf16 if `dots`,
+    // else f32) and `b` (of `dt`) are host-ready and read-locked, `a`'s rows and `b`'s columns
+    // contiguous (or `k <= 1`); each offset addresses one of their matrices with these strides.
+    // `out` is fresh, `batches * n * m` elements, and aliases nothing.
     unsafe {
         if dots {
             let am = Mat { ptr: a.data_ptr() as *const u16, rs: ars, cs: acs };
