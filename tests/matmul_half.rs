@@ -10,16 +10,16 @@
 use std::sync::Mutex;
 
 use tensormem::tensor::{
-    AMX_ENV, AVX512_BF16_ENV, CPU_CAPABILITY_ENV, DType, Tensor, amx_enabled, avx512_bf16_enabled, set_amx,
-    set_avx512_bf16,
+    AMX_ENV, AVX512_BF16_ENV, CPU_CAPABILITY_ENV, DType, Tensor, amx_enabled, avx512_bf16_enabled, cpu_capability,
+    set_amx, set_avx512_bf16,
 };
 
 /// Whether Linux lists each of `wanted` (and AVX-512 F, BW and VL) for this CPU (read
-/// independently of the library's own detection), and `TENSORMEM_CPU_CAPABILITY` leaves the
-/// kernels AVX-512.
+/// independently of the library's own detection), and `TENSORMEM_CPU_CAPABILITY` does not cap
+/// the kernels below AVX-512 (`cpu_capability` reads the cap; `tests/cpu_capability.rs` checks
+/// it).
 fn cpu_lists(wanted: &[&str]) -> bool {
-    let capped = std::env::var(CPU_CAPABILITY_ENV)
-        .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "avx2" | "default"));
+    let capped = std::env::var_os(CPU_CAPABILITY_ENV).is_some() && cpu_capability() != "avx512";
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
     let has = |f: &str| flags.split_whitespace().any(|x| x == f);

@@ -336,8 +336,8 @@ fn few_rows(
             let kernel = match (dt == DType::F16, avx512) {
                 (true, true) => few_rows::f16,
                 (false, true) => few_rows::bf16_widened,
-                (true, false) => few_rows_avx2::f16,
-                (false, false) => few_rows_avx2::bf16_widened,
+                (true, false) => few_rows_avx2::widened::<true>,
+                (false, false) => few_rows_avx2::widened::<false>,
             };
             few_rows_product(kernel, (am, &ao), (bm, &bo), (n, k, m), dst, threads)
         }

@@ -24,56 +24,16 @@ const ROWS: usize = 4;
 /// Inner elements per step (f32 lanes of a `ymm` register).
 const LANES: usize = 8;
 
-/// As [`few_rows::f16`](super::few_rows::f16), on AVX2.
+/// As [`few_rows::f16`](super::few_rows::f16) (`F16`) or
+/// [`few_rows::bf16_widened`](super::few_rows::bf16_widened) (not `F16`), on AVX2: `a` holds
+/// `n` rows of `k` f32, `b` f16 or bf16 columns, and `out` is rounded to that type once.
 ///
 /// # Safety
-/// As [`few_rows::bf16`](super::few_rows::bf16), with `a` holding f32 and `b` f16; the CPU has
-/// AVX2, FMA and F16C.
+/// As [`few_rows::bf16`](super::few_rows::bf16), with `a` holding f32; the CPU has AVX2, FMA
+/// and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(in crate::tensor::kernels) unsafe fn f16(
-    a: *const f32,
-    a_rs: usize,
-    b: *const u16,
-    b_cs: usize,
-    n: usize,
-    k: usize,
-    cols: Range<usize>,
-    out: *mut u16,
-    out_rs: usize,
-) {
-    // SAFETY: our contract, with the features `blocks` needs.
-    unsafe { blocks::<true>(a, a_rs, b, b_cs, n, k, cols, out, out_rs) }
-}
-
-/// As [`few_rows::bf16_widened`](super::few_rows::bf16_widened), on AVX2.
-///
-/// # Safety
-/// As [`f16`](fn@f16), with `b` holding bf16.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub(in crate::tensor::kernels) unsafe fn bf16_widened(
-    a: *const f32,
-    a_rs: usize,
-    b: *const u16,
-    b_cs: usize,
-    n: usize,
-    k: usize,
-    cols: Range<usize>,
-    out: *mut u16,
-    out_rs: usize,
-) {
-    // SAFETY: our contract, with the features `blocks` needs.
-    unsafe { blocks::<false>(a, a_rs, b, b_cs, n, k, cols, out, out_rs) }
-}
-
-/// The blocks of [`f16`](fn@f16) (`F16`) or [`bf16_widened`] (not `F16`).
-///
-/// # Safety
-/// That function's contract and CPU features (this is inlined into it).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn blocks<const F16: bool>(
+pub(in crate::tensor::kernels) unsafe fn widened<const F16: bool>(
     a: *const f32,
     a_rs: usize,
     b: *const u16,
@@ -101,10 +61,10 @@ unsafe fn blocks<const F16: bool>(
     }
 }
 
-/// `R` rows by `C` columns of [`blocks`]: the block `blk`, each result rounded once.
+/// `R` rows by `C` columns of [`widened`]: the block `blk`, each result rounded once.
 ///
 /// # Safety
-/// As [`blocks`], for `R` rows and `C` columns.
+/// As [`widened`], for `R` rows and `C` columns.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn group<const R: usize, const C: usize, const F16: bool>(blk: Block) {
     let Block { a, a_rs, b, b_cs, k, out, out_rs } = blk;
