@@ -58,9 +58,9 @@ pub use self::core::Tensor;
 pub use dtype::{DType, Element, QUANT_BLOCK};
 pub use error::{Result, TensorError};
 pub use kernels::{
-    AMX_ENV, AVX512_BF16_ENV, AVX512_BLOCKS_ENV, CPU_CAPABILITY_ENV, HALF_TABLES_ENV, Scalar, amx_enabled,
-    avx512_bf16_enabled, avx512_blocks_enabled, cpu_capability, half_tables_enabled, set_amx, set_avx512_bf16,
-    set_avx512_blocks, set_half_tables,
+    AMX_ENV, AVX2_BLOCKS_ENV, AVX512_BF16_ENV, AVX512_BLOCKS_ENV, CPU_CAPABILITY_ENV, HALF_TABLES_ENV, Scalar,
+    amx_enabled, avx2_blocks_enabled, avx512_bf16_enabled, avx512_blocks_enabled, cpu_capability, half_tables_enabled,
+    set_amx, set_avx2_blocks, set_avx512_bf16, set_avx512_blocks, set_half_tables,
 };
 pub use like::{TensorSlice, TensorSliceMut};
 pub use options::{DEFAULT_SEED, Generator, TensorOptions, manual_seed};

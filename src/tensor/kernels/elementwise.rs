@@ -142,9 +142,9 @@ impl Unary {
         !matches!(self, Unary::Neg | Unary::Abs | Unary::Relu)
     }
 
-    /// The function over groups of vectors ([`vmath::avx512`](crate::tensor::vmath::avx512))
+    /// The function over groups of vectors ([`vmath::blocks`](crate::tensor::vmath::blocks))
     /// that computes unary op `k` (a `Unary` as a number), where there is one: `f32` runs of it
-    /// go through it where the CPU has AVX-512 (see `FloatFn::call_run`).
+    /// go through it where the CPU has AVX-512 or AVX2 (see `FloatFn::call_run`).
     const fn lanes_fn(k: u8) -> Option<Func> {
         match k {
             k if k == Unary::Gelu as u8 => Some(Func::Gelu),
@@ -440,30 +440,20 @@ impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
         }
     }
 
-    /// GELU, SiLU, the sigmoid, GELU's tanh form, `tanh`, `exp` and `log` on `f32` runs, with AVX-512: four
-    /// vectors side by side ([`vmath::avx512`](crate::tensor::vmath::avx512)).
+    /// GELU, SiLU, the sigmoid, GELU's tanh form, `tanh`, `exp` and `log` on `f32` runs, in
+    /// blocks of several vectors side by side where the CPU has AVX-512 or AVX2
+    /// ([`vmath::blocks`](crate::tensor::vmath::blocks)).
     #[inline(always)]
     unsafe fn call_run(&self, isa: Isa, x: *const T, o: *mut T, n: usize) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            // `avx512_blocks_enabled` only where the CPU has AVX-512.
-            let Some(func) = Unary::lanes_fn(K) else { return false };
-            if isa != Isa::Avx512
-                || !super::switch::avx512_blocks_enabled()
-                || core::any::TypeId::of::<T>() != core::any::TypeId::of::<f32>()
-            {
-                return false;
-            }
-            // SAFETY: the CPU has AVX-512 (the switch is on only there); `T` is `f32`; the rest
-            // is the caller's promise.
-            unsafe { crate::tensor::vmath::avx512::run(func, x as *const f32, o as *mut f32, n) };
-            true
+        let Some(func) = Unary::lanes_fn(K) else { return false };
+        let Some(run) = crate::tensor::vmath::blocks(func) else { return false };
+        if isa == Isa::Baseline || core::any::TypeId::of::<T>() != core::any::TypeId::of::<f32>() {
+            return false;
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (isa, x, o, n);
-            false
-        }
+        // SAFETY: `T` is `f32`; `blocks` returns only what the CPU runs; the rest is the
+        // caller's promise.
+        unsafe { run(func, x as *const f32, o as *mut f32, n) };
+        true
     }
 
     /// The same on bf16 and f16 runs, each element widened, computed and rounded in registers

@@ -15,8 +15,9 @@ pub use elementwise::Scalar;
 pub use isa::{CPU_CAPABILITY_ENV, cpu_capability};
 pub(crate) use mask::FILL_HINT;
 pub use switch::{
-    AMX_ENV, AVX512_BF16_ENV, AVX512_BLOCKS_ENV, HALF_TABLES_ENV, amx_enabled, avx512_bf16_enabled,
-    avx512_blocks_enabled, half_tables_enabled, set_amx, set_avx512_bf16, set_avx512_blocks, set_half_tables,
+    AMX_ENV, AVX2_BLOCKS_ENV, AVX512_BF16_ENV, AVX512_BLOCKS_ENV, HALF_TABLES_ENV, amx_enabled, avx2_blocks_enabled,
+    avx512_bf16_enabled, avx512_blocks_enabled, half_tables_enabled, set_amx, set_avx2_blocks, set_avx512_bf16,
+    set_avx512_blocks, set_half_tables,
 };
 mod loops;
 mod matmul;

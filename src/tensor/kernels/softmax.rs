@@ -6,8 +6,8 @@
 //! f16 gave 1/2048 for each element, in bf16 1/256). The maximum and the sum run in 16
 //! independent lanes and `exp` is [`vmath::exp`](crate::tensor::vmath), so that the compiler
 //! vectorises every pass; the row loop is compiled for the CPU's widest vector extension, and
-//! where the CPU has AVX-512 the exponentials of a row go through the blocks of
-//! [`vmath::avx512`](crate::tensor::vmath::avx512), four vectors side by side (the same bits).
+//! where the CPU has AVX-512 or AVX2 the exponentials of a row go through the blocks of
+//! [`vmath::blocks`], four vectors side by side (the same bits).
 //! Each exponential is then multiplied by `1 / sum`, as PyTorch's kernel does: one division a
 //! row instead of one an element, and PyTorch's two roundings. bf16 rows are rounded 32 at a
 //! time by `vcvtne2ps2bf16` where the CPU has AVX512-BF16 (the same bits). On the 12x256x256
@@ -36,6 +36,7 @@ use crate::tensor::{Result, Tensor, TensorError};
 use super::isa::{self, vectorised};
 use super::lanes;
 use super::switch::avx512_blocks_enabled;
+use crate::tensor::vmath::{self, BlocksRun, Func};
 
 /// Whether the CPU has AVX512-BF16's rounding, for [`Route::BlocksBf16`].
 fn bf16_conversion() -> bool {
@@ -60,16 +61,17 @@ const SCRATCH: usize = 16 << 10;
 
 /// How [`row`] and [`log_row`] compute a row that fits the scratch row, each way with the same
 /// bits.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 enum Route {
     /// Every pass a loop the compiler vectorises.
     Loops,
-    /// The exponentials of an `f32` scratch row through the AVX-512 blocks ([`exp_in_place`]).
-    Blocks,
+    /// The exponentials of an `f32` scratch row through the AVX-512 or AVX2 blocks
+    /// ([`exp_in_place`]), by the function [`vmath::blocks`] gave.
+    Blocks(BlocksRun),
     /// As `Blocks`, for bf16 rows on a CPU with AVX512-BF16: the results are multiplied in
     /// the scratch row, then rounded 32 at a time by `vcvtne2ps2bf16`
     /// ([`narrow_bf16`](crate::tensor::vmath::avx512::narrow_bf16)).
-    BlocksBf16,
+    BlocksBf16(BlocksRun),
 }
 
 /// One row of `softmax`, with `tmp` as scratch (see [`SCRATCH`]), by `route`.
@@ -79,15 +81,16 @@ fn row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], route
     let m = lanes(src, T::C::LOWEST, T::to_op, Num::maximum);
     let e = |x: T| Float::exp(Num::sub(x.to_op(), m));
     if let Some(tmp) = tmp.get_mut(..src.len()) {
-        if route == Route::Loops {
-            for (t, &x) in tmp.iter_mut().zip(src) {
-                *t = e(x);
+        match route {
+            Route::Loops => {
+                for (t, &x) in tmp.iter_mut().zip(src) {
+                    *t = e(x);
+                }
             }
-        } else {
-            exp_shifted(src, m, tmp);
+            Route::Blocks(run) | Route::BlocksBf16(run) => exp_shifted(src, m, tmp, run),
         }
         let scale = Float::div(T::C::ONE, lanes(tmp, T::C::ZERO, |v| v, Num::add));
-        if route == Route::BlocksBf16 {
+        if matches!(route, Route::BlocksBf16(_)) {
             for v in tmp.iter_mut() {
                 *v = Num::mul(*v, scale);
             }
@@ -131,11 +134,14 @@ fn row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], route
 fn log_row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], route: Route) {
     let m = lanes(src, T::C::LOWEST, T::to_op, Num::maximum);
     let shifted = |x: T| Num::sub(x.to_op(), m);
-    let tmp = tmp.get_mut(..src.len()).filter(|_| route != Route::Loops);
-    let sum = if let Some(tmp) = tmp {
-        exp_shifted(src, m, tmp);
+    let blocks = match route {
+        Route::Loops => None,
+        Route::Blocks(run) | Route::BlocksBf16(run) => Some(run),
+    };
+    let sum = if let (Some(tmp), Some(run)) = (tmp.get_mut(..src.len()), blocks) {
+        exp_shifted(src, m, tmp, run);
         let sum = lanes(tmp, T::C::ZERO, |v| v, Num::add);
-        if route == Route::BlocksBf16 {
+        if matches!(route, Route::BlocksBf16(_)) {
             let ls = Float::ln(sum);
             for (t, &x) in tmp.iter_mut().zip(src) {
                 *t = Num::sub(shifted(x), ls);
@@ -154,32 +160,31 @@ fn log_row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], tmp: &mut [T::C], r
 }
 
 /// `tmp[i] = e^(src[i] - m)` for a row that fits `tmp`: the shifted row written there, then its
-/// exponentials in place ([`exp_in_place`]).
+/// exponentials in place by `run` ([`exp_in_place`]).
 #[inline(always)]
-fn exp_shifted<T: Opmath>(src: &[T], m: T::C, tmp: &mut [T::C]) {
+fn exp_shifted<T: Opmath>(src: &[T], m: T::C, tmp: &mut [T::C], run: BlocksRun) {
     for (t, &x) in tmp.iter_mut().zip(src) {
         *t = Num::sub(x.to_op(), m);
     }
-    exp_in_place(tmp);
+    exp_in_place(tmp, run);
 }
 
-/// `tmp[i] = e^tmp[i]`, through the AVX-512 blocks of
-/// [`vmath::avx512`](crate::tensor::vmath::avx512) (four vectors side by side, the same bits as
-/// [`Float::exp`]); only for `f32` scratch, where the CPU has AVX-512 and the blocks are on
-/// ([`Route::Blocks`], [`Route::BlocksBf16`]).
+/// `tmp[i] = e^tmp[i]`, by `run`, the blocks [`vmath::blocks`] gave for [`Func::Exp`] (four
+/// vectors side by side, the same bits as [`Float::exp`]); `rows` takes a route through here
+/// only for `f32` scratch. Other types compute each element (never taken: their routes are
+/// [`Route::Loops`]). With that loop also in the `f32` form, as the fallback of asking for the
+/// blocks here, softmax of rows too long for the scratch row, which do not come here, took
+/// 1.04-1.09x the time (Emerald Rapids, 1 thread, alternated).
 #[inline(always)]
-fn exp_in_place<C: Float>(tmp: &mut [C]) {
-    #[cfg(target_arch = "x86_64")]
+fn exp_in_place<C: Float>(tmp: &mut [C], run: BlocksRun) {
     if TypeId::of::<C>() == TypeId::of::<f32>() {
-        use crate::tensor::vmath::{Func, avx512};
-        // SAFETY: `C` is `f32`, so `tmp` is `tmp.len()` readable and writable `f32`s, read and
-        // written in place; `rows` chooses a route through here only where the CPU has
-        // AVX-512 F, BW and VL (`avx512_blocks_enabled`).
-        unsafe { avx512::run(Func::Exp, tmp.as_ptr().cast(), tmp.as_mut_ptr().cast(), tmp.len()) };
-        return;
-    }
-    for t in tmp {
-        *t = Float::exp(*t);
+        // SAFETY: `C` is `f32`, so `tmp` is `tmp.len()` readable and writable `f32`s, read
+        // and written in place; `run` is what `vmath::blocks` gave: what the CPU runs.
+        unsafe { run(Func::Exp, tmp.as_ptr().cast(), tmp.as_mut_ptr().cast(), tmp.len()) };
+    } else {
+        for t in tmp {
+            *t = Float::exp(*t);
+        }
     }
 }
 
@@ -205,14 +210,17 @@ fn narrow_bf16<T: Opmath>(tmp: &[T::C], dst: &mut [MaybeUninit<T>]) {
 /// Every row of `len` elements of `src` into `dst` (their `log_softmax` where `log`), split
 /// across the kernel threads by rows.
 fn rows<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], len: usize, log: bool) {
-    // f32 scratch rows (f16, bf16 and f32 tensors) take the AVX-512 blocks for their
+    // f32 scratch rows (f16, bf16 and f32 tensors) take the AVX-512 or AVX2 blocks for their
     // exponentials where they are on, and bf16 rows AVX512-BF16's rounding where it is there.
-    let route = if TypeId::of::<T::C>() != TypeId::of::<f32>() || !avx512_blocks_enabled() {
-        Route::Loops
-    } else if TypeId::of::<T>() == TypeId::of::<half::bf16>() && bf16_conversion() {
-        Route::BlocksBf16
-    } else {
-        Route::Blocks
+    let route = match vmath::blocks(Func::Exp) {
+        Some(_) if TypeId::of::<T::C>() != TypeId::of::<f32>() => Route::Loops,
+        Some(run)
+            if TypeId::of::<T>() == TypeId::of::<half::bf16>() && avx512_blocks_enabled() && bf16_conversion() =>
+        {
+            Route::BlocksBf16(run)
+        }
+        Some(run) => Route::Blocks(run),
+        None => Route::Loops,
     };
     let run = |first: usize, part: &mut [MaybeUninit<T>]| {
         let mut tmp = vec![T::C::ZERO; len.min(SCRATCH)];

@@ -18,17 +18,8 @@
 use core::arch::x86_64::*;
 use core::ops::{Add, Div, Mul, Neg, Sub};
 
-use super::Func;
 use super::lanes::Lanes;
-
-// The `Func`s as numbers, for `blocks`' const parameter.
-const GELU: u8 = Func::Gelu as u8;
-const SILU: u8 = Func::Silu as u8;
-const SIGMOID: u8 = Func::Sigmoid as u8;
-const GELU_TANH: u8 = Func::GeluTanh as u8;
-const TANH: u8 = Func::Tanh as u8;
-const EXP: u8 = Func::Exp as u8;
-const LN: u8 = Func::Ln as u8;
+use super::{EXP, Func, GELU, GELU_TANH, LN, SIGMOID, SILU, TANH, apply};
 
 /// `M` vectors of 16 `f32`. Made only in [`blocks`], which runs only where the CPU has AVX-512 F:
 /// that is what makes the intrinsics in its methods sound.
@@ -101,6 +92,12 @@ impl<const M: usize> Lanes for Zmm<M> {
     #[inline(always)]
     fn select(m: Self::Mask, a: Self, b: Self) -> Self {
         each!(|k| _mm512_mask_blend_ps(m[k], b.0[k], a.0[k]))
+    }
+
+    /// A zeroing masked move.
+    #[inline(always)]
+    fn masked(m: Self::Mask, a: Self) -> Self {
+        each!(|k| _mm512_maskz_mov_ps(m[k], a.0[k]))
     }
 
     /// `vmaxps` and `vminps` give their second operand where either is NaN: `max(lo, x)` is
@@ -178,20 +175,6 @@ impl<const M: usize> Lanes for Zmm<M> {
     fn ln_edges(self, x: Self) -> Self {
         const TABLE: i32 = 0x0010_0411;
         each!(|k| _mm512_fixupimm_ps::<0>(self.0[k], x.0[k], _mm512_set1_epi32(TABLE)))
-    }
-}
-
-/// Function `F` (a [`Func`] as a number) on `x`.
-#[inline(always)]
-fn apply<const F: u8, V: Lanes>(x: V) -> V {
-    match F {
-        GELU => super::gelu(x),
-        SILU => super::silu(x),
-        SIGMOID => super::sigmoid(x),
-        GELU_TANH => super::gelu_tanh(x),
-        TANH => super::tanh(x),
-        LN => super::ln(x),
-        _ => super::exp(x),
     }
 }
 
@@ -454,45 +437,6 @@ mod tests {
     use super::*;
     use crate::tensor::kernels::isa::{Isa, detected};
 
-    /// Every function over a spread of floats and the special values, in runs of every length
-    /// up to 200 and one long run: the bits must be the scalar function's.
-    #[test]
-    fn same_bits_as_the_scalar_functions() {
-        if detected() != Isa::Avx512 {
-            eprintln!("skipped: this CPU has no AVX-512");
-            return;
-        }
-        let mut xs: Vec<f32> = (0..1u64 << 32).step_by(40_009).map(|b| f32::from_bits(b as u32)).collect();
-        xs.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MIN_POSITIVE, f32::MAX]);
-        xs.extend([-14.6, -14.4, 14.6, -20.0, -150.0, -150.1, -88.0, -104.0, 1e-40, -1e-40]);
-        let bits = |y: f32| if y.is_nan() { u32::MAX } else { y.to_bits() };
-        fn check(f: Func, xs: &[f32], scalar: fn(f32) -> f32, bits: impl Fn(f32) -> u32) {
-            let want: Vec<u32> = xs.iter().map(|&x| bits(scalar(x))).collect();
-            let mut out = vec![0f32; xs.len()];
-            // SAFETY: AVX-512 is there (checked above); `xs` and `out` hold `xs.len()` each.
-            unsafe { run(f, xs.as_ptr(), out.as_mut_ptr(), xs.len()) };
-            let got: Vec<u32> = out.iter().map(|&y| bits(y)).collect();
-            assert_eq!(got, want, "{f:?}");
-            // In place, and every short length (the masked tail), from a few offsets.
-            for n in 0..200 {
-                for start in [0, 7, 1000] {
-                    let mut buf = xs[start..start + n].to_vec();
-                    // SAFETY: as above; `o` is `x`.
-                    unsafe { run(f, buf.as_ptr(), buf.as_mut_ptr(), n) };
-                    let got: Vec<u32> = buf.iter().map(|&y| bits(y)).collect();
-                    assert_eq!(got, want[start..start + n], "{f:?}, {n} from {start}");
-                }
-            }
-        }
-        check(Func::Gelu, &xs, super::super::gelu, bits);
-        check(Func::Silu, &xs, super::super::silu, bits);
-        check(Func::Sigmoid, &xs, super::super::sigmoid, bits);
-        check(Func::GeluTanh, &xs, super::super::gelu_tanh, bits);
-        check(Func::Tanh, &xs, super::super::tanh, bits);
-        check(Func::Exp, &xs, super::super::exp, bits);
-        check(Func::Ln, &xs, super::super::ln, bits);
-    }
-
     /// `ln`'s edges to the bit, in the blocks (`vfixupimmps`) and in the scalar function
     /// (`same_bits_*` take any NaN as any other): `f32::NAN`'s bits below 0, as PyTorch
     /// gives; a NaN argument's own bits, sign and payload (a signalling one too); -inf for ±0;
@@ -614,42 +558,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// Every `f32` through each function, as one run and through the scalar function: the
-    /// same bits.
-    #[test]
-    #[ignore = "walks all 2^32 floats seven times: about 5 minutes in release (cargo test --release --lib -- --ignored avx512)"]
-    fn same_bits_on_every_f32() {
-        use crate::tensor::kernels::isa::vectorised;
-        if detected() != Isa::Avx512 {
-            eprintln!("skipped: this CPU has no AVX-512");
-            return;
-        }
-        let mut xs = vec![0f32; 1 << 24];
-        let (mut want, mut got) = (vec![0f32; 1 << 24], vec![0f32; 1 << 24]);
-        // The scalar function named in a loop compiled for AVX-512, so that it is inlined and
-        // vectorised (through a pointer it is compiled for the baseline: 20 times slower).
-        macro_rules! check {
-            ($($f:ident $k:ident),*) => {$(
-                for high in 0..256u32 {
-                    for (i, x) in xs.iter_mut().enumerate() {
-                        *x = f32::from_bits(high << 24 | i as u32);
-                    }
-                    vectorised!(Isa::Avx512, {
-                        for (w, &x) in want.iter_mut().zip(&xs) {
-                            *w = super::super::$f(x);
-                        }
-                    });
-                    // SAFETY: AVX-512 is there (checked above); `xs` and `got` hold 2^24 each.
-                    unsafe { run(Func::$k, xs.as_ptr(), got.as_mut_ptr(), xs.len()) };
-                    for ((&x, &y), &w) in xs.iter().zip(&got).zip(&want) {
-                        let same = y.to_bits() == w.to_bits() || (y.is_nan() && w.is_nan());
-                        assert!(same, "{} at {x:e}: {y:e}, not {w:e}", stringify!($f));
-                    }
-                }
-            )*};
-        }
-        check!(gelu Gelu, silu Silu, sigmoid Sigmoid, gelu_tanh GeluTanh, tanh Tanh, exp Exp, ln Ln);
     }
 }

@@ -24,6 +24,10 @@ pub(crate) trait Lanes:
     fn lt(self, o: Self) -> Self::Mask;
     /// `a` where `m` holds, `b` elsewhere.
     fn select(m: Self::Mask, a: Self, b: Self) -> Self;
+    /// `a` where `m` holds, `+0` elsewhere: [`select`](Lanes::select) with a zero, one `and`
+    /// where a mask is a vector of all-ones and all-zeros lanes (a blend is three operations on
+    /// recent Intel cores).
+    fn masked(m: Self::Mask, a: Self) -> Self;
     /// `f32::clamp`: NaN stays NaN.
     fn clamp(self, lo: f32, hi: f32) -> Self;
     /// `self` where `self < hi`, else `hi` (so NaN gives `hi`), as `vminps` takes it.
@@ -49,6 +53,21 @@ pub(crate) trait Lanes:
     /// NaN; `-inf` where `x` is ±0, and `x` itself where it is `+inf` or NaN (its bits kept).
     /// Lanes where `x` is negative or `-inf` keep `self`.
     fn ln_edges(self, x: Self) -> Self;
+    /// Whether every lane is a positive normal number (not ±0, subnormal, negative, infinite or
+    /// NaN), for the functions' paths without the edges, where knowing it costs less than
+    /// handling them. `false` by default: always taking the path with the edges, whose results
+    /// are the same in those lanes, as the `f32` form does, so that the loops calling it keep no
+    /// branch.
+    #[inline(always)]
+    fn all_positive_normal(self) -> bool {
+        false
+    }
+    /// [`frexp`](Lanes::frexp), for lanes that are positive normal numbers (unspecified for
+    /// others): the exponent and the significand from the bits, with no step for subnormals.
+    #[inline(always)]
+    fn frexp_normal(self) -> (Self, Self) {
+        self.frexp()
+    }
 }
 
 impl Lanes for f32 {
@@ -77,6 +96,11 @@ impl Lanes for f32 {
     #[inline(always)]
     fn select(m: bool, a: Self, b: Self) -> Self {
         if m { a } else { b }
+    }
+
+    #[inline(always)]
+    fn masked(m: bool, a: Self) -> Self {
+        if m { a } else { 0.0 }
     }
 
     #[inline(always)]

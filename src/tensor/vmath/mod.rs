@@ -22,7 +22,9 @@
 //! 0.62-0.77 / 0.88 (its `m 2^e` split is two instructions there, `vgetmantps` and `vgetexpps`);
 //! with the same bits (each lane goes through the scalar function's IEEE operations, in its order).
 //! `set_avx512_blocks(false)` (or `TENSORMEM_AVX512_BLOCKS=0`) keeps every run on the one-vector
-//! loop.
+//! loop. CPUs with AVX2 but not AVX-512 run the same functions four AVX2 vectors side by side
+//! ([`avx2`]; `set_avx2_blocks(false)` or `TENSORMEM_AVX2_BLOCKS=0` turn that off), all but
+//! `tanh`; [`blocks`] says which blocks run here.
 //!
 //! `f32::exp`, `f32::tanh`, `f32::ln` and `libm::erff` are calls into scalar code, one element at a
 //! time (4-13 ns an element here): GELU of a GPT-2 MLP activation (1024x3072) took 12x PyTorch's
@@ -58,6 +60,8 @@
 //! results up in tables computed here (`kernels::table`), at the same cost whatever the values.
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 mod lanes;
 
@@ -91,6 +95,62 @@ impl Func {
             Func::Exp => exp::<f32>,
             Func::Ln => ln::<f32>,
         }
+    }
+}
+
+/// A function over contiguous `f32` runs: `o[i] = f(x[i])` for `i < n`, where `x` is readable
+/// and `o` writable for `n` `f32`s, and `o` is `x` or overlaps it nowhere (the CPU features it
+/// needs are the ones [`blocks`] checked).
+pub(crate) type BlocksRun = unsafe fn(Func, *const f32, *mut f32, usize);
+
+/// The blocks that run `f` on `f32` runs here, several vectors side by side, with the bits of
+/// the scalar function: [`avx512::run`] where the CPU has AVX-512 and its blocks are on,
+/// [`avx2::run`] where it has AVX2 (not AVX-512) and those are on (not for `tanh`: its
+/// one-vector loop took 0.95x the blocks' time on AVX2); `None` where the one-vector loops run.
+pub(crate) fn blocks(f: Func) -> Option<BlocksRun> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::tensor::kernels::{avx2_blocks_enabled, avx512_blocks_enabled};
+        // Each switch is on only where `isa::detected()` is its extension.
+        if avx512_blocks_enabled() {
+            return Some(avx512::run);
+        }
+        if f != Func::Tanh && avx2_blocks_enabled() {
+            return Some(avx2::run);
+        }
+    }
+    let _ = f;
+    None
+}
+
+// The `Func`s as numbers, for the blocks' const parameters.
+#[cfg(target_arch = "x86_64")]
+const GELU: u8 = Func::Gelu as u8;
+#[cfg(target_arch = "x86_64")]
+const SILU: u8 = Func::Silu as u8;
+#[cfg(target_arch = "x86_64")]
+const SIGMOID: u8 = Func::Sigmoid as u8;
+#[cfg(target_arch = "x86_64")]
+const GELU_TANH: u8 = Func::GeluTanh as u8;
+#[cfg(target_arch = "x86_64")]
+const TANH: u8 = Func::Tanh as u8;
+#[cfg(target_arch = "x86_64")]
+const EXP: u8 = Func::Exp as u8;
+#[cfg(target_arch = "x86_64")]
+const LN: u8 = Func::Ln as u8;
+
+/// Function `F` (a [`Func`] as a number) on `x`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn apply<const F: u8, V: Lanes>(x: V) -> V {
+    match F {
+        GELU => gelu(x),
+        SILU => silu(x),
+        SIGMOID => sigmoid(x),
+        GELU_TANH => gelu_tanh(x),
+        TANH => tanh(x),
+        LN => ln(x),
+        _ => exp(x),
     }
 }
 
@@ -305,13 +365,32 @@ fn p_r_r_plus_r<V: Lanes>(p: V, r: V) -> V {
 /// `ln(x)`, as Cephes' `logf`: `x = m 2^e` with `m` in `[√½, √2)`, `ln(m)` by a polynomial of
 /// degree 8 in `m - 1`, and `e ln 2` added in two parts ([`Lanes::frexp`] takes subnormals).
 /// `ln(0) = -inf`, `ln(inf) = inf`, NaN below 0 and for NaN.
+///
+/// Where every lane is a positive normal number ([`Lanes::all_positive_normal`]; only the AVX2
+/// blocks ask), the same steps without the edges: on AVX2 they were 7 blends of 3 operations
+/// each out of about 53 operations a vector, and a 1024x3072 tensor of values in `[0, 1)`
+/// took PROVISIONAL the time.
 #[inline(always)]
 pub(crate) fn ln<V: Lanes>(x: V) -> V {
-    let c = V::splat;
+    if x.all_positive_normal() {
+        let (m, e) = x.frexp_normal();
+        return ln_of_parts(m, e);
+    }
     let (m, e) = x.frexp();
+    // -inf for ±0, inf and NaN as they are ([`Lanes::ln_edges`]), NaN below 0 (`f32::NAN`'s
+    // bits, as PyTorch's).
+    V::select(x.lt(V::splat(0.0)), V::splat(f32::NAN), ln_of_parts(m, e).ln_edges(x))
+}
+
+/// `ln(m 2^e)` for `m` in `[0.5, 1)` and an integer `e`, the steps of [`ln`].
+#[inline(always)]
+fn ln_of_parts<V: Lanes>(m: V, e: V) -> V {
+    let c = V::splat;
     let low = m.lt(c(core::f32::consts::FRAC_1_SQRT_2));
-    let e = V::select(low, e - c(1.0), e);
-    let m = V::select(low, m + m - c(1.0), m - c(1.0));
+    // Below √½, `2m - 1` and `e - 1`: `m - 1` is exact (m >= 0.5), and so is `2m - 1`, however
+    // it is summed; `x + 0` and `x - 0` are `x` (none is -0 here).
+    let e = e - V::masked(low, c(1.0));
+    let m = (m - c(1.0)) + V::masked(low, m);
     let z = m * m;
     let p = horner(
         m,
@@ -329,10 +408,7 @@ pub(crate) fn ln<V: Lanes>(x: V) -> V {
     ) * m
         * z;
     // ln 2 in two parts, as in `exp_parts` (`0.693_359_4 * e` is exact).
-    let r = c(0.693_359_4).mul_add(e, m + c(-0.5).mul_add(z, c(-2.121_944_4e-4).mul_add(e, p)));
-    // -inf for ±0, inf and NaN as they are ([`Lanes::ln_edges`]), NaN below 0 (`f32::NAN`'s
-    // bits, as PyTorch's).
-    V::select(x.lt(c(0.0)), c(f32::NAN), r.ln_edges(x))
+    c(0.693_359_4).mul_add(e, m + c(-0.5).mul_add(z, c(-2.121_944_4e-4).mul_add(e, p)))
 }
 
 /// `x σ(x) = x / (1 + e^-x)` (SiLU, or swish), as PyTorch computes it: -0 where `e^-x` is
@@ -466,6 +542,114 @@ mod tests {
     #[ignore = "walks all 2^32 floats: 8 minutes in release on 2 cores (cargo test --release --lib -- --ignored vmath)"]
     fn exhaustive_accuracy() {
         check(1);
+    }
+
+    /// The blocks of every kind this CPU runs (whatever `TENSORMEM_CPU_CAPABILITY` says), by name.
+    fn every_blocks() -> Vec<(&'static str, BlocksRun)> {
+        #[allow(unused_mut)]
+        let mut runs: Vec<(&'static str, BlocksRun)> = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            let has = |f: &str| match f {
+                "avx512" => {
+                    is_x86_feature_detected!("avx512f")
+                        && is_x86_feature_detected!("avx512bw")
+                        && is_x86_feature_detected!("avx512vl")
+                }
+                _ => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            };
+            if has("avx512") {
+                runs.push(("avx512", avx512::run));
+            }
+            if has("avx2") {
+                runs.push(("avx2", avx2::run));
+            }
+        }
+        if runs.is_empty() {
+            eprintln!("no blocks to check: this CPU has neither AVX-512 nor AVX2 and FMA");
+        }
+        runs
+    }
+
+    /// Every function over a spread of floats and the special values, through the blocks of
+    /// every kind, in runs of every length up to 200 and one long run, in place and apart: the
+    /// bits must be the scalar function's, and nothing past the run is written.
+    #[test]
+    fn blocks_give_the_scalar_functions_bits() {
+        let mut xs: Vec<f32> = (0..1u64 << 32).step_by(40_009).map(|b| f32::from_bits(b as u32)).collect();
+        xs.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MIN_POSITIVE, f32::MAX]);
+        xs.extend([-14.6, -14.4, 14.6, -20.0, -150.0, -150.1, -88.0, -104.0, 1e-40, -1e-40, 1e-20, -1e-20]);
+        xs.extend([-1.0, 0.707, f32::from_bits(1), f32::from_bits(0x8000_0001), f32::from_bits(0x7fc0_0001)]);
+        // The same values where each block of 64 (AVX-512's) and of 32 (AVX2's) has one edge
+        // among positive normal numbers, in every lane (the AVX2 `ln` takes another path where
+        // a block has only those).
+        let edges = [0.0, -0.0, -1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, f32::MIN_POSITIVE];
+        for (k, &e) in edges.iter().enumerate() {
+            for lane in 0..64 {
+                xs.extend((0..64).map(|i| if i == lane { e } else { 0.5 + (i + k) as f32 * 0.37 }));
+            }
+        }
+        let bits = |y: f32| if y.is_nan() { u32::MAX } else { y.to_bits() };
+        for (name, run) in every_blocks() {
+            for f in Func::ALL {
+                let want: Vec<u32> = xs.iter().map(|&x| bits(f.scalar()(x))).collect();
+                let mut out = vec![0f32; xs.len()];
+                // SAFETY: the CPU has the blocks' extension (`every_blocks`); `xs` and `out`
+                // hold `xs.len()` each, apart.
+                unsafe { run(f, xs.as_ptr(), out.as_mut_ptr(), xs.len()) };
+                if let Some(i) = (0..xs.len()).find(|&i| bits(out[i]) != want[i]) {
+                    panic!("{f:?} in {name} at {:e}: {:e}, not {:e}", xs[i], out[i], f32::from_bits(want[i]));
+                }
+                for n in 0..200 {
+                    for start in [0, 7, 1000, xs.len() - 201] {
+                        let mut buf = xs[start..start + n + 1].to_vec();
+                        // SAFETY: as above; `o` is `x`, `n` of the `n + 1` elements.
+                        unsafe { run(f, buf.as_ptr(), buf.as_mut_ptr(), n) };
+                        let got: Vec<u32> = buf[..n].iter().map(|&y| bits(y)).collect();
+                        assert_eq!(got, want[start..start + n], "{f:?} in {name}, {n} from {start}");
+                        assert_eq!(bits(buf[n]), bits(xs[start + n]), "{f:?} in {name}: wrote past {n} from {start}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every `f32` through each function, in one run through the blocks of every kind and
+    /// through the scalar function: the same bits.
+    #[test]
+    #[ignore = "walks all 2^32 floats seven times for each kind of blocks: about 5 minutes each in release (cargo test --release --lib -- --ignored every_f32)"]
+    fn blocks_give_the_same_bits_on_every_f32() {
+        use crate::tensor::kernels::isa::{Isa, vectorised};
+        let mut xs = vec![0f32; 1 << 24];
+        let (mut want, mut got) = (vec![0f32; 1 << 24], vec![0f32; 1 << 24]);
+        let runs = every_blocks();
+        // The scalar function named in a loop compiled for the widest extension, so that it is
+        // inlined and vectorised (through a pointer it is compiled for the baseline: 20 times
+        // slower).
+        macro_rules! check {
+            ($($f:ident $k:ident),*) => {$(
+                for high in 0..256u32 {
+                    for (i, x) in xs.iter_mut().enumerate() {
+                        *x = f32::from_bits(high << 24 | i as u32);
+                    }
+                    vectorised!(Isa::Avx512, {
+                        for (w, &x) in want.iter_mut().zip(&xs) {
+                            *w = $f(x);
+                        }
+                    });
+                    for (name, run) in &runs {
+                        // SAFETY: the CPU has the blocks' extension (`every_blocks`); `xs` and
+                        // `got` hold 2^24 each.
+                        unsafe { run(Func::$k, xs.as_ptr(), got.as_mut_ptr(), xs.len()) };
+                        for ((&x, &y), &w) in xs.iter().zip(&got).zip(&want) {
+                            let same = y.to_bits() == w.to_bits() || (y.is_nan() && w.is_nan());
+                            assert!(same, "{} in {name} at {x:e}: {y:e}, not {w:e}", stringify!($f));
+                        }
+                    }
+                }
+            )*};
+        }
+        check!(gelu Gelu, silu Silu, sigmoid Sigmoid, gelu_tanh GeluTanh, tanh Tanh, exp Exp, ln Ln);
     }
 
     /// Every function over a spread of floats (and the special values), in loops compiled for
