@@ -39,8 +39,9 @@
 //!     approximation, `silu`, `exp`, `sigmoid`, `tanh` and `log` (of its absolute value) of it, softmax of 12x256x256 attention scores, `log_softmax` of 16 rows
 //!     of next-token logits over GPT-2's 50257-token vocabulary, and
 //!     `layer_norm` / `rms_norm` of 1024x768 with a weight (and a bias); and GELU, its tanh
-//!     form, `silu`, `tanh`, `log` and bf16 GELU on the AVX-512 blocks beside the one-vector loop
-//!     (`set_avx512_blocks`), call by call (`*_blocks_beside_one_vector`); and GELU, SiLU, `tanh`
+//!     form, `silu`, `tanh`, `log` and bf16 GELU on the AVX-512 blocks (the AVX2 ones where the
+//!     kernels run AVX2: no bf16 there) beside the one-vector loop (`set_avx512_blocks`,
+//!     `set_avx2_blocks`), call by call (`*_blocks_beside_one_vector`); and GELU, SiLU, `tanh`
 //!     and `exp` of the bf16 or f16 activation by their lookup tables (the default) beside the
 //!     same computed element by element (`set_half_tables`), call by call
 //!     (`*_tables_beside_computed`).
@@ -77,9 +78,9 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, measurement::WallTime};
 use rayon::prelude::*;
 use tensormem::tensor::{
-    DEFAULT_KERNEL_SPIN, DType, Tensor, TensorOptions, amx_enabled, avx512_bf16_enabled, avx512_blocks_enabled,
-    half_tables_enabled, kernel_spin, set_amx, set_avx512_bf16, set_avx512_blocks, set_half_tables, set_kernel_spin,
-    set_num_threads,
+    DEFAULT_KERNEL_SPIN, DType, Tensor, TensorOptions, amx_enabled, avx2_blocks_enabled, avx512_bf16_enabled,
+    avx512_blocks_enabled, half_tables_enabled, kernel_spin, set_amx, set_avx2_blocks, set_avx512_bf16,
+    set_avx512_blocks, set_half_tables, set_kernel_spin, set_num_threads,
 };
 use tensormem::{Allocator, AllocatorRegistry, PoolAllocator};
 
@@ -598,9 +599,12 @@ fn transformer_ops(c: &mut Criterion) {
     bench(&mut g, name, "log_softmax_16x50257", || logits.log_softmax(-1).unwrap());
     bench(&mut g, name, "layer_norm_1024x768", || h.layer_norm(&[768], Some(&w), Some(&b), 1e-5).unwrap());
     bench(&mut g, name, "rms_norm_1024x768", || h.rms_norm(&[768], Some(&w), None).unwrap());
-    // The AVX-512 blocks (the default where the CPU has AVX-512) beside the one-vector loop,
-    // call by call: blocks / one vector (1.0 on CPUs without AVX-512, where both are the loop).
+    // The AVX-512 blocks (the default where the CPU has AVX-512) or the AVX2 ones (the default
+    // where it has AVX2 only, or under `TENSORMEM_CPU_CAPABILITY=avx2`) beside the one-vector
+    // loop, call by call: blocks / one vector (1.0 on CPUs without AVX2, where both are the
+    // loop, and for `tanh` on AVX2, which keeps the loop).
     let blocks = avx512_blocks_enabled();
+    let blocks2 = avx2_blocks_enabled();
     // The bf16 row measures the blocks, not the tables (see below).
     let tables = half_tables_enabled();
     set_half_tables(false);
@@ -614,8 +618,10 @@ fn transformer_ops(c: &mut Criterion) {
     ];
     ops_beside(&mut g, name, &ops, &|on| {
         set_avx512_blocks(on && blocks);
+        set_avx2_blocks(on && blocks2);
     });
     set_avx512_blocks(blocks);
+    set_avx2_blocks(blocks2);
     // bf16 and f16 by their tables (the default) beside the same functions computed element by
     // element (`set_half_tables`), call by call: tables / computed.
     let ops: [(&str, UnaryOp, &Tensor); 5] = [

@@ -217,7 +217,7 @@ pub fn set_avx512_blocks(enabled: bool) -> bool {
 /// Intel client cores; or capped to `avx2` by
 /// [`CPU_CAPABILITY_ENV`](crate::tensor::CPU_CAPABILITY_ENV)), unless [`set_avx2_blocks`]`(false)`
 /// or `TENSORMEM_AVX2_BLOCKS=0` turned them off. The results are the same bits either way; only
-/// the time differs (GELU about 0.8x, SiLU 0.85x, GELU's tanh form 0.8x, `log` 0.9x; `tanh`
+/// the time differs (GELU about 0.8x, GELU's tanh form 0.8x, SiLU 0.85x, `log` 0.5x; `tanh`
 /// stays in the one-vector loop, which was 5% faster). Softmax's exponentials take them too.
 ///
 /// ```

@@ -367,9 +367,11 @@ fn p_r_r_plus_r<V: Lanes>(p: V, r: V) -> V {
 /// `ln(0) = -inf`, `ln(inf) = inf`, NaN below 0 and for NaN.
 ///
 /// Where every lane is a positive normal number ([`Lanes::all_positive_normal`]; only the AVX2
-/// blocks ask), the same steps without the edges: on AVX2 they were 7 blends of 3 operations
-/// each out of about 53 operations a vector, and a 1024x3072 tensor of values in `[0, 1)`
-/// took PROVISIONAL the time.
+/// blocks ask), the same steps without the edges. On AVX2 the edges took 7 blends (3
+/// operations each on recent Intel cores) of about 53 operations a vector; without them, `log`
+/// of a 1024x3072 tensor of values in `[0, 1)` took 0.52 of the one-vector loop's time, against
+/// 0.87 with them (Emerald Rapids capped to AVX2, 1 thread, calls side by side), and 1.2x
+/// PyTorch's time at its own AVX2, against 2.3-2.5x.
 #[inline(always)]
 pub(crate) fn ln<V: Lanes>(x: V) -> V {
     if x.all_positive_normal() {
@@ -617,7 +619,7 @@ mod tests {
     /// Every `f32` through each function, in one run through the blocks of every kind and
     /// through the scalar function: the same bits.
     #[test]
-    #[ignore = "walks all 2^32 floats seven times for each kind of blocks: about 5 minutes each in release (cargo test --release --lib -- --ignored every_f32)"]
+    #[ignore = "walks all 2^32 floats seven times for each kind of blocks the CPU runs: about 5 minutes in release for AVX-512 and AVX2 (cargo test --release --lib -- --ignored every_f32)"]
     fn blocks_give_the_same_bits_on_every_f32() {
         use crate::tensor::kernels::isa::{Isa, vectorised};
         let mut xs = vec![0f32; 1 << 24];
