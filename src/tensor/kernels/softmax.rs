@@ -172,9 +172,10 @@ fn exp_shifted<T: Opmath>(src: &[T], m: T::C, tmp: &mut [T::C], run: BlocksRun) 
 /// `tmp[i] = e^tmp[i]`, by `run`, the blocks [`vmath::blocks`] gave for [`Func::Exp`] (four
 /// vectors side by side, the same bits as [`Float::exp`]); `rows` takes a route through here
 /// only for `f32` scratch. Other types compute each element (never taken: their routes are
-/// [`Route::Loops`]). With that loop also in the `f32` form, as the fallback of asking for the
-/// blocks here, softmax of rows too long for the scratch row, which do not come here, took
-/// 1.04-1.09x the time (Emerald Rapids, 1 thread, alternated).
+/// [`Route::Loops`]). Asking for the blocks here instead, with that loop as the fallback in the
+/// `f32` form too, made softmax of rows too long for the scratch row (which never come here)
+/// take 1.04-1.09x the time (Emerald Rapids, 1 thread, alternated): the loop changed how the
+/// row loop around it was compiled.
 #[inline(always)]
 fn exp_in_place<C: Float>(tmp: &mut [C], run: BlocksRun) {
     if TypeId::of::<C>() == TypeId::of::<f32>() {

@@ -13,8 +13,9 @@
 use core::arch::x86_64::*;
 use core::ops::{Add, Div, Mul, Neg, Sub};
 
+use super::id::{EXP, GELU, GELU_TANH, LN, SIGMOID, SILU, TANH};
 use super::lanes::Lanes;
-use super::{EXP, Func, GELU, GELU_TANH, LN, SIGMOID, SILU, TANH, apply};
+use super::{Func, apply};
 
 /// The vectors side by side in a block. AVX2 has 16 vector registers, half of AVX-512's 32,
 /// so four vectors' steps spill some values to the stack; still, against two and three (and

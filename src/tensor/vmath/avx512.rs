@@ -18,8 +18,9 @@
 use core::arch::x86_64::*;
 use core::ops::{Add, Div, Mul, Neg, Sub};
 
+use super::id::{EXP, GELU, GELU_TANH, LN, SIGMOID, SILU, TANH};
 use super::lanes::Lanes;
-use super::{EXP, Func, GELU, GELU_TANH, LN, SIGMOID, SILU, TANH, apply};
+use super::{Func, apply};
 
 /// `M` vectors of 16 `f32`. Made only in [`blocks`], which runs only where the CPU has AVX-512 F:
 /// that is what makes the intrinsics in its methods sound.

@@ -123,26 +123,24 @@ pub(crate) fn blocks(f: Func) -> Option<BlocksRun> {
     None
 }
 
-// The `Func`s as numbers, for the blocks' const parameters.
+/// The `Func`s as numbers, for the blocks' const parameters.
 #[cfg(target_arch = "x86_64")]
-const GELU: u8 = Func::Gelu as u8;
-#[cfg(target_arch = "x86_64")]
-const SILU: u8 = Func::Silu as u8;
-#[cfg(target_arch = "x86_64")]
-const SIGMOID: u8 = Func::Sigmoid as u8;
-#[cfg(target_arch = "x86_64")]
-const GELU_TANH: u8 = Func::GeluTanh as u8;
-#[cfg(target_arch = "x86_64")]
-const TANH: u8 = Func::Tanh as u8;
-#[cfg(target_arch = "x86_64")]
-const EXP: u8 = Func::Exp as u8;
-#[cfg(target_arch = "x86_64")]
-const LN: u8 = Func::Ln as u8;
+mod id {
+    use super::Func;
+    pub(super) const GELU: u8 = Func::Gelu as u8;
+    pub(super) const SILU: u8 = Func::Silu as u8;
+    pub(super) const SIGMOID: u8 = Func::Sigmoid as u8;
+    pub(super) const GELU_TANH: u8 = Func::GeluTanh as u8;
+    pub(super) const TANH: u8 = Func::Tanh as u8;
+    pub(super) const EXP: u8 = Func::Exp as u8;
+    pub(super) const LN: u8 = Func::Ln as u8;
+}
 
 /// Function `F` (a [`Func`] as a number) on `x`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn apply<const F: u8, V: Lanes>(x: V) -> V {
+    use id::*;
     match F {
         GELU => gelu(x),
         SILU => silu(x),
