@@ -83,8 +83,8 @@ pub(super) fn table(func: Func, half: DType) -> Option<&'static [u16; ENTRIES]> 
 
 /// `t[b] = func(b)` for every bit pattern `b` of `half`, widened, computed and rounded once as
 /// the computing route does it on this machine: by the AVX-512 blocks where they are on, else
-/// by the scalar function (the blocks' bits: `same_bits_as_the_scalar_functions`; so are every
-/// vector extension's, `same_bits_in_every_isa`), f16 rounded by F16C where the CPU has it (as
+/// by the scalar function (the blocks' bits: `blocks_give_the_scalar_functions_bits`; so are
+/// every vector extension's, `same_bits_in_every_isa`), f16 rounded by F16C where the CPU has it (as
 /// the converting loops round it: the same numbers, and the NaN payloads F16C keeps).
 fn fill(func: Func, half: DType, t: &mut [u16; ENTRIES]) {
     const CHUNK: usize = 1024;

@@ -8,7 +8,8 @@
 //! AVX2 has none of AVX-512's `vscalefps`, `vgetmantps`, `vgetexpps` or `vfixupimmps`: `2^n`
 //! scaling, the `m 2^e` split and `ln`'s edges are the `f32` form's integer operations on the
 //! bits, compares and blends, each lane the same IEEE operations in the same order as the
-//! scalar function, so the bits are the scalar function's (`same_bits_as_the_scalar_functions`).
+//! scalar function, so the bits are the scalar function's (`blocks_give_the_scalar_functions_bits`,
+//! `blocks_give_the_same_bits_on_every_f32`, in `vmath`).
 
 use core::arch::x86_64::*;
 use core::ops::{Add, Div, Mul, Neg, Sub};
@@ -200,6 +201,7 @@ impl<const M: usize> Lanes for Ymm<M> {
                 _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(0x007f_ffff)), _mm256_set1_epi32(0x3f00_0000))
             }
         });
+        // The integer to subtract from the exponent field, 126 + 23 or 126, as a lane's bits.
         let bias = Self::select(sub, Self::splat(f32::from_bits(126 + 23)), Self::splat(f32::from_bits(126)));
         let e = each!(|k| {
             let b = _mm256_and_si256(_mm256_srli_epi32::<23>(_mm256_castps_si256(y.0[k])), _mm256_set1_epi32(0xff));

@@ -9,7 +9,8 @@
 //! step applied to four vectors before the next, the instructions of four vectors are
 //! interleaved in the program, and `2^n` scaling is one `vscalefps`; each lane goes through
 //! the same IEEE operations as the scalar function, so the bits are the scalar function's
-//! (`same_bits_as_the_scalar_functions`, `same_bits_on_every_f32`).
+//! (`blocks_give_the_scalar_functions_bits`, `blocks_give_the_same_bits_on_every_f32`, in
+//! `vmath`).
 //!
 //! Runs of bf16 and f16 ([`run_half`]) go through the same loop, each vector widened as it is
 //! loaded and rounded once as it is stored, with the bits of the f32 function on the widened
