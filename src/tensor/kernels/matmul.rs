@@ -334,8 +334,8 @@ fn few_rows(
         } else {
             let am = Mat { ptr: a.data_ptr() as *const f32, rs: ars, cs: acs };
             let kernel = match (dt == DType::F16, avx512) {
-                (true, true) => few_rows::f16,
-                (false, true) => few_rows::bf16_widened,
+                (true, true) => few_rows::widened::<true>,
+                (false, true) => few_rows::widened::<false>,
                 (true, false) => few_rows_avx2::widened::<true>,
                 (false, false) => few_rows_avx2::widened::<false>,
             };

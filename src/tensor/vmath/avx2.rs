@@ -77,6 +77,15 @@ impl<const M: usize> Ymm<M> {
         // SAFETY: casts only (no instruction), on a CPU with AVX (see `Ymm`).
         each!(|k| _mm256_castsi256_ps(f(_mm256_castps_si256(self.0[k]))))
     }
+
+    /// The significand with the exponent of 0.5: in `[0.5, 1)` for a positive normal lane.
+    #[inline(always)]
+    fn significand(self) -> Self {
+        // SAFETY: the CPU has AVX2 (see `Ymm`).
+        self.on_bits(|b| unsafe {
+            _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(0x007f_ffff)), _mm256_set1_epi32(0x3f00_0000))
+        })
+    }
 }
 
 /// `2^(n + EXTRA)` for the `t` of `exp_parts`, as [`pow2_plus`](super::pow2_plus): `t`'s bits
@@ -195,12 +204,7 @@ impl<const M: usize> Lanes for Ymm<M> {
     fn frexp(self) -> (Self, Self) {
         let sub = self.lt(Self::splat(f32::MIN_POSITIVE));
         let y = Self::select(sub, self * Self::splat(8_388_608.0), self);
-        let m = y.on_bits(|b| {
-            // SAFETY: (this block and the next) the CPU has AVX2 (see `Ymm`).
-            unsafe {
-                _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(0x007f_ffff)), _mm256_set1_epi32(0x3f00_0000))
-            }
-        });
+        let m = y.significand();
         // The integer to subtract from the exponent field, 126 + 23 or 126, as a lane's bits.
         let bias = Self::select(sub, Self::splat(f32::from_bits(126 + 23)), Self::splat(f32::from_bits(126)));
         let e = each!(|k| {
@@ -214,12 +218,7 @@ impl<const M: usize> Lanes for Ymm<M> {
     /// of 0.5, `e` the biased exponent less 126.
     #[inline(always)]
     fn frexp_normal(self) -> (Self, Self) {
-        let m = self.on_bits(|b| {
-            // SAFETY: (this block and the next) the CPU has AVX2 (see `Ymm`).
-            unsafe {
-                _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(0x007f_ffff)), _mm256_set1_epi32(0x3f00_0000))
-            }
-        });
+        let m = self.significand();
         let e = each!(|k| {
             let b = _mm256_srli_epi32::<23>(_mm256_castps_si256(self.0[k]));
             _mm256_cvtepi32_ps(_mm256_sub_epi32(b, _mm256_set1_epi32(126)))

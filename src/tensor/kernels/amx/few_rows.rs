@@ -7,12 +7,12 @@
 //! - bf16 ([`bf16`](fn@bf16)): `vdpbf16ps` over 32 inner elements per step, the panel route's
 //!   arithmetic (exact products, f32 sums, subnormals read and written as zero; a sum of only
 //!   -0 products is +0).
-//! - f16 ([`f16`](fn@f16)): the rows widened to f32 first, each column's f16 widened as it is read
+//! - f16 ([`widened`]): the rows widened to f32 first, each column's f16 widened as it is read
 //!   (F16C), and fused multiply-adds over 16 inner elements per step: products of f16 are exact
 //!   in f32 (11 x 11 significant bits), so this is the f32 route's arithmetic in another order of
 //!   the sums, subnormals kept. A sum of only -0 products is -0, the exact sum (the f32
 //!   route's gemm gives -0 or +0 by shape, PyTorch +0).
-//! - bf16 without AVX512-BF16's route ([`bf16_widened`]): as f16, each column's bf16 widened by a
+//! - bf16 without AVX512-BF16's route ([`widened`] too): as f16, each column's bf16 widened by a
 //!   shift (products of bf16 are exact in f32 too). On the Intel core measured (Emerald Rapids)
 //!   `vdpbf16ps` retires once every 2 cycles against 2 fused multiply-adds a cycle, so its 32
 //!   products per instruction come at half the rate of the f32 ones (see [`set_avx512_bf16`]).
@@ -53,14 +53,16 @@ pub(in crate::tensor::kernels) unsafe fn bf16(
     unsafe { blocks::<DOTS>(a.cast(), a_rs, b, b_cs, n, k, cols, out, out_rs) }
 }
 
-/// As [`bf16`](fn@bf16), for an f16 product whose rows were widened to f32 (`a`: `n` rows of `k` f32):
-/// `out` rounded to f16 once.
+/// As [`bf16`](fn@bf16), for a product whose rows were widened to f32 (`a`: `n` rows of `k` f32),
+/// by f16 columns (`F16`) or bf16 ones: `out` rounded to that type once, the f32 route's
+/// arithmetic.
 ///
 /// # Safety
-/// As [`bf16`](fn@bf16), with `a` holding f32 and `b` f16; the CPU has AVX-512 F, BW and VL, F16C and FMA.
+/// As [`bf16`](fn@bf16), with `a` holding f32 and `b` f16 (`F16`) or bf16; the CPU has AVX-512
+/// F, BW and VL, F16C and FMA (as every AVX-512 CPU).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
 #[allow(clippy::too_many_arguments)]
-pub(in crate::tensor::kernels) unsafe fn f16(
+pub(in crate::tensor::kernels) unsafe fn widened<const F16: bool>(
     a: *const f32,
     a_rs: usize,
     b: *const u16,
@@ -71,40 +73,24 @@ pub(in crate::tensor::kernels) unsafe fn f16(
     out: *mut u16,
     out_rs: usize,
 ) {
-    // SAFETY: our contract, with the features `blocks::<WIDE_F16>` needs.
-    unsafe { blocks::<WIDE_F16>(a.cast(), a_rs, b, b_cs, n, k, cols, out, out_rs) }
-}
-
-/// As [`f16`](fn@f16), for a bf16 product whose rows were widened to f32 (`a`: `n` rows of `k` f32) and
-/// whose columns are bf16: `out` rounded to bf16 once, the f32 route's arithmetic.
-///
-/// # Safety
-/// As [`bf16`](fn@bf16), with `a` holding f32; the CPU has AVX-512 F, BW and VL, F16C and FMA (as
-/// every AVX-512 CPU).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
-#[allow(clippy::too_many_arguments)]
-pub(in crate::tensor::kernels) unsafe fn bf16_widened(
-    a: *const f32,
-    a_rs: usize,
-    b: *const u16,
-    b_cs: usize,
-    n: usize,
-    k: usize,
-    cols: Range<usize>,
-    out: *mut u16,
-    out_rs: usize,
-) {
-    // SAFETY: our contract, with the features `blocks::<WIDE_BF16>` needs.
-    unsafe { blocks::<WIDE_BF16>(a.cast(), a_rs, b, b_cs, n, k, cols, out, out_rs) }
+    let a = a.cast();
+    // SAFETY: our contract, with the features `blocks::<WIDE_F16>` and `blocks::<WIDE_BF16>` need.
+    unsafe {
+        if F16 {
+            blocks::<WIDE_F16>(a, a_rs, b, b_cs, n, k, cols, out, out_rs)
+        } else {
+            blocks::<WIDE_BF16>(a, a_rs, b, b_cs, n, k, cols, out, out_rs)
+        }
+    }
 }
 
 /// The kinds of block: bf16 rows and columns on `vdpbf16ps` ([`bf16`](fn@bf16)); f32 rows by f16 columns
-/// ([`f16`](fn@f16)) or by bf16 columns ([`bf16_widened`]) on fused multiply-adds.
+/// or by bf16 columns ([`widened`]) on fused multiply-adds.
 const DOTS: u8 = 0;
 const WIDE_F16: u8 = 1;
 const WIDE_BF16: u8 = 2;
 
-/// The blocks of [`bf16`](fn@bf16) (`KIND` [`DOTS`]: `a` is bf16), [`f16`](fn@f16) or [`bf16_widened`] (`a` is
+/// The blocks of [`bf16`](fn@bf16) (`KIND` [`DOTS`]: `a` is bf16) or [`widened`] (`a` is
 /// f32, `a_rs` in f32).
 ///
 /// # Safety

@@ -24,8 +24,7 @@ const ROWS: usize = 4;
 /// Inner elements per step (f32 lanes of a `ymm` register).
 const LANES: usize = 8;
 
-/// As [`few_rows::f16`](super::few_rows::f16) (`F16`) or
-/// [`few_rows::bf16_widened`](super::few_rows::bf16_widened) (not `F16`), on AVX2: `a` holds
+/// As [`few_rows::widened`](super::few_rows::widened), on AVX2: `a` holds
 /// `n` rows of `k` f32, `b` f16 or bf16 columns, and `out` is rounded to that type once.
 ///
 /// # Safety

@@ -42,11 +42,11 @@
 //! Everything else takes the f32 route.
 //!
 //! f16 products of fewer than 32 rows by a transposed weight (with AMX, of fewer than 20) run as
-//! the same dot products on any AVX-512 CPU ([`few_rows::f16`]): the rows widened to f32 once, the weight's f16
+//! the same dot products on any AVX-512 CPU ([`few_rows::widened`]): the rows widened to f32 once, the weight's f16
 //! widened as it is read, fused multiply-adds. That is the f32 route's arithmetic (products of
 //! f16 are exact in f32) without converting the whole weight on every call: 0.09 ms for one
 //! token by a 3072x768 weight, where the f32 route took 0.67-0.99. bf16 products of that shape
-//! do the same ([`few_rows::bf16_widened`]) where AVX512-BF16's route is off. Other f16 products
+//! do the same ([`few_rows::widened`]) where AVX512-BF16's route is off. Other f16 products
 //! take the f32 route there.
 
 #![cfg_attr(not(all(target_arch = "x86_64", target_os = "linux")), allow(dead_code))]
@@ -381,8 +381,8 @@ pub(super) unsafe fn product(
     !non_finite.load(Ordering::Relaxed)
 }
 
-/// A kernel of [`few_rows`]: [`few_rows::bf16`] (`A` = bf16 bits), or [`few_rows::f16`] and
-/// [`few_rows::bf16_widened`] (`A` = f32, the rows widened).
+/// A kernel of [`few_rows`]: [`few_rows::bf16`] (`A` = bf16 bits), or [`few_rows::widened`] and
+/// [`few_rows_avx2::widened`] (`A` = f32, the rows widened).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(super) type FewRowsKernel<A> =
     unsafe fn(*const A, usize, *const u16, usize, usize, usize, core::ops::Range<usize>, *mut u16, usize);
