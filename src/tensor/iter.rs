@@ -390,6 +390,19 @@ unsafe fn gather_tile_blocks<const E: usize>(src: *mut u8, s0: usize, dst: *mut 
     }
 }
 
+/// Hints the CPU to bring the cache lines of `s` into L1, its first 16 KiB at most (a third of
+/// a recent core's L1): for a row kernel, the next row while it works on this one, where the
+/// hardware prefetcher, which follows a stream of misses, stops at the end of the row that the
+/// kernel then reads again from L1. Past 16 KiB the prefetcher has a stream to follow again.
+#[inline(always)]
+pub(crate) fn prefetch_slice<T>(s: &[T]) {
+    let bytes = core::mem::size_of_val(s).min(16 << 10);
+    let p = s.as_ptr() as *const u8;
+    for off in (0..bytes).step_by(64) {
+        prefetch(p.wrapping_add(off));
+    }
+}
+
 /// Hints the CPU to bring the cache line at `p` into L1. Never faults, whatever `p` is.
 #[inline(always)]
 fn prefetch(p: *const u8) {

@@ -6,7 +6,7 @@
 //! `f64` in `f64`, with the statistics summed in `f64`; the result keeps the input's dtype.
 
 use crate::tensor::dtype::match_float;
-use crate::tensor::iter::GRAIN;
+use crate::tensor::iter::{GRAIN, prefetch_slice};
 use crate::tensor::parallel::{for_each_part, threads_for};
 use crate::tensor::storage::lock_storages;
 use core::mem::MaybeUninit;
@@ -67,6 +67,7 @@ fn write_row<T: Opmath>(
 fn normalize_row<T: Opmath>(
     kind: Kind,
     src: &[T],
+    next: &[T],
     dst: &mut [MaybeUninit<T>],
     weight: Option<&[T::C]>,
     bias: Option<&[T::C]>,
@@ -82,6 +83,12 @@ fn normalize_row<T: Opmath>(
         }
         Kind::Rms => (0.0, 1.0 / (lane_sum(src, |v| v * v) / n + eps).sqrt()),
     };
+    // `layer_norm`'s first pass read this row from memory; the next one is fetched while this
+    // one is written from L1 (f32 rows of 768: 0.30 ms for 1024 rows instead of 0.34, 1
+    // thread; `rms_norm`, whose one pass reads the rows nearly back to back, gained nothing).
+    if kind == Kind::Layer {
+        prefetch_slice(next);
+    }
     write_row(src, dst, T::C::from_f64(shift), T::C::from_f64(scale), weight, bias);
 }
 
@@ -98,8 +105,9 @@ fn normalize_rows<T: Opmath>(
     let rows = |first: usize, part: &mut [MaybeUninit<T>]| {
         let src = &x[first..first + part.len()];
         vectorised!(isa::detected(), {
-            for (d, s) in part.chunks_mut(n).zip(src.chunks(n)) {
-                normalize_row(kind, s, d, weight, bias, eps);
+            for (r, (s, d)) in src.chunks(n).zip(part.chunks_mut(n)).enumerate() {
+                let next = src.get((r + 1) * n..(r + 2) * n).unwrap_or_default();
+                normalize_row(kind, s, next, d, weight, bias, eps);
             }
         })
     };
