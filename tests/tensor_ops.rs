@@ -266,6 +266,47 @@ fn layer_norm_and_rms_norm_match_the_formulas() {
 }
 
 #[test]
+fn bf16_norms_keep_nan_where_a_parameter_brings_it() {
+    // A NaN weight with every payload bit set: rounded to bf16 without care, its low half
+    // carries into the sign and the result reads -0. The bf16 output loop rounds without the
+    // NaN check and writes the row again where it met a NaN; this is that second path.
+    let (rows, n) = (3, 40);
+    let xv: Vec<f32> = (0..rows * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 8.0).collect();
+    let x = t32(&xv, &[rows, n]).to_dtype(DType::BF16).unwrap();
+    let xw = x.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    let mut wv: Vec<f32> = (0..n).map(|i| 0.5 + i as f32 / 16.0).collect();
+    wv[5] = f32::from_bits(0x7fff_ffff);
+    wv[7] = f32::INFINITY;
+    let mut bv: Vec<f32> = (0..n).map(|i| i as f32 / 32.0 - 0.5).collect();
+    bv[9] = f32::from_bits(0xffff_ffff);
+    let (w, b) = (t32(&wv, &[n]), t32(&bv, &[n]));
+    let layer = layer_norm_ref(&xw, n, &wv, &bv, 1e-5);
+    let rms: Vec<f32> = xw
+        .chunks(n)
+        .flat_map(|row| {
+            let inv = 1.0 / (row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n as f64 + 1e-6).sqrt();
+            row.iter().zip(&wv).map(move |(&v, &w)| (f64::from(v) * inv * f64::from(w)) as f32).collect::<Vec<_>>()
+        })
+        .collect();
+    let got_layer = x.layer_norm(&[n], Some(&w), Some(&b), 1e-5).unwrap();
+    let got_rms = x.rms_norm(&[n], Some(&w), Some(1e-6)).unwrap();
+    for (name, got, want) in [("layer_norm", got_layer, layer), ("rms_norm", got_rms, rms)] {
+        assert_eq!(got.dtype(), DType::BF16);
+        let got = got.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
+            let col = i % n;
+            if col == 5 || (col == 9 && name == "layer_norm") {
+                assert!(g.is_nan(), "{name} element {i} (column {col}): {g}, want NaN");
+            } else if col == 7 {
+                assert!(g.is_infinite() && g.signum() == e.signum(), "{name} element {i}: {g} vs {e}");
+            } else {
+                assert!((g - e).abs() <= 1e-2 * (1.0 + e.abs()), "{name} element {i}: {g} vs {e}");
+            }
+        }
+    }
+}
+
+#[test]
 fn norms_refuse_bad_shapes_and_parameters() {
     let x = Tensor::ones(&[2, 3, 4], DType::F32).unwrap();
     assert!(x.layer_norm(&[3], None, None, 1e-5).is_err(), "not the trailing shape");

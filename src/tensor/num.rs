@@ -247,7 +247,26 @@ pub(crate) trait Opmath: Element {
     type C: Float;
     fn to_op(self) -> Self::C;
     fn from_op(c: Self::C) -> Self;
+    /// Whether [`from_op_not_nan`](Self::from_op_not_nan) is cheaper than `from_op` (bf16).
+    const NAN_SELECT: bool = false;
+    /// [`from_op`](Self::from_op) of a `c` that is not NaN (of NaN, some value): for a loop
+    /// that notes whether it met a NaN (the maximum of [`nan_rank`](Self::nan_rank)) and then
+    /// redoes its work with `from_op`.
+    #[inline(always)]
+    fn from_op_not_nan(c: Self::C) -> Self {
+        Self::from_op(c)
+    }
+    /// Above [`NAN_RANK`] exactly where `c` is NaN (where [`NAN_SELECT`](Self::NAN_SELECT)).
+    /// A loop takes the maximum: an integer maximum vectorises in whole registers, where a
+    /// flag took a compare, its mask packed to 16 bits (two operations) and an OR.
+    #[inline(always)]
+    fn nan_rank(_c: Self::C) -> u32 {
+        0
+    }
 }
+
+/// See [`Opmath::nan_rank`]: the bits of f32 infinity.
+pub(crate) const NAN_RANK: u32 = 0x7f80_0000;
 
 impl Opmath for f32 {
     type C = f32;
@@ -284,6 +303,15 @@ macro_rules! half_opmath {
             #[inline(always)]
             fn from_op(c: f32) -> $t {
                 <$t as HalfFloat>::narrow(c)
+            }
+            const NAN_SELECT: bool = <$t as HalfFloat>::NAN_SELECT;
+            #[inline(always)]
+            fn from_op_not_nan(c: f32) -> $t {
+                <$t as HalfFloat>::narrow_not_nan(c)
+            }
+            #[inline(always)]
+            fn nan_rank(c: f32) -> u32 {
+                c.to_bits() & 0x7fff_ffff
             }
         }
     )*};

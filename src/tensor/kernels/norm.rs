@@ -11,7 +11,7 @@ use crate::tensor::parallel::{for_each_part, threads_for};
 use crate::tensor::storage::lock_storages;
 use core::mem::MaybeUninit;
 
-use crate::tensor::num::{Num, Opmath};
+use crate::tensor::num::{NAN_RANK, Num, Opmath};
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
 use super::isa::{self, vectorised};
@@ -30,7 +30,9 @@ fn lane_sum<T: Element>(src: &[T], f: impl Fn(f64) -> f64) -> f64 {
     lanes(src, 0.0, |v: T| f(v.to_f64()), |a, b| a + b)
 }
 
-/// One row: `(x - shift) * scale`, times `weight`, plus `bias`, in `T`'s compute type.
+/// One row: `(x - shift) * scale`, times `weight`, plus `bias`, in `T`'s compute type. A bf16
+/// row is rounded without [`narrow`](crate::tensor::halfconv::HalfFloat::narrow)'s NaN select,
+/// noting whether a value was NaN, and written again with it if one was.
 #[inline(always)]
 fn write_row<T: Opmath>(
     src: &[T],
@@ -40,22 +42,43 @@ fn write_row<T: Opmath>(
     w: Option<&[T::C]>,
     b: Option<&[T::C]>,
 ) {
+    if T::NAN_SELECT {
+        let mut rank = 0;
+        each_output(src, dst, shift, scale, w, b, |d, v| {
+            d.write(T::from_op_not_nan(v));
+            rank = rank.max(T::nan_rank(v));
+        });
+        if rank <= NAN_RANK {
+            return;
+        }
+    }
+    each_output(src, dst, shift, scale, w, b, |d, v| {
+        d.write(T::from_op(v));
+    });
+}
+
+/// `put(dst[i], (src[i] - shift) * scale * w[i] + b[i])` (without the weight or bias where
+/// there is none), for [`write_row`].
+#[inline(always)]
+fn each_output<T: Opmath>(
+    src: &[T],
+    dst: &mut [MaybeUninit<T>],
+    shift: T::C,
+    scale: T::C,
+    w: Option<&[T::C]>,
+    b: Option<&[T::C]>,
+    mut put: impl FnMut(&mut MaybeUninit<T>, T::C),
+) {
     let y = |v: T| Num::mul(Num::sub(v.to_op(), shift), scale);
     let pairs = dst.iter_mut().zip(src);
     // One loop per case, so that each is a plain loop to vectorise.
     match (w, b) {
         (Some(w), Some(b)) => pairs.zip(w.iter().zip(b)).for_each(|((d, &v), (&w, &b))| {
-            d.write(T::from_op(Num::add(Num::mul(y(v), w), b)));
+            put(d, Num::add(Num::mul(y(v), w), b));
         }),
-        (Some(w), None) => pairs.zip(w).for_each(|((d, &v), &w)| {
-            d.write(T::from_op(Num::mul(y(v), w)));
-        }),
-        (None, Some(b)) => pairs.zip(b).for_each(|((d, &v), &b)| {
-            d.write(T::from_op(Num::add(y(v), b)));
-        }),
-        (None, None) => pairs.for_each(|(d, &v)| {
-            d.write(T::from_op(y(v)));
-        }),
+        (Some(w), None) => pairs.zip(w).for_each(|((d, &v), &w)| put(d, Num::mul(y(v), w))),
+        (None, Some(b)) => pairs.zip(b).for_each(|((d, &v), &b)| put(d, Num::add(y(v), b))),
+        (None, None) => pairs.for_each(|(d, &v)| put(d, y(v))),
     }
 }
 
