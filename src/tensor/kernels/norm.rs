@@ -30,21 +30,23 @@ fn lane_sum<T: Element>(src: &[T], f: impl Fn(f64) -> f64) -> f64 {
     lanes(src, 0.0, |v: T| f(v.to_f64()), |a, b| a + b)
 }
 
-/// One row: `(x - shift) * scale`, times `weight`, plus `bias`, in `T`'s compute type. A bf16
-/// row is rounded without [`narrow`](crate::tensor::halfconv::HalfFloat::narrow)'s NaN select,
-/// noting whether a value was NaN, and written again with it if one was.
+/// What a row's output is: `(x - shift) * scale`, times `w`, plus `b`, in the compute type `C`.
+#[derive(Clone, Copy)]
+struct Affine<'a, C> {
+    shift: C,
+    scale: C,
+    w: Option<&'a [C]>,
+    b: Option<&'a [C]>,
+}
+
+/// One row, `dst[i] = f(src[i])`. A bf16 row is rounded without
+/// [`narrow`](crate::tensor::halfconv::HalfFloat::narrow)'s NaN select, noting whether a value
+/// was NaN, and written again with it if one was.
 #[inline(always)]
-fn write_row<T: Opmath>(
-    src: &[T],
-    dst: &mut [MaybeUninit<T>],
-    shift: T::C,
-    scale: T::C,
-    w: Option<&[T::C]>,
-    b: Option<&[T::C]>,
-) {
+fn write_row<T: Opmath>(src: &[T], dst: &mut [MaybeUninit<T>], f: Affine<'_, T::C>) {
     if T::NAN_SELECT {
         let mut rank = 0;
-        each_output(src, dst, shift, scale, w, b, |d, v| {
+        each_output(src, dst, f, |d, v| {
             d.write(T::from_op_not_nan(v));
             rank = rank.max(T::nan_rank(v));
         });
@@ -52,27 +54,23 @@ fn write_row<T: Opmath>(
             return;
         }
     }
-    each_output(src, dst, shift, scale, w, b, |d, v| {
+    each_output(src, dst, f, |d, v| {
         d.write(T::from_op(v));
     });
 }
 
-/// `put(dst[i], (src[i] - shift) * scale * w[i] + b[i])` (without the weight or bias where
-/// there is none), for [`write_row`].
+/// `put(dst[i], f(src[i]))`, for [`write_row`].
 #[inline(always)]
 fn each_output<T: Opmath>(
     src: &[T],
     dst: &mut [MaybeUninit<T>],
-    shift: T::C,
-    scale: T::C,
-    w: Option<&[T::C]>,
-    b: Option<&[T::C]>,
+    f: Affine<'_, T::C>,
     mut put: impl FnMut(&mut MaybeUninit<T>, T::C),
 ) {
-    let y = |v: T| Num::mul(Num::sub(v.to_op(), shift), scale);
+    let y = |v: T| Num::mul(Num::sub(v.to_op(), f.shift), f.scale);
     let pairs = dst.iter_mut().zip(src);
     // One loop per case, so that each is a plain loop to vectorise.
-    match (w, b) {
+    match (f.w, f.b) {
         (Some(w), Some(b)) => pairs.zip(w.iter().zip(b)).for_each(|((d, &v), (&w, &b))| {
             put(d, Num::add(Num::mul(y(v), w), b));
         }),
@@ -112,7 +110,8 @@ fn normalize_row<T: Opmath>(
     if kind == Kind::Layer {
         prefetch_slice(next);
     }
-    write_row(src, dst, T::C::from_f64(shift), T::C::from_f64(scale), weight, bias);
+    let (shift, scale) = (T::C::from_f64(shift), T::C::from_f64(scale));
+    write_row(src, dst, Affine { shift, scale, w: weight, b: bias });
 }
 
 /// Normalises each row of `x` (contiguous `T`, rows of `n`) into `out` (fresh, contiguous).
