@@ -445,11 +445,12 @@ impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
     /// ([`vmath::blocks`](crate::tensor::vmath::blocks)).
     #[inline(always)]
     unsafe fn call_run(&self, isa: Isa, x: *const T, o: *mut T, n: usize) -> bool {
-        let Some(func) = Unary::lanes_fn(K) else { return false };
-        let Some(run) = crate::tensor::vmath::blocks(func) else { return false };
+        // The checks the compiler decides first: other types and ops never read the switches.
         if isa == Isa::Baseline || core::any::TypeId::of::<T>() != core::any::TypeId::of::<f32>() {
             return false;
         }
+        let Some(func) = Unary::lanes_fn(K) else { return false };
+        let Some(run) = crate::tensor::vmath::blocks(func) else { return false };
         // SAFETY: `T` is `f32`; `blocks` returns only what the CPU runs; the rest is the
         // caller's promise.
         unsafe { run(func, x as *const f32, o as *mut f32, n) };
