@@ -57,6 +57,9 @@ WORKLOADS = [
     ("embedding", "embedding, 1024 ids into 50257x768"),
     ("cat_kv", "cat 12x1023x64 + 12x1x64 on dim 1 (KV cache)"),
     ("layer_norm_bf16", "layer_norm 1024x768, bf16"),
+    ("rms_norm_bf16", "rms_norm 1024x768, bf16"),
+    ("layer_norm_f16", "layer_norm 1024x768, f16"),
+    ("softmax_f16", "softmax 12x256x256, f16"),
     ("gelu_bf16", "gelu 1024x3072, bf16"),
     ("silu_bf16", "silu 1024x3072, bf16"),
     ("softmax_bf16", "softmax 12x256x256, bf16"),
@@ -93,6 +96,7 @@ for k in ("a", "b"):
     NP[k + "16"] = NP[k].astype(np.float16)
 for k in ("h", "w768", "b768", "mlp", "scores"):
     T[k + "b"] = T[k].to(torch.bfloat16)
+    T[k + "16"] = T[k].to(torch.float16)
     NP[k + "16"] = NP[k].astype(np.float16)
 
 TORCH = {
@@ -127,6 +131,9 @@ TORCH = {
     "embedding": lambda t: torch.nn.functional.embedding(t["ids"], t["table"]),
     "cat_kv": lambda t: torch.cat([t["cache"], t["new_kv"]], 1),
     "layer_norm_bf16": lambda t: torch.nn.functional.layer_norm(t["hb"], [768], t["w768b"], t["b768b"], 1e-5),
+    "rms_norm_bf16": lambda t: torch.nn.functional.rms_norm(t["hb"], [768], t["w768b"]),
+    "layer_norm_f16": lambda t: torch.nn.functional.layer_norm(t["h16"], [768], t["w76816"], t["b76816"], 1e-5),
+    "softmax_f16": lambda t: t["scores16"].softmax(-1),
     "gelu_bf16": lambda t: torch.nn.functional.gelu(t["mlpb"]),
     "silu_bf16": lambda t: torch.nn.functional.silu(t["mlpb"]),
     "softmax_bf16": lambda t: t["scoresb"].softmax(-1),

@@ -17,10 +17,11 @@
 //! `softmax` and `scale` (`* 0.125`) of the 12x256x256 attention scores, `masked_fill` of them
 //! by a causal 256x256 mask, `where` of the mask between them and a zero tensor, `embedding`
 //! (1024 token ids into a 50257x768 table) and `cat_kv` (a 12x1023x64 key cache grown by one
-//! position); `layer_norm_bf16`, `gelu_bf16`, `silu_bf16` and `softmax_bf16`, those ops on bf16
-//! operands; `to_bf16` and `from_bf16`, the 1024x3072 activation converted to bf16 and back;
-//! `log_softmax` and `softmax_vocab`, the log-probabilities and probabilities of 16 rows of
-//! next-token logits over GPT-2's 50257-token vocabulary (a beam search's or a sampler's step).
+//! position); `layer_norm_bf16`, `rms_norm_bf16`, `gelu_bf16`, `silu_bf16` and `softmax_bf16`,
+//! those ops on bf16 operands; `layer_norm_f16` and `softmax_f16` on f16 ones; `to_bf16` and
+//! `from_bf16`, the 1024x3072 activation converted to bf16 and back; `log_softmax` and
+//! `softmax_vocab`, the log-probabilities and probabilities of 16 rows of next-token logits
+//! over GPT-2's 50257-token vocabulary (a beam search's or a sampler's step).
 //!
 //! ```text
 //! cargo build --release --example peers
@@ -68,6 +69,8 @@ struct Data {
     tokens16: [Tensor; 2],
     /// `h`, `w768`, `b768`, `mlp` and `scores` in bf16.
     block_bf16: [Tensor; 5],
+    /// `h`, `w768`, `b768` and `scores` in f16.
+    block_f16: [Tensor; 4],
 }
 
 fn run(d: &Data, workload: &str) -> Result<()> {
@@ -106,6 +109,12 @@ fn run(d: &Data, workload: &str) -> Result<()> {
             let [h, w, b, ..] = &d.block_bf16;
             drop(black_box(h.layer_norm(&[768], Some(w), Some(b), 1e-5)?))
         }
+        "rms_norm_bf16" => drop(black_box(d.block_bf16[0].rms_norm(&[768], Some(&d.block_bf16[1]), None)?)),
+        "layer_norm_f16" => {
+            let [h, w, b, _] = &d.block_f16;
+            drop(black_box(h.layer_norm(&[768], Some(w), Some(b), 1e-5)?))
+        }
+        "softmax_f16" => drop(black_box(d.block_f16[3].softmax(-1)?)),
         "gelu_bf16" => drop(black_box(d.block_bf16[3].gelu()?)),
         "silu_bf16" => drop(black_box(d.block_bf16[3].silu()?)),
         "softmax_bf16" => drop(black_box(d.block_bf16[4].softmax(-1)?)),
@@ -168,6 +177,12 @@ fn main() -> Result<()> {
             rand(&[768])?.to_dtype(DType::BF16)?,
             rand(&[1024, 3072])?.to_dtype(DType::BF16)?,
             rand(&[12, 256, 256])?.to_dtype(DType::BF16)?,
+        ],
+        block_f16: [
+            rand(&[1024, 768])?.to_dtype(DType::F16)?,
+            rand(&[768])?.to_dtype(DType::F16)?,
+            rand(&[768])?.to_dtype(DType::F16)?,
+            rand(&[12, 256, 256])?.to_dtype(DType::F16)?,
         ],
     };
     let mut stdout = std::io::stdout().lock();
