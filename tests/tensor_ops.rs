@@ -306,6 +306,77 @@ fn bf16_norms_keep_nan_where_a_parameter_brings_it() {
     }
 }
 
+/// The largest distance between `got` and the f64 values `want` (each with an allowance, see
+/// [`norm_ref_f64`]) beyond that allowance, in units of `dt`'s spacing at the value (`f16`:
+/// 2^-10 relative, `bf16`: 2^-7; at least that at 2^-14, f16's smallest normal).
+fn worst_ulps(dt: DType, got: &[f32], want: &[(f64, f64)]) -> f64 {
+    let bits = if dt == DType::F16 { 10 } else { 7 };
+    got.iter()
+        .zip(want)
+        .map(|(&g, &(w, slack))| {
+            let ulp = w.abs().max(2f64.powi(-14)).log2().floor().exp2() * 2f64.powi(-bits);
+            ((f64::from(g) - w).abs() - slack).max(0.0) / ulp
+        })
+        .fold(0.0, f64::max)
+}
+
+/// `layer_norm` (`rms_norm` where `rms`) of rows of `n`, no weight or bias, in f64; each value
+/// with the error that rounding the mean to f32 allows (the kernels subtract an f32 mean, as
+/// PyTorch's do: 2^-24 of it, times the scale).
+fn norm_ref_f64(x: &[f32], n: usize, rms: bool, eps: f64) -> Vec<(f64, f64)> {
+    x.chunks(n)
+        .flat_map(|row| {
+            let mean = if rms { 0.0 } else { row.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64 };
+            let m2 = row.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n as f64;
+            let inv = 1.0 / (m2 + eps).sqrt();
+            let slack = mean.abs() * 2f64.powi(-24) * inv;
+            row.iter().map(move |&v| ((f64::from(v) - mean) * inv, slack)).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn half_norms_sum_in_f32_and_again_in_f64_where_f32_overflows_or_underflows() {
+    // f16 and bf16 rows sum their statistics in f32; a row whose second moment overflows f32
+    // (bf16 values near 1e20: squares near 1e40) or underflows it (bf16 values near 1e-25:
+    // squares below 2^-126 lose bits, below 2^-149 vanish) is summed again in f64. Without
+    // that, the large row's variance is infinite and its output 0, and the small row's
+    // variance 0, which with eps 0 gives infinities and NaN.
+    let n = 384;
+    fn wave(i: usize) -> f32 {
+        ((i * 37 % 101) as f32 - 50.0) / 16.0
+    }
+    type Case = (DType, &'static str, fn(usize) -> f32);
+    let rows: [Case; 6] = [
+        (DType::BF16, "large mean, small spread", |i| 1000.0 + 8.0 * (wave(i) as i32) as f32),
+        (DType::BF16, "near 1e20", |i| 1e20 * (1.0 + wave(i) / 8.0)),
+        (DType::BF16, "near 1e-25", |i| 1e-25 * wave(i)),
+        (DType::BF16, "a repeated value", |_| 0.3),
+        (DType::F16, "large mean, small spread", |i| 1000.0 + (wave(i) as i32) as f32),
+        (DType::F16, "f16's range", |i| 60000.0 * wave(i) / 4.0),
+    ];
+    for (dt, what, f) in rows {
+        let xv: Vec<f32> = (0..2 * n).map(&f).collect();
+        let x = t32(&xv, &[2, n]).to_dtype(dt).unwrap();
+        let xh = x.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        for (rms, eps) in [(false, 0.0), (false, 1e-5), (true, 0.0)] {
+            let y = if rms { x.rms_norm(&[n], None, Some(eps)) } else { x.layer_norm(&[n], None, None, eps) }.unwrap();
+            assert_eq!(y.dtype(), dt);
+            let got = y.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+            let want = norm_ref_f64(&xh, n, rms, eps);
+            if want.iter().any(|w| w.0.is_nan()) {
+                // A repeated value with eps 0: 0 / 0, in f64 too.
+                assert!(got.iter().all(|g| g.is_nan()), "{dt:?} {what}, rms {rms}");
+                continue;
+            }
+            let worst = worst_ulps(dt, &got, &want);
+            // Rounded once from f32: within one step of the f64 value (half a step, plus the
+            // f32 arithmetic's few parts in 2^24).
+            assert!(worst <= 1.0, "{dt:?} {what}, rms {rms}, eps {eps}: {worst} steps off");
+        }
+    }
+}
+
 #[test]
 fn norms_refuse_bad_shapes_and_parameters() {
     let x = Tensor::ones(&[2, 3, 4], DType::F32).unwrap();

@@ -245,6 +245,9 @@ half_num!(f16, bf16);
 /// `f64` for f64; and the conversions to it and back (rounding once).
 pub(crate) trait Opmath: Element {
     type C: Float;
+    /// A 16-bit float (f16, bf16): sums of a row of its values in `f32` lanes are close to
+    /// exact, as its values have 8 or 11 significant bits (the norms' statistics).
+    const NARROW: bool = false;
     fn to_op(self) -> Self::C;
     fn from_op(c: Self::C) -> Self;
     /// Whether [`from_op_not_nan`](Self::from_op_not_nan) is cheaper than `from_op` (bf16).
@@ -296,6 +299,7 @@ macro_rules! half_opmath {
     ($($t:ty),*) => {$(
         impl Opmath for $t {
             type C = f32;
+            const NARROW: bool = true;
             #[inline(always)]
             fn to_op(self) -> f32 {
                 HalfFloat::widen(self)

@@ -52,7 +52,7 @@ trait SumAcc: Element {
 /// The float sum of `x`'s values widened to `f32` by `to`: [`SUM_LANES`] lanes per block of
 /// [`BLOCK`], the blocks' sums added in `f64`.
 #[inline(always)]
-fn lanes_f32<T: Copy>(x: &[T], to: impl Fn(T) -> f32) -> f64 {
+pub(super) fn lanes_f32<T: Copy>(x: &[T], to: impl Fn(T) -> f32) -> f64 {
     let mut total = 0f64;
     for block in x.chunks(BLOCK) {
         let mut acc = [0f32; SUM_LANES];
