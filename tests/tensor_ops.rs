@@ -378,6 +378,38 @@ fn half_norms_sum_in_f32_and_again_in_f64_where_f32_overflows_or_underflows() {
 }
 
 #[test]
+fn f16_rows_give_the_bits_of_f32_rows_rounded_at_every_length() {
+    // f16 rows go through f32 scratch rows converted by F16C up to 2^17 elements, and are
+    // converted value by value beyond; softmax's exponentials stay in a 16K scratch row or in
+    // the output. Each way, an f16 row computes in f32 and rounds once: the bits of the f32
+    // op on the widened values, rounded to f16. (The norms sum f16 statistics in f32 and f32
+    // ones in f64, so they are compared with the f64 values instead.)
+    for len in [301, (16 << 10) + 3, (1 << 17) + 5] {
+        let x = Tensor::randn(&[2, len], TensorOptions::new().dtype(DType::F32).seed(len as u64))
+            .unwrap()
+            .mul_scalar(4.0)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        let wide = x.to_dtype(DType::F32).unwrap();
+        for log in [false, true] {
+            let op = |t: &Tensor| if log { t.log_softmax(-1) } else { t.softmax(-1) }.unwrap();
+            let got = op(&x);
+            assert_eq!(got.dtype(), DType::F16);
+            let want = op(&wide).to_dtype(DType::F16).unwrap();
+            assert_eq!(got.to_vec::<half::f16>().unwrap(), want.to_vec::<half::f16>().unwrap(), "len {len}, log {log}");
+        }
+        let xh = wide.to_vec::<f32>().unwrap();
+        for rms in [false, true] {
+            let y = if rms { x.rms_norm(&[len], None, Some(1e-6)) } else { x.layer_norm(&[len], None, None, 1e-6) };
+            let got = y.unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+            let worst = worst_ulps(DType::F16, &got, &norm_ref_f64(&xh, len, rms, 1e-6));
+            assert!(worst <= 1.0, "len {len}, rms {rms}: {worst} steps off");
+        }
+    }
+}
+
+#[test]
 fn norms_refuse_bad_shapes_and_parameters() {
     let x = Tensor::ones(&[2, 3, 4], DType::F32).unwrap();
     assert!(x.layer_norm(&[3], None, None, 1e-5).is_err(), "not the trailing shape");
