@@ -372,6 +372,45 @@ fn in_place_ops_write_through_views() {
 }
 
 #[test]
+fn max_and_min_of_long_rows_match_a_plain_loop_in_every_dtype() {
+    // Rows of 117: seven times the kernel's 16 lanes and a remainder of 5. NaN anywhere in a
+    // float row (the first lane, a middle one, the remainder) makes its maximum and minimum
+    // NaN, as in PyTorch; the other rows keep theirs.
+    let len = 16 * 7 + 5;
+    let v: Vec<f32> = (0..3 * len).map(|i| (i * 7919 % 101) as f32 - 50.0).collect();
+    let x32 = Tensor::from_vec(v, &[3, len], DType::F32).unwrap();
+    for dt in [DType::F32, DType::F64, DType::BF16, DType::F16, DType::I8, DType::I16, DType::I32, DType::I64] {
+        let x = x32.to_dtype(dt).unwrap();
+        let rows: Vec<Vec<f64>> =
+            x.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap().chunks(len).map(<[f64]>::to_vec).collect();
+        let (max, min): (Vec<f64>, Vec<f64>) = rows
+            .iter()
+            .map(|r| (r.iter().copied().fold(f64::MIN, f64::max), r.iter().copied().fold(f64::MAX, f64::min)))
+            .unzip();
+        let got = |t: Tensor| t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        assert_eq!(got(x.max_dim(1, false).unwrap()), max, "{dt:?}");
+        assert_eq!(got(x.min_dim(1, false).unwrap()), min, "{dt:?}");
+        assert_eq!(got(x.max().unwrap()), [max.iter().copied().fold(f64::MIN, f64::max)], "{dt:?}");
+        assert_eq!(got(x.min().unwrap()), [min.iter().copied().fold(f64::MAX, f64::min)], "{dt:?}");
+        if !dt.is_floating_point() {
+            continue;
+        }
+        for (row, col) in [(0, 0), (1, 40), (2, len - 1)] {
+            let nan = Tensor::full(&[1], f64::NAN, DType::F32).unwrap().to_dtype(dt).unwrap();
+            let y = Tensor::zeros_like(&x).unwrap();
+            y.copy_(&x).unwrap();
+            y.select(0, row as isize).unwrap().narrow(0, col as isize, 1).unwrap().copy_(&nan).unwrap();
+            for m in [got(y.max_dim(1, false).unwrap()), got(y.min_dim(1, false).unwrap())] {
+                for (r, &v) in m.iter().enumerate() {
+                    assert_eq!(v.is_nan(), r == row, "{dt:?}, NaN at ({row}, {col}), row {r}: {v}");
+                }
+            }
+            assert!(got(y.max().unwrap())[0].is_nan() && got(y.min().unwrap())[0].is_nan(), "{dt:?}");
+        }
+    }
+}
+
+#[test]
 fn reductions_over_all_and_one_dimension() {
     let t = arange(12, DType::F32).view(&[3, 4]).unwrap();
     assert_eq!(t.sum().unwrap().item::<f32>().unwrap(), 66.0);

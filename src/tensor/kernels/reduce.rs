@@ -12,7 +12,7 @@
 use crate::tensor::dtype::{match_float, match_numeric};
 use crate::tensor::halfconv::HalfFloat;
 use crate::tensor::iter::GRAIN;
-use crate::tensor::num::Num;
+use crate::tensor::num::{Num, Opmath};
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
@@ -206,6 +206,12 @@ where
     Ok(())
 }
 
+/// [`Num::maximum`] where `is_max`, else [`Num::minimum`].
+#[inline(always)]
+fn extreme_of<V: Num>(is_max: bool) -> impl Fn(V, V) -> V + Copy + Sync {
+    move |a, b| if is_max { Num::maximum(a, b) } else { Num::minimum(a, b) }
+}
+
 fn check_nonempty(t: &Tensor, op: &'static str, len: usize) -> Result<()> {
     if len == 0 {
         return Err(TensorError::BadShape {
@@ -259,11 +265,23 @@ impl Tensor {
             reduce_rows(&x, len, &out, f, c, |a, _| a)?;
             return Ok(out);
         }
-        match_numeric!(self.dtype(), T => {
-            let c = move |a: T, b: T| if is_max { Num::maximum(a, b) } else { Num::minimum(a, b) };
-            let f = move |r: &[T], _| r.iter().fold(if is_max { T::LOWEST } else { T::HIGHEST }, |a, &v| c(a, v));
-            reduce_rows(&x, len, &out, f, c, |a, _| a)?
-        }, _ => {});
+        // Each row's extreme in 16 independent lanes, compiled for the widest extension (one
+        // running value was a chain of dependent steps; f16 and bf16 ones also narrowed and
+        // widened each: max of 1024x3072 took 5.5x PyTorch's time in f32, 39x in bf16, 77x
+        // in f16). Floats compare in their compute type; NaN propagates, as in PyTorch.
+        if self.dtype().is_floating_point() {
+            match_float!(self.dtype(), T => {
+                let start = if is_max { <T as Opmath>::C::LOWEST } else { <T as Opmath>::C::HIGHEST };
+                let f = move |r: &[T], _| T::from_op(vectorised!(isa::detected(), lanes(r, start, T::to_op, extreme_of(is_max))));
+                reduce_rows(&x, len, &out, f, extreme_of(is_max), |a, _| a)?
+            }, _ => {});
+        } else {
+            match_numeric!(self.dtype(), T => {
+                let start = if is_max { T::LOWEST } else { T::HIGHEST };
+                let f = move |r: &[T], _| vectorised!(isa::detected(), lanes(r, start, |v| v, extreme_of(is_max)));
+                reduce_rows(&x, len, &out, f, extreme_of(is_max), |a, _| a)?
+            }, _ => {});
+        }
         Ok(out)
     }
 
