@@ -67,6 +67,11 @@ WORKLOADS = [
     ("from_bf16", "1024x3072 bf16 to f32"),
     ("log_softmax", "log_softmax 16x50257 logits, last dim"),
     ("softmax_vocab", "softmax 16x50257 logits, last dim"),
+    ("sum_dim0", "sum over dim 0 of 1024x3072 (a bias gradient)"),
+    ("sum_dim0_bf16", "sum over dim 0 of 1024x3072, bf16"),
+    ("mean_dim1_heads", "mean over dim 1 of 12x256x256"),
+    ("max_dim0", "max over dim 0 of 1024x3072"),
+    ("argmax_dim0", "argmax over dim 0 of 1024x3072"),
 ]
 if ARGS.workloads:
     WORKLOADS = [w for w in WORKLOADS if w[0] in ARGS.workloads.split(",")]
@@ -141,6 +146,11 @@ TORCH = {
     "from_bf16": lambda t: t["mlpb"].float(),
     "log_softmax": lambda t: t["logits"].log_softmax(-1),
     "softmax_vocab": lambda t: t["logits"].softmax(-1),
+    "sum_dim0": lambda t: t["mlp"].sum(0),
+    "sum_dim0_bf16": lambda t: t["mlpb"].sum(0),
+    "mean_dim1_heads": lambda t: t["scores"].mean(1),
+    "max_dim0": lambda t: t["mlp"].amax(0),
+    "argmax_dim0": lambda t: t["mlp"].argmax(0),
 }
 NUMPY = {
     "add": lambda t: t["a"] + t["b"],
@@ -158,6 +168,10 @@ NUMPY = {
     "where": lambda t: np.where(t["causal"], t["scores"], t["zeros"]),
     "embedding": lambda t: t["table"][t["ids"]],
     "cat_kv": lambda t: np.concatenate([t["cache"], t["new_kv"]], 1),
+    "sum_dim0": lambda t: t["mlp"].sum(0),
+    "mean_dim1_heads": lambda t: t["scores"].mean(1),
+    "max_dim0": lambda t: t["mlp"].max(0),
+    "argmax_dim0": lambda t: t["mlp"].argmax(0),
 }
 
 

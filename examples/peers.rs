@@ -21,7 +21,10 @@
 //! those ops on bf16 operands; `layer_norm_f16` and `softmax_f16` on f16 ones; `to_bf16` and
 //! `from_bf16`, the 1024x3072 activation converted to bf16 and back; `log_softmax` and
 //! `softmax_vocab`, the log-probabilities and probabilities of 16 rows of next-token logits
-//! over GPT-2's 50257-token vocabulary (a beam search's or a sampler's step).
+//! over GPT-2's 50257-token vocabulary (a beam search's or a sampler's step); `sum_dim0` and
+//! `sum_dim0_bf16`, the 1024x3072 activation summed over its tokens (a bias's gradient),
+//! `max_dim0` and `argmax_dim0` of it, and `mean_dim1_heads`, the scores' mean over a middle
+//! dimension (reductions along a dimension that is not innermost).
 //!
 //! ```text
 //! cargo build --release --example peers
@@ -122,6 +125,11 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "from_bf16" => drop(black_box(d.block_bf16[3].to_dtype(DType::F32)?)),
         "log_softmax" => drop(black_box(d.logits.log_softmax(-1)?)),
         "softmax_vocab" => drop(black_box(d.logits.softmax(-1)?)),
+        "sum_dim0" => drop(black_box(d.mlp.sum_dim(0, false)?)),
+        "sum_dim0_bf16" => drop(black_box(d.block_bf16[3].sum_dim(0, false)?)),
+        "mean_dim1_heads" => drop(black_box(d.scores.mean_dim(1, false)?)),
+        "max_dim0" => drop(black_box(d.mlp.max_dim(0, false)?)),
+        "argmax_dim0" => drop(black_box(d.mlp.argmax_dim(0, false)?)),
         _ => panic!("unknown workload {workload:?}"),
     }
     Ok(())
