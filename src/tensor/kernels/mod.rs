@@ -2,6 +2,7 @@
 
 mod amx;
 mod cast;
+mod columns;
 mod elementwise;
 mod f16c;
 mod index;

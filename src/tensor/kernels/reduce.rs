@@ -1,13 +1,15 @@
 //! Reductions (`sum`, `mean`, `max`, `min`, `argmax`, over everything or one dimension).
 //!
-//! The reduced dimension is moved innermost (a view, then `contiguous()`, which copies only
-//! when it was not already innermost), so every reduction reads contiguous rows. Float sums
-//! add [`SUM_LANES`] independent lanes (which the compiler vectorises, compiled for the CPU's
-//! widest vector extension) in blocks of [`BLOCK`] and gather the blocks in `f64`; f16 and
-//! bf16 values are widened as they are read, so their sum is the f32 sum of the widened
-//! values, bit for bit, on every CPU. Integer and bool sums give `i64`, as in PyTorch. Large
-//! inputs are split over rows, or within a row, across rayon's threads: integer results are
-//! the same either way, float results differ only in rounding.
+//! A contiguous tensor reduced along a dimension that is not innermost is read in place, its
+//! rows added into a row of accumulators ([`columns`]). Otherwise the reduced dimension is
+//! moved innermost (a view, then `contiguous()`, which copies only when it was not already
+//! innermost), so the reduction reads contiguous rows. Float sums of rows add [`SUM_LANES`]
+//! independent lanes (which the compiler vectorises, compiled for the CPU's widest vector
+//! extension) in blocks of [`BLOCK`] and gather the blocks in `f64`; f16 and bf16 values are
+//! widened as they are read, so their sum is the f32 sum of the widened values, bit for bit,
+//! on every CPU. Integer and bool sums give `i64`, as in PyTorch. Large inputs are split over
+//! rows, or within a row, across rayon's threads: integer results are the same either way,
+//! float results differ only in rounding (the column path's do not differ at all).
 
 use crate::tensor::dtype::{match_float, match_numeric};
 use crate::tensor::halfconv::HalfFloat;
@@ -16,6 +18,7 @@ use crate::tensor::num::{Num, Opmath};
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
+use super::columns::{self, Columns, reduce_columns};
 use super::f16c;
 use super::isa::{self, vectorised};
 use super::lanes;
@@ -122,9 +125,29 @@ impl SumAcc for bool {
     }
 }
 
-/// A contiguous tensor whose rows are the lines along `dim` (or one row of everything), the
-/// row length, and the output's shape.
-fn rows_of(t: &Tensor, op: &'static str, dim: Option<isize>, keepdim: bool) -> Result<(Tensor, usize, Vec<usize>)> {
+/// How a reduction reads its input.
+enum Lines {
+    /// Contiguous rows of this length, the lines along the reduced dimension (or one row of
+    /// everything).
+    Rows(usize),
+    /// The reduced dimension in place, not innermost ([`columns`]).
+    Columns(Columns),
+}
+
+impl Lines {
+    /// The number of values each output reduces.
+    fn len(&self) -> usize {
+        match self {
+            Lines::Rows(len) => *len,
+            Lines::Columns(c) => c.len,
+        }
+    }
+}
+
+/// The tensor to read (contiguous), how to read it, and the output's shape. A dimension that
+/// is not innermost is reduced in place where [`Columns::of`] takes it, else moved innermost
+/// (a view, then `contiguous()`, which copies).
+fn lines_of(t: &Tensor, op: &'static str, dim: Option<isize>, keepdim: bool) -> Result<(Tensor, Lines, Vec<usize>)> {
     if t.dtype().is_quantized() {
         return Err(TensorError::UnsupportedDType {
             op,
@@ -134,20 +157,23 @@ fn rows_of(t: &Tensor, op: &'static str, dim: Option<isize>, keepdim: bool) -> R
         });
     }
     match dim {
-        None => Ok((t.contiguous()?, t.numel(), vec![])),
+        None => Ok((t.contiguous()?, Lines::Rows(t.numel()), vec![])),
         Some(dim) => {
             let d = t.wrap_dim(op, dim)?;
             if t.dim() == 0 {
-                return Ok((t.clone(), 1, vec![]));
+                return Ok((t.clone(), Lines::Rows(1), vec![]));
             }
-            let x = t.movedim(d as isize, -1)?.contiguous()?;
             let mut out = t.sizes().to_vec();
             if keepdim {
                 out[d] = 1;
             } else {
                 out.remove(d);
             }
-            Ok((x, t.sizes()[d], out))
+            if let Some(c) = Columns::of(t, d) {
+                return Ok((t.clone(), Lines::Columns(c), out));
+            }
+            let x = t.movedim(d as isize, -1)?.contiguous()?;
+            Ok((x, Lines::Rows(t.sizes()[d]), out))
         }
     }
 }
@@ -226,7 +252,7 @@ fn check_nonempty(t: &Tensor, op: &'static str, len: usize) -> Result<()> {
 
 impl Tensor {
     fn sum_impl(&self, op: &'static str, dim: Option<isize>, keepdim: bool, mean: bool) -> Result<Tensor> {
-        let (x, len, shape) = rows_of(self, op, dim, keepdim)?;
+        let (x, lines, shape) = lines_of(self, op, dim, keepdim)?;
         if mean && !self.dtype().is_floating_point() {
             return Err(TensorError::UnsupportedDType {
                 op,
@@ -236,8 +262,31 @@ impl Tensor {
             });
         }
         let out_dtype = if self.dtype().is_floating_point() { self.dtype() } else { DType::I64 };
-        // SAFETY: `reduce_rows` writes every output element.
+        // SAFETY: `reduce_rows` and `reduce_columns` write every output element.
         let out = unsafe { Tensor::output(op, &shape, out_dtype, self) }?;
+        let len = match lines {
+            Lines::Rows(len) => len,
+            Lines::Columns(c) => {
+                if self.dtype().is_floating_point() {
+                    // In the compute type (f32 for halves), blocks of rows moved to f64.
+                    let n = c.len as f64;
+                    match_float!(self.dtype(), T => {
+                        type C = <T as Opmath>::C;
+                        let spill = |t: f64, a: C| t + a.to_f64();
+                        let finish = |t: f64| T::from_f64(if mean { t / n } else { t });
+                        reduce_columns(&x, c, &out, |s, dst| vectorised!(isa::detected(),
+                            columns::sum(s, dst, (C::ZERO, 0f64), T::to_op, Num::add, spill, finish)))?
+                    }, _ => {});
+                } else {
+                    match_numeric!(self.dtype(), T => {
+                        let widen = |v: T| v.to_i64();
+                        reduce_columns(&x, c, &out, |s, dst| vectorised!(isa::detected(),
+                            columns::sum(s, dst, (0i64, 0i64), widen, i64::wrapping_add, i64::wrapping_add, |t| t)))?
+                    }, _ => {});
+                }
+                return Ok(out);
+            }
+        };
         if self.dtype() == DType::Bool {
             reduce_rows(&x, len, &out, |r: &[bool], _| bool::sum_slice(r), i64::wrapping_add, |a, _| a)?;
             return Ok(out);
@@ -255,10 +304,30 @@ impl Tensor {
     }
 
     fn extreme(&self, op: &'static str, dim: Option<isize>, keepdim: bool, is_max: bool) -> Result<Tensor> {
-        let (x, len, shape) = rows_of(self, op, dim, keepdim)?;
-        check_nonempty(self, op, len)?;
-        // SAFETY: `reduce_rows` writes every output element.
+        let (x, lines, shape) = lines_of(self, op, dim, keepdim)?;
+        check_nonempty(self, op, lines.len())?;
+        // SAFETY: `reduce_rows` and `reduce_columns` write every output element.
         let out = unsafe { Tensor::output(op, &shape, self.dtype(), self) }?;
+        let len = match lines {
+            Lines::Rows(len) => len,
+            Lines::Columns(c) => {
+                // Floats compare in their compute type, as the rows below.
+                if self.dtype().is_floating_point() {
+                    match_float!(self.dtype(), T => {
+                        let start = if is_max { <T as Opmath>::C::LOWEST } else { <T as Opmath>::C::HIGHEST };
+                        reduce_columns(&x, c, &out, |s, dst| vectorised!(isa::detected(),
+                            columns::extreme(s, dst, start, T::to_op, extreme_of(is_max), T::from_op)))?
+                    }, _ => {});
+                } else {
+                    match_numeric!(self.dtype(), T => {
+                        let start = if is_max { T::LOWEST } else { T::HIGHEST };
+                        reduce_columns(&x, c, &out, |s, dst| vectorised!(isa::detected(),
+                            columns::extreme(s, dst, start, |v: T| v, extreme_of(is_max), |v| v)))?
+                    }, _ => {});
+                }
+                return Ok(out);
+            }
+        };
         if self.dtype() == DType::Bool {
             let f = move |r: &[bool], _| if is_max { r.iter().any(|&v| v) } else { r.iter().all(|&v| v) };
             let c = move |a: bool, b: bool| if is_max { a | b } else { a & b };
@@ -287,10 +356,24 @@ impl Tensor {
 
     fn argmax_impl(&self, dim: Option<isize>, keepdim: bool) -> Result<Tensor> {
         let op = "argmax";
-        let (x, len, shape) = rows_of(self, op, dim, keepdim)?;
-        check_nonempty(self, op, len)?;
-        // SAFETY: `reduce_rows` writes every output element.
+        let (x, lines, shape) = lines_of(self, op, dim, keepdim)?;
+        check_nonempty(self, op, lines.len())?;
+        // SAFETY: `reduce_rows` and `reduce_columns` write every output element.
         let out = unsafe { Tensor::output(op, &shape, DType::I64, self) }?;
+        let len = match lines {
+            Lines::Rows(len) => len,
+            Lines::Columns(c) => {
+                // `Columns::of` refuses bool, which the rows below refuse with an error.
+                if self.dtype().is_floating_point() {
+                    match_float!(self.dtype(), T => reduce_columns(&x, c, &out, |s, dst| vectorised!(isa::detected(),
+                        columns::argmax(s, dst, T::to_op)))?, _ => {});
+                } else {
+                    match_numeric!(self.dtype(), T => reduce_columns(&x, c, &out, |s, dst| vectorised!(isa::detected(),
+                        columns::argmax(s, dst, |v: T| v)))?, _ => {});
+                }
+                return Ok(out);
+            }
+        };
         match_numeric!(self.dtype(), T => {
             // The first maximum; NaN counts as the maximum (the first NaN wins), as in PyTorch.
             let better = |v: T, best: T| (Num::is_nan(v) && !Num::is_nan(best)) || (!Num::is_nan(best) && v > best);

@@ -1,0 +1,241 @@
+//! Reductions along a dimension that is not innermost, read where the values lie.
+//!
+//! A contiguous tensor reduced along dimension `d` is `outer` blocks of `len` rows of `inner`
+//! elements (the dimensions before `d`, `d` itself, the ones after). Each output element is
+//! one column of a block. So the rows are added (or compared) into a row of accumulators,
+//! vectorised along the columns, a row at a time: every value is read once, in memory order
+//! within each row's segment. The row reductions of [`reduce`](super::reduce) need the reduced
+//! dimension innermost, which for these tensors took a copy of the whole tensor first: the sum
+//! over dimension 0 of 1024x3072 f32 took 5.4 ms that way, 5x PyTorch's time (which, like
+//! numpy, adds rows into rows).
+//!
+//! The output is cut into tasks of at most [`WIDTH`] columns of one block, shared among the
+//! kernel threads; a task's accumulators stay in L1. Every column's result is the same whatever
+//! the split, so results do not depend on the thread count.
+
+use core::mem::MaybeUninit;
+
+use crate::tensor::iter::GRAIN;
+use crate::tensor::num::Num;
+use crate::tensor::storage::lock_storages;
+use crate::tensor::{DType, Element, Result, Tensor};
+
+/// The most columns one task reduces: its accumulators (4 KiB of `f32`, 8 KiB of `f64`, or the
+/// argmax's values and indices) stay in L1 beside the row segments it reads.
+const WIDTH: usize = 1024;
+
+/// Rows a float sum adds in its compute type before it moves the partial sums to `f64`: 256,
+/// as the row sums add 256 values per lane.
+const BLOCK_ROWS: usize = 256;
+
+/// The fewest columns (elements after the reduced dimension) for which the column path is
+/// taken: one AVX-512 vector of `f32`. Narrower blocks are moved innermost with a copy and
+/// reduced as rows, where a row's loop setup is not paid per handful of values.
+const MIN_INNER: usize = 16;
+
+/// A reduction of a contiguous tensor along a dimension that is not innermost: `outer` blocks
+/// of `len` rows of `inner` elements.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Columns {
+    outer: usize,
+    pub(super) len: usize,
+    inner: usize,
+}
+
+impl Columns {
+    /// The column layout of reducing `t` along `d`, where it pays: `t` contiguous, not bool,
+    /// with at least [`MIN_INNER`] elements after `d`, rows that fit a `u32` index (argmax's).
+    pub(super) fn of(t: &Tensor, d: usize) -> Option<Columns> {
+        let s = t.sizes();
+        let inner: usize = s[d + 1..].iter().product();
+        let ok = t.is_contiguous()
+            && t.dtype() != DType::Bool
+            && inner >= MIN_INNER
+            && t.numel() > 0
+            && u32::try_from(s[d]).is_ok();
+        ok.then(|| Columns { outer: s[..d].iter().product(), len: s[d], inner })
+    }
+}
+
+/// The `len` row segments of one task: `width` columns of one block.
+pub(super) struct Segments<'a, T> {
+    data: &'a [T],
+    base: usize,
+    inner: usize,
+    width: usize,
+    len: usize,
+}
+
+impl<'a, T> Segments<'a, T> {
+    /// Row `r`'s segment, `width` values.
+    #[inline(always)]
+    fn row(&self, r: usize) -> &'a [T] {
+        &self.data[self.base + r * self.inner..][..self.width]
+    }
+}
+
+/// Runs `task` over every task of `x` (contiguous `T`, laid out as `c` says) into `out` (a fresh
+/// tensor of `outer * inner` elements of `O`): `task(segments, dst)` writes every element of
+/// `dst`, the outputs of the segments' columns.
+pub(super) fn reduce_columns<T, O>(
+    x: &Tensor,
+    c: Columns,
+    out: &Tensor,
+    task: impl Fn(&Segments<'_, T>, &mut [MaybeUninit<O>]) + Sync,
+) -> Result<()>
+where
+    T: Element,
+    O: Element,
+{
+    x.host_ready("reduction")?;
+    let _g = lock_storages(None, &[x.storage()]);
+    let total = c.outer * c.len * c.inner;
+    // SAFETY: `x` is contiguous with `outer * len * inner` elements of `T` (its dtype) inside
+    // its materialised storage, read-locked; `out` is a fresh allocation of `outer * inner`
+    // elements of `O` (its dtype) that nothing else refers to, written through `MaybeUninit`.
+    let (data, dst) = unsafe {
+        (
+            core::slice::from_raw_parts(x.data_ptr() as *const T, total),
+            core::slice::from_raw_parts_mut(out.data_ptr() as *mut MaybeUninit<O>, c.outer * c.inner),
+        )
+    };
+    // Output elements `first..` of `part`, a task of at most `WIDTH` columns of one block at a
+    // time.
+    let run = |first: usize, part: &mut [MaybeUninit<O>]| {
+        let mut e = first;
+        let mut rest = part;
+        while !rest.is_empty() {
+            let (o, j) = (e / c.inner, e % c.inner);
+            let width = (c.inner - j).min(WIDTH).min(rest.len());
+            let (head, tail) = rest.split_at_mut(width);
+            task(&Segments { data, base: o * c.len * c.inner + j, inner: c.inner, width, len: c.len }, head);
+            e += width;
+            rest = tail;
+        }
+    };
+    let threads = crate::tensor::parallel::threads_for(total, GRAIN);
+    let pieces = threads.min(total.div_ceil(GRAIN));
+    if pieces > 1 {
+        // Parts start at multiples of 16 outputs: no two threads write one cache line.
+        crate::tensor::parallel::for_each_part(dst, pieces, 16, run);
+    } else {
+        run(0, dst);
+    }
+    Ok(())
+}
+
+/// Column sums: `map`ped values added with `add` in `C`, the partial sums of every
+/// [`BLOCK_ROWS`] rows moved into `A` by `spill`, `finish` of each column's total into `dst`.
+/// Four rows are added together before they meet the accumulator (pairwise), so each step
+/// loads and stores the accumulators once per four rows.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // the accumulator types' operations, each a closure
+pub(super) fn sum<T: Copy, C: Copy, A: Copy, O>(
+    s: &Segments<'_, T>,
+    dst: &mut [MaybeUninit<O>],
+    (zero, total_zero): (C, A),
+    map: impl Fn(T) -> C,
+    add: impl Fn(C, C) -> C,
+    spill: impl Fn(A, C) -> A,
+    finish: impl Fn(A) -> O,
+) {
+    let w = s.width;
+    let mut totals = [total_zero; WIDTH];
+    let mut accs = [zero; WIDTH];
+    let (totals, acc) = (&mut totals[..w], &mut accs[..w]);
+    let mut r = 0;
+    while r < s.len {
+        let end = (r + BLOCK_ROWS).min(s.len);
+        acc.fill(zero);
+        while r + 4 <= end {
+            let (x0, x1, x2, x3) = (s.row(r), s.row(r + 1), s.row(r + 2), s.row(r + 3));
+            for j in 0..w {
+                let pair = add(add(map(x0[j]), map(x1[j])), add(map(x2[j]), map(x3[j])));
+                acc[j] = add(acc[j], pair);
+            }
+            r += 4;
+        }
+        while r < end {
+            for (a, &v) in acc.iter_mut().zip(s.row(r)) {
+                *a = add(*a, map(v));
+            }
+            r += 1;
+        }
+        for (t, &a) in totals.iter_mut().zip(acc.iter()) {
+            *t = spill(*t, a);
+        }
+    }
+    for (o, &t) in dst.iter_mut().zip(totals.iter()) {
+        o.write(finish(t));
+    }
+}
+
+/// Column maxima or minima: `fold` (NaN-propagating for floats) of the `map`ped values from
+/// `start`, `back` into `dst`.
+#[inline(always)]
+pub(super) fn extreme<T: Copy, C: Copy>(
+    s: &Segments<'_, T>,
+    dst: &mut [MaybeUninit<T>],
+    start: C,
+    map: impl Fn(T) -> C,
+    fold: impl Fn(C, C) -> C,
+    back: impl Fn(C) -> T,
+) {
+    let w = s.width;
+    let mut accs = [start; WIDTH];
+    let acc = &mut accs[..w];
+    let mut r = 0;
+    while r + 4 <= s.len {
+        let (x0, x1, x2, x3) = (s.row(r), s.row(r + 1), s.row(r + 2), s.row(r + 3));
+        for j in 0..w {
+            let four = fold(fold(map(x0[j]), map(x1[j])), fold(map(x2[j]), map(x3[j])));
+            acc[j] = fold(acc[j], four);
+        }
+        r += 4;
+    }
+    while r < s.len {
+        for (a, &v) in acc.iter_mut().zip(s.row(r)) {
+            *a = fold(*a, map(v));
+        }
+        r += 1;
+    }
+    for (o, &a) in dst.iter_mut().zip(acc.iter()) {
+        o.write(back(a));
+    }
+}
+
+/// Column argmax: the row of each column's first largest `map`ped value (its first NaN, if
+/// any), as PyTorch's. Branch-free, so the loop vectorises: a row replaces the best where it
+/// is NaN and the best is not, or where neither is NaN and it is larger.
+#[inline(always)]
+pub(super) fn argmax<T: Copy, C: Num>(s: &Segments<'_, T>, dst: &mut [MaybeUninit<i64>], map: impl Fn(T) -> C) {
+    let w = s.width;
+    let mut bests = [C::ZERO; WIDTH];
+    let mut rows = [0u32; WIDTH];
+    let (best, idx) = (&mut bests[..w], &mut rows[..w]);
+    for (b, &v) in best.iter_mut().zip(s.row(0)) {
+        *b = map(v);
+    }
+    // Each step stores both accumulators whole. `best[j] = if better { v } else { b }` and
+    // `idx[j] = if better { r } else { idx[j] }` compiled to masked stores (`vmaskmovps`,
+    // microcoded on AMD: 1024x3072 f32 took 4.4 ms on Zen 3). So the best value gets a zero
+    // added (which changes no comparison: at most -0 becomes +0) and the row, as rows only
+    // grow, is the maximum of the old one and `better`'s row or 0: with zeros the compiler
+    // cannot see, these are an addition, a maximum and plain stores.
+    let (zero, zero_c) = core::hint::black_box((0u32, C::ZERO));
+    for r in 1..s.len {
+        let x = s.row(r);
+        // `r` fits a `u32`: `Columns::of` checked the row count.
+        let ri = r as u32;
+        for j in 0..w {
+            let (v, b) = (map(x[j]), best[j]);
+            let (vn, bn) = (v.is_nan(), b.is_nan());
+            let better = (vn & !bn) | (!bn & (v > b));
+            best[j] = Num::add(if better { v } else { b }, zero_c);
+            idx[j] = idx[j].max(if better { ri } else { zero });
+        }
+    }
+    for (o, &i) in dst.iter_mut().zip(idx.iter()) {
+        o.write(i64::from(i));
+    }
+}
