@@ -197,8 +197,10 @@ one_thread_table("matmul_half_512_1t", "matmul, 1 thread", "ms", 1e6, "f32",
                   ("f16_default_beside_f32_route", "f16 on its default route / f16 through f32")])
 one_thread_table("transformer_ops_1t", "GPT-2 block ops, 1 thread (copy: 12 MB)", "ms", 1e6, "copy",
                  ["copy", "gelu", "gelu_bf16", "gelu_f16", "gelu_of_1e-20_x", "gelu_tanh", "silu", "exp", "sigmoid", "tanh", "log",
-                  "softmax_12x256x256",
-                  "layer_norm_1024x768", "rms_norm_1024x768", "layer_norm_bf16_1024x768"],
+                  "softmax_12x256x256", "log_softmax_16x50257",
+                  "layer_norm_1024x768", "rms_norm_1024x768", "layer_norm_bf16_1024x768",
+                  "sum_over_tokens_1024x3072", "sum_over_features_1024x3072", "max_over_tokens_1024x3072",
+                  "argmax_over_tokens_1024x3072"],
                  [(f"{op}_blocks_beside_one_vector", f"{op}: blocks (AVX-512, or AVX2 at avx2) / one-vector loop")
                   for op in ("gelu", "gelu_tanh", "silu", "tanh", "log", "gelu_bf16")]
                  + [(f"{op}_tables_beside_computed", f"{op}: lookup tables / computed")

@@ -38,7 +38,9 @@
 //!     bf16 and f16 (and of it times 1e-20, whose squares are subnormal), its tanh
 //!     approximation, `silu`, `exp`, `sigmoid`, `tanh` and `log` (of its absolute value) of it, softmax of 12x256x256 attention scores, `log_softmax` of 16 rows
 //!     of next-token logits over GPT-2's 50257-token vocabulary, and
-//!     `layer_norm` / `rms_norm` of 1024x768 with a weight (and a bias), `layer_norm` in bf16 too; and GELU, its tanh
+//!     `layer_norm` / `rms_norm` of 1024x768 with a weight (and a bias), `layer_norm` in bf16 too;
+//!     the activation's sum over its tokens (dimension 0, a bias's gradient) and over its
+//!     features, its maximum and argmax over its tokens; and GELU, its tanh
 //!     form, `silu`, `tanh`, `log` and bf16 GELU on the AVX-512 blocks (the AVX2 ones where the
 //!     kernels run AVX2: no bf16 there) beside the one-vector loop (`set_avx512_blocks`,
 //!     `set_avx2_blocks`), call by call (`*_blocks_beside_one_vector`); and GELU, SiLU, `tanh`
@@ -602,6 +604,12 @@ fn transformer_ops(c: &mut Criterion) {
     let (hb, wb, bb) =
         (h.to_dtype(DType::BF16).unwrap(), w.to_dtype(DType::BF16).unwrap(), b.to_dtype(DType::BF16).unwrap());
     bench(&mut g, name, "layer_norm_bf16_1024x768", || hb.layer_norm(&[768], Some(&wb), Some(&bb), 1e-5).unwrap());
+    // Reductions over the tokens (a bias's gradient; dimension 0, read in place as columns) and
+    // over the features (rows).
+    bench(&mut g, name, "sum_over_tokens_1024x3072", || x.sum_dim(0, false).unwrap());
+    bench(&mut g, name, "sum_over_features_1024x3072", || x.sum_dim(1, false).unwrap());
+    bench(&mut g, name, "max_over_tokens_1024x3072", || x.max_dim(0, false).unwrap());
+    bench(&mut g, name, "argmax_over_tokens_1024x3072", || x.argmax_dim(0, false).unwrap());
     // The AVX-512 blocks (the default where the CPU has AVX-512) or the AVX2 ones (the default
     // where it has AVX2 only, or under `TENSORMEM_CPU_CAPABILITY=avx2`) beside the one-vector
     // loop, call by call: blocks / one vector (1.0 on CPUs without AVX2, where both are the
