@@ -72,6 +72,7 @@ WORKLOADS = [
     ("mean_dim1_heads", "mean over dim 1 of 12x256x256"),
     ("max_dim0", "max over dim 0 of 1024x3072"),
     ("argmax_dim0", "argmax over dim 0 of 1024x3072"),
+    ("argmax_vocab", "argmax 16x50257 logits, last dim (greedy decoding)"),
 ]
 if ARGS.workloads:
     WORKLOADS = [w for w in WORKLOADS if w[0] in ARGS.workloads.split(",")]
@@ -151,6 +152,7 @@ TORCH = {
     "mean_dim1_heads": lambda t: t["scores"].mean(1),
     "max_dim0": lambda t: t["mlp"].amax(0),
     "argmax_dim0": lambda t: t["mlp"].argmax(0),
+    "argmax_vocab": lambda t: t["logits"].argmax(-1),
 }
 NUMPY = {
     "add": lambda t: t["a"] + t["b"],
@@ -172,6 +174,7 @@ NUMPY = {
     "mean_dim1_heads": lambda t: t["scores"].mean(1),
     "max_dim0": lambda t: t["mlp"].max(0),
     "argmax_dim0": lambda t: t["mlp"].argmax(0),
+    "argmax_vocab": lambda t: t["logits"].argmax(-1),
 }
 
 

@@ -24,7 +24,8 @@
 //! over GPT-2's 50257-token vocabulary (a beam search's or a sampler's step); `sum_dim0` and
 //! `sum_dim0_bf16`, the 1024x3072 activation summed over its tokens (a bias's gradient),
 //! `max_dim0` and `argmax_dim0` of it, and `mean_dim1_heads`, the scores' mean over a middle
-//! dimension (reductions along a dimension that is not innermost).
+//! dimension (reductions along a dimension that is not innermost); `argmax_vocab`, the
+//! logits' argmax over the vocabulary (greedy decoding's step).
 //!
 //! ```text
 //! cargo build --release --example peers
@@ -130,6 +131,7 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "mean_dim1_heads" => drop(black_box(d.scores.mean_dim(1, false)?)),
         "max_dim0" => drop(black_box(d.mlp.max_dim(0, false)?)),
         "argmax_dim0" => drop(black_box(d.mlp.argmax_dim(0, false)?)),
+        "argmax_vocab" => drop(black_box(d.logits.argmax_dim(-1, false)?)),
         _ => panic!("unknown workload {workload:?}"),
     }
     Ok(())

@@ -64,6 +64,7 @@ fn results() -> Result<Vec<(String, u64)>> {
         put("max over rows", x.max_dim(0, false)?)?;
         put("min over rows", x.min_dim(0, false)?)?;
         put("argmax over rows", x.argmax_dim(0, false)?)?;
+        put("argmax", x.argmax_dim(1, false)?)?;
         put("softmax", x.softmax(-1)?)?;
         put("log_softmax", x.log_softmax(0)?)?;
         put("layer_norm", x.layer_norm(&[301], Some(&w), Some(&w), 1e-5)?)?;
@@ -127,7 +128,7 @@ fn main() -> ExitCode {
     }
     let rank = |c: &str| ["default", "avx2", "avx512"].iter().position(|&n| n == c).expect("a known capability");
     let (widest, want) = run(None);
-    assert_eq!(want.len(), 3 * 35, "every op of every dtype");
+    assert_eq!(want.len(), 3 * 36, "every op of every dtype");
     println!("this CPU: {widest}");
     for (value, cap) in [
         ("default", "default"),

@@ -183,3 +183,44 @@ fn column_reductions_do_not_depend_on_threads_or_layout() {
     let want: Vec<f32> = one.2.iter().step_by(2).copied().collect();
     assert_eq!(every_other.max_dim(0, false).unwrap().to_vec::<f32>().unwrap(), want);
 }
+
+#[test]
+fn argmax_of_long_rows_is_the_first_maximum_in_every_dtype() {
+    // Rows of 31 (one value at a time), 32 and 48 (lanes, no remainder), 117 (a remainder of
+    // 5) and 50257 (a vocabulary's logits): values with many ties, so the first maximum is
+    // not the only one; then NaN in a first lane, a later lane and the remainder.
+    for len in [31usize, 32, 48, 117, 50257] {
+        for dt in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::U8, DType::I8, DType::I32, DType::I64] {
+            let x = tensor(&[3, len], dt);
+            let ls = lines(&f64s(&x), &[3, len], 1);
+            let want: Vec<i64> = ls.iter().map(|l| first_argmax(l)).collect();
+            assert_eq!(x.argmax_dim(1, false).unwrap().to_vec::<i64>().unwrap(), want, "{dt:?} rows of {len}");
+            if !dt.is_floating_point() {
+                continue;
+            }
+            for col in [0, 17, len - 1, len / 2] {
+                let mut v = f64s(&x);
+                v[len + col] = f64::NAN;
+                v[len + len - 1] = f64::NAN;
+                let y = Tensor::from_vec(v.clone(), &[3, len], DType::F64).unwrap().to_dtype(dt).unwrap();
+                let want: Vec<i64> = lines(&v, &[3, len], 1).iter().map(|l| first_argmax(l)).collect();
+                assert_eq!(want[1], col as i64);
+                assert_eq!(
+                    y.argmax_dim(1, false).unwrap().to_vec::<i64>().unwrap(),
+                    want,
+                    "{dt:?} rows of {len}, NaN at {col}"
+                );
+            }
+        }
+    }
+    // The maximum in the remainder, once alone and once tied with an earlier lane.
+    for (at, tie) in [(115usize, false), (116, true)] {
+        let mut v = vec![0.0f32; 117];
+        v[at] = 5.0;
+        if tie {
+            v[20] = 5.0;
+        }
+        let x = Tensor::from_vec(v, &[117], DType::F32).unwrap();
+        assert_eq!(x.argmax().unwrap().item::<i64>().unwrap(), if tie { 20 } else { at as i64 });
+    }
+}

@@ -20,6 +20,8 @@ use crate::tensor::num::Num;
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor};
 
+use super::reduce::better;
+
 /// The most columns one task reduces: its accumulators (4 KiB of `f32`, 8 KiB of `f64`, or the
 /// argmax's values and indices) stay in L1 beside the row segments it reads.
 const WIDTH: usize = 1024;
@@ -205,8 +207,7 @@ pub(super) fn extreme<T: Copy, C: Copy>(
 }
 
 /// Column argmax: the row of each column's first largest `map`ped value (its first NaN, if
-/// any), as PyTorch's. Branch-free, so the loop vectorises: a row replaces the best where it
-/// is NaN and the best is not, or where neither is NaN and it is larger.
+/// any), as PyTorch's ([`better`]). Branch-free, so the loop vectorises.
 #[inline(always)]
 pub(super) fn argmax<T: Copy, C: Num>(s: &Segments<'_, T>, dst: &mut [MaybeUninit<i64>], map: impl Fn(T) -> C) {
     let w = s.width;
@@ -229,10 +230,9 @@ pub(super) fn argmax<T: Copy, C: Num>(s: &Segments<'_, T>, dst: &mut [MaybeUnini
         let ri = r as u32;
         for j in 0..w {
             let (v, b) = (map(x[j]), best[j]);
-            let (vn, bn) = (v.is_nan(), b.is_nan());
-            let better = (vn & !bn) | (!bn & (v > b));
-            best[j] = Num::add(if better { v } else { b }, zero_c);
-            idx[j] = idx[j].max(if better { ri } else { zero });
+            let up = better(v, b);
+            best[j] = Num::add(if up { v } else { b }, zero_c);
+            idx[j] = idx[j].max(if up { ri } else { zero });
         }
     }
     for (o, &i) in dst.iter_mut().zip(idx.iter()) {
