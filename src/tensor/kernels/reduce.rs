@@ -266,7 +266,7 @@ fn argmax_rows<T: Num>(x: &Tensor, len: usize, out: &Tensor, first: impl Fn(&[T]
 fn first_argmax<T: Copy, C: Num>(r: &[T], map: impl Fn(T) -> C) -> usize {
     let in_lanes = r.len() >= 2 * LANES && u32::try_from(r.len()).is_ok();
     if !in_lanes {
-        return first_argmax_scalar(r, 0, &map);
+        return first_argmax_scalar(r, &map);
     }
     let mut vals = [C::ZERO; LANES];
     let mut idx = [0u32; LANES];
@@ -301,15 +301,15 @@ fn first_argmax<T: Copy, C: Num>(r: &[T], map: impl Fn(T) -> C) -> usize {
         return best.1;
     }
     let done = r.len() - rest.len();
-    let i = done + first_argmax_scalar(rest, 0, &map);
+    let i = done + first_argmax_scalar(rest, &map);
     if better(map(r[i]), best.0) { i } else { best.1 }
 }
 
-/// [`first_argmax`] one value after another, from `best` (an index of `r`).
+/// [`first_argmax`] one value after another.
 #[inline(always)]
-fn first_argmax_scalar<T: Copy, C: Num>(r: &[T], best: usize, map: &impl Fn(T) -> C) -> usize {
-    let mut best = (map(r[best]), best);
-    for (i, &x) in r.iter().enumerate().skip(best.1 + 1) {
+fn first_argmax_scalar<T: Copy, C: Num>(r: &[T], map: &impl Fn(T) -> C) -> usize {
+    let mut best = (map(r[0]), 0);
+    for (i, &x) in r.iter().enumerate().skip(1) {
         let v = map(x);
         if better(v, best.0) {
             best = (v, i);
@@ -467,7 +467,7 @@ impl Tensor {
                 op,
                 dtype: self.dtype(),
                 shape: self.sizes().to_vec(),
-                hint: "",
+                hint: "argmax has no order for bool; convert with to_dtype(DType::U8) first",
             }));
         }
         Ok(out)
