@@ -118,7 +118,8 @@ where
     let threads = crate::tensor::parallel::threads_for(total, GRAIN);
     let pieces = threads.min(total.div_ceil(GRAIN));
     if pieces > 1 {
-        // Parts start at multiples of 16 outputs: no two threads write one cache line.
+        // Parts start at multiples of 16 outputs (a cache line of f32, two of i64), so two
+        // threads share at most the line where one part's 2-byte outputs end.
         crate::tensor::parallel::for_each_part(dst, pieces, 16, run);
     } else {
         run(0, dst);
