@@ -25,7 +25,8 @@
 //! `sum_dim0_bf16`, the 1024x3072 activation summed over its tokens (a bias's gradient),
 //! `max_dim0` and `argmax_dim0` of it, and `mean_dim1_heads`, the scores' mean over a middle
 //! dimension (reductions along a dimension that is not innermost); `argmax_vocab`, the
-//! logits' argmax over the vocabulary (greedy decoding's step).
+//! logits' argmax over the vocabulary (greedy decoding's step); `max`, `max_f16` and
+//! `max_bf16`, the largest of the 4M values of `sum`, `add_f16` and `add_bf16`.
 //!
 //! ```text
 //! cargo build --release --example peers
@@ -85,6 +86,9 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "bcast" => drop(black_box(d.m.add(&d.row)?)),
         "tadd" => drop(black_box(d.m.t()?.add(&d.m2)?)),
         "sum" => drop(black_box(d.a.sum()?)),
+        "max" => drop(black_box(d.a.max()?)),
+        "max_f16" => drop(black_box(d.a16.max()?)),
+        "max_bf16" => drop(black_box(d.ab.max()?)),
         "matmul" => drop(black_box(d.x.matmul(&d.y)?)),
         "matmul_f16" => drop(black_box(d.x16.matmul(&d.y16)?)),
         "matmul_bf16" => drop(black_box(d.xb.matmul(&d.yb)?)),

@@ -186,10 +186,11 @@ fn column_reductions_do_not_depend_on_threads_or_layout() {
 
 #[test]
 fn argmax_of_long_rows_is_the_first_maximum_in_every_dtype() {
-    // Rows of 31 (one value at a time), 32 and 48 (lanes, no remainder), 117 (a remainder of
-    // 5) and 50257 (a vocabulary's logits): values with many ties, so the first maximum is
-    // not the only one; then NaN in a first lane, a later lane and the remainder.
-    for len in [31usize, 32, 48, 117, 50257] {
+    // Rows of 31 and 63 (one value at a time), 64 and 96 (lanes, no remainder), 117 (a
+    // remainder of 21), 2047 (one block), 2048 and 2049 (two), 5000 and 50257 (a
+    // vocabulary's logits): values with many ties, so the first maximum is not the only one;
+    // then NaN in a first lane, a later lane and the last element.
+    for len in [31usize, 63, 64, 96, 117, 2047, 2048, 2049, 5000, 50257] {
         for dt in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::U8, DType::I8, DType::I32, DType::I64] {
             let x = tensor(&[3, len], dt);
             let ls = lines(&f64s(&x), &[3, len], 1);
@@ -213,6 +214,41 @@ fn argmax_of_long_rows_is_the_first_maximum_in_every_dtype() {
             }
         }
     }
+    // Where the first maximum is against the row's blocks of 1024 (the last one longer, up to
+    // 2047): alone, tied with a later one in the same or a later block, after a smaller
+    // maximum of an earlier block, and -0.0 tied with +0.0; rows of -inf only.
+    for len in [64usize, 1000, 1024, 2047, 2048, 3071, 3072, 4100] {
+        for at in [0, 1, 31, 32, 1023, 1024, 1025, 2047, 2048, 3070, 4099].into_iter().filter(|&a| a < len) {
+            let mut v: Vec<f32> = (0..len).map(|i| -1.0 - (i % 13) as f32).collect();
+            v[at] = 3.0;
+            for &later in &[at + 1, at + 40, at + 1100] {
+                let mut w = v.clone();
+                if later < len {
+                    w[later] = 3.0;
+                }
+                if at > 0 {
+                    w[0] = 2.0;
+                }
+                let x = Tensor::from_vec(w.clone(), &[len], DType::F32).unwrap();
+                assert_eq!(x.argmax().unwrap().item::<i64>().unwrap(), at as i64, "rows of {len}, maximum at {at}");
+                let h = x.to_dtype(DType::BF16).unwrap();
+                assert_eq!(h.argmax().unwrap().item::<i64>().unwrap(), at as i64, "bf16 rows of {len}, at {at}");
+                let i = x.to_dtype(DType::I32).unwrap();
+                assert_eq!(i.argmax().unwrap().item::<i64>().unwrap(), at as i64, "i32 rows of {len}, at {at}");
+            }
+            let mut z = vec![-0.0f32; len];
+            z[at] = 0.0;
+            let x = Tensor::from_vec(z, &[len], DType::F32).unwrap();
+            assert_eq!(x.argmax().unwrap().item::<i64>().unwrap(), 0, "zeros of {len}");
+            let mut n = vec![-1.0f32; len];
+            n[len - 1] = 7.0;
+            n[at] = f32::NAN;
+            let x = Tensor::from_vec(n, &[len], DType::F32).unwrap();
+            assert_eq!(x.argmax().unwrap().item::<i64>().unwrap(), at as i64, "NaN at {at} of {len}");
+        }
+        let x = Tensor::full(&[2, len], f64::NEG_INFINITY, DType::F32).unwrap();
+        assert_eq!(x.argmax_dim(1, false).unwrap().to_vec::<i64>().unwrap(), [0, 0], "-inf rows of {len}");
+    }
     // The maximum in the remainder, once alone and once tied with an earlier lane.
     for (at, tie) in [(115usize, false), (116, true)] {
         let mut v = vec![0.0f32; 117];
@@ -223,4 +259,45 @@ fn argmax_of_long_rows_is_the_first_maximum_in_every_dtype() {
         let x = Tensor::from_vec(v, &[117], DType::F32).unwrap();
         assert_eq!(x.argmax().unwrap().item::<i64>().unwrap(), if tie { 20 } else { at as i64 });
     }
+}
+
+#[test]
+fn max_and_min_of_rows_are_exact_and_nan_anywhere_wins() {
+    // Rows that end inside the first lanes (5), fill them (32), and cross the row kernel's
+    // blocks of 1024 (f16 rows of at least one block are widened a block at a time): the
+    // extreme at the start, the end and inside; NaN in the first block, a later one and last.
+    for len in [5usize, 32, 33, 1023, 1024, 2047, 2048, 2049, 5000] {
+        for dt in [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I16, DType::U8] {
+            let x = tensor(&[3, len], dt);
+            let v = f64s(&x);
+            let ls = lines(&v, &[3, len], 1);
+            let max: Vec<f64> = ls.iter().map(|l| l.iter().copied().fold(f64::MIN, f64::max)).collect();
+            let min: Vec<f64> = ls.iter().map(|l| l.iter().copied().fold(f64::MAX, f64::min)).collect();
+            assert_eq!(f64s(&x.max_dim(1, false).unwrap()), max, "{dt:?} max of rows of {len}");
+            assert_eq!(f64s(&x.min_dim(1, false).unwrap()), min, "{dt:?} min of rows of {len}");
+            assert_eq!(f64s(&x.max().unwrap()), [max.iter().copied().fold(f64::MIN, f64::max)]);
+            for at in [0, len - 1, len / 2, 1030.min(len - 1)] {
+                let mut w = v.clone();
+                w[at] = 120.0;
+                w[len + at] = if dt == DType::U8 { 0.0 } else { -120.0 };
+                let y = Tensor::from_vec(w.clone(), &[3, len], DType::F64).unwrap().to_dtype(dt).unwrap();
+                let got_max = f64s(&y.max_dim(1, false).unwrap());
+                let got_min = f64s(&y.min_dim(1, false).unwrap());
+                assert_eq!(got_max[0], f64s(&y)[at], "{dt:?} rows of {len}, maximum at {at}");
+                assert_eq!(got_min[1], f64s(&y)[len + at], "{dt:?} rows of {len}, minimum at {at}");
+                if dt.is_floating_point() {
+                    w[2 * len + at] = f64::NAN;
+                    let y = Tensor::from_vec(w, &[3, len], DType::F64).unwrap().to_dtype(dt).unwrap();
+                    assert!(f64s(&y.max_dim(1, false).unwrap())[2].is_nan(), "{dt:?} rows of {len}, NaN at {at}");
+                    assert!(f64s(&y.min_dim(1, false).unwrap())[2].is_nan(), "{dt:?} rows of {len}, NaN at {at}");
+                    assert!(f64s(&y.max().unwrap())[0].is_nan());
+                }
+            }
+        }
+    }
+    // A row of -inf (its maximum is no finite stand-in) and a row of +inf's minimum.
+    let x = Tensor::full(&[2, 3000], f64::NEG_INFINITY, DType::F16).unwrap();
+    assert_eq!(f64s(&x.max_dim(1, false).unwrap()), [f64::NEG_INFINITY; 2]);
+    let x = Tensor::full(&[2, 40], f64::INFINITY, DType::F32).unwrap();
+    assert_eq!(f64s(&x.min_dim(1, false).unwrap()), [f64::INFINITY; 2]);
 }

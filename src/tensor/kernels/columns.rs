@@ -20,7 +20,7 @@ use crate::tensor::num::Num;
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor};
 
-use super::reduce::better;
+use super::extreme::better;
 
 /// The most columns one task reduces: its accumulators (4 KiB of `f32`, 8 KiB of `f64`, or the
 /// argmax's values and indices) stay in L1 beside the row segments it reads.

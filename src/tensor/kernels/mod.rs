@@ -4,6 +4,7 @@ mod amx;
 mod cast;
 mod columns;
 mod elementwise;
+mod extreme;
 mod f16c;
 mod index;
 pub(crate) mod isa;

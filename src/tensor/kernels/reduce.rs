@@ -3,11 +3,11 @@
 //! A contiguous tensor reduced along a dimension that is not innermost is read in place, its
 //! rows added into a row of accumulators ([`columns`]). Otherwise the reduced dimension is
 //! moved innermost (a view, then `contiguous()`, which copies only when it was not already
-//! innermost), so the reduction reads contiguous rows. Float sums of rows add [`SUM_LANES`]
-//! independent lanes (which the compiler vectorises, compiled for the CPU's widest vector
-//! extension) in blocks of [`BLOCK`] and gather the blocks in `f64`; f16 and bf16 values are
-//! widened as they are read, so their sum is the f32 sum of the widened values, bit for bit,
-//! on every CPU. Integer and bool sums give `i64`, as in PyTorch. Large inputs are split over
+//! innermost), so the reduction reads contiguous rows; the extremes and argmax of rows are
+//! [`extreme`]'s. Float sums of rows add [`SUM_LANES`] independent lanes (which the compiler
+//! vectorises, compiled for the CPU's widest vector extension) in blocks of [`BLOCK`] and
+//! gather the blocks in `f64`; f16 and bf16 values are widened as they are read, so their sum
+//! is the f32 sum of the widened values, bit for bit, on every CPU. Integer and bool sums give `i64`, as in PyTorch. Large inputs are split over
 //! rows, or within a row, across rayon's threads: integer results are the same either way,
 //! float results differ only in rounding (the column path's do not differ at all).
 
@@ -19,9 +19,10 @@ use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
 use super::columns::{self, Columns, reduce_columns};
+use super::extreme::{self, Mapped, better};
 use super::f16c;
 use super::isa::{self, vectorised};
-use super::{LANES, lanes};
+use super::lanes;
 
 /// Independent `f32` accumulators of the float sums: four AVX-512 vectors (eight AVX2 ones),
 /// so that each step's additions are four independent chains. With one vector of 16 lanes,
@@ -238,14 +239,6 @@ fn extreme_of<V: Num>(is_max: bool) -> impl Fn(V, V) -> V + Copy + Sync {
     move |a, b| if is_max { Num::maximum(a, b) } else { Num::minimum(a, b) }
 }
 
-/// Whether `v` replaces `best` as the first maximum: NaN counts as the maximum and the first
-/// NaN wins, as in PyTorch.
-#[inline(always)]
-pub(super) fn better<V: Num>(v: V, best: V) -> bool {
-    let (vn, bn) = (v.is_nan(), best.is_nan());
-    (vn & !bn) | (!bn & (v > best))
-}
-
 /// The argmax of each row of `x` (rows of `len`) into `out`, `first(row)` the index of a row's
 /// (or a piece's) first maximum.
 fn argmax_rows<T: Num>(x: &Tensor, len: usize, out: &Tensor, first: impl Fn(&[T]) -> usize + Sync) -> Result<()> {
@@ -256,66 +249,6 @@ fn argmax_rows<T: Num>(x: &Tensor, len: usize, out: &Tensor, first: impl Fn(&[T]
     // Pieces in order: a later piece's maximum wins only where it is better.
     let combine = |a: (T, usize), b: (T, usize)| if better(b.0, a.0) { b } else { a };
     reduce_rows(x, len, out, fold, combine, |a, _| a.1 as i64)
-}
-
-/// The index of the first largest `map`ped value of `r` (not empty; its first NaN, if any).
-/// [`LANES`] lanes of a best value and its index, the lanes then compared (on equal values
-/// the lower index wins). The lanes' loop is a compare and two selects a vector: a NaN only
-/// raises a flag there, and a row with one is searched again for its first NaN.
-#[inline(always)]
-fn first_argmax<T: Copy, C: Num>(r: &[T], map: impl Fn(T) -> C) -> usize {
-    let in_lanes = r.len() >= 2 * LANES && u32::try_from(r.len()).is_ok();
-    if !in_lanes {
-        return first_argmax_scalar(r, &map);
-    }
-    let mut vals = [C::ZERO; LANES];
-    let mut idx = [0u32; LANES];
-    let mut cur = [0u32; LANES];
-    let mut chunks = r.chunks_exact(LANES);
-    for (k, &x) in chunks.next().into_iter().flatten().enumerate() {
-        (vals[k], idx[k], cur[k]) = (map(x), k as u32, k as u32);
-    }
-    let mut nan = false;
-    for x in chunks.by_ref() {
-        for k in 0..LANES {
-            // Below `r.len()`, which fits a `u32` (checked above).
-            cur[k] += LANES as u32;
-            let v = map(x[k]);
-            let up = v > vals[k];
-            nan |= v.is_nan();
-            vals[k] = if up { v } else { vals[k] };
-            idx[k] = if up { cur[k] } else { idx[k] };
-        }
-    }
-    if nan || vals.iter().any(|v| v.is_nan()) {
-        return r.iter().position(|&x| map(x).is_nan()).unwrap_or(0);
-    }
-    let mut best = (vals[0], idx[0] as usize);
-    for (&v, &i) in vals.iter().zip(&idx).skip(1) {
-        if v > best.0 || (v == best.0 && (i as usize) < best.1) {
-            best = (v, i as usize);
-        }
-    }
-    let rest = chunks.remainder();
-    if rest.is_empty() {
-        return best.1;
-    }
-    let done = r.len() - rest.len();
-    let i = done + first_argmax_scalar(rest, &map);
-    if better(map(r[i]), best.0) { i } else { best.1 }
-}
-
-/// [`first_argmax`] one value after another.
-#[inline(always)]
-fn first_argmax_scalar<T: Copy, C: Num>(r: &[T], map: &impl Fn(T) -> C) -> usize {
-    let mut best = (map(r[0]), 0);
-    for (i, &x) in r.iter().enumerate().skip(1) {
-        let v = map(x);
-        if better(v, best.0) {
-            best = (v, i);
-        }
-    }
-    best.1
 }
 
 fn check_nonempty(t: &Tensor, op: &'static str, len: usize) -> Result<()> {
@@ -414,22 +347,35 @@ impl Tensor {
             reduce_rows(&x, len, &out, f, c, |a, _| a)?;
             return Ok(out);
         }
-        // Each row's extreme in 16 independent lanes, compiled for the widest extension (one
-        // running value was a chain of dependent steps; f16 and bf16 ones also narrowed and
-        // widened each: max of 1024x3072 took 5.5x PyTorch's time in f32, 39x in bf16, 77x
-        // in f16). Floats compare in their compute type; NaN propagates, as in PyTorch.
-        if self.dtype().is_floating_point() {
-            match_float!(self.dtype(), T => {
-                let start = if is_max { <T as Opmath>::C::LOWEST } else { <T as Opmath>::C::HIGHEST };
-                let f = move |r: &[T], _| T::from_op(vectorised!(isa::detected(), lanes(r, start, T::to_op, extreme_of(is_max))));
-                reduce_rows(&x, len, &out, f, extreme_of(is_max), |a, _| a)?
-            }, _ => {});
+        // Each row's extreme in independent lanes, NaN flagged beside them
+        // (`extreme::row_extreme`; f16 rows widened by F16C a block at a time), compiled for
+        // the widest extension (one running value was a chain of dependent steps; f16 and
+        // bf16 ones also narrowed and widened each: max of 1024x3072 took 5.5x PyTorch's time
+        // in f32, 39x in bf16, 77x in f16). Floats compare in their compute type; NaN
+        // propagates, as in PyTorch.
+        macro_rules! rows {
+            ($t:ty, $max:expr, $min:expr, $from:expr) => {
+                if is_max {
+                    let f = |r: &[$t], _| $from(vectorised!(isa::detected(), ($max)(r)));
+                    reduce_rows(&x, len, &out, f, extreme_of(true), |a, _| a)?
+                } else {
+                    let f = |r: &[$t], _| $from(vectorised!(isa::detected(), ($min)(r)));
+                    reduce_rows(&x, len, &out, f, extreme_of(false), |a, _| a)?
+                }
+            };
+        }
+        if self.dtype() == DType::F16 {
+            rows!(half::f16, extreme::f16_row_extreme::<true>, extreme::f16_row_extreme::<false>, half::f16::from_op);
+        } else if self.dtype().is_floating_point() {
+            match_float!(self.dtype(), T => rows!(T,
+                |row| extreme::row_extreme::<true, _>(Mapped { row, map: T::to_op }),
+                |row| extreme::row_extreme::<false, _>(Mapped { row, map: T::to_op }),
+                T::from_op), _ => {});
         } else {
-            match_numeric!(self.dtype(), T => {
-                let start = if is_max { T::LOWEST } else { T::HIGHEST };
-                let f = move |r: &[T], _| vectorised!(isa::detected(), lanes(r, start, |v| v, extreme_of(is_max)));
-                reduce_rows(&x, len, &out, f, extreme_of(is_max), |a, _| a)?
-            }, _ => {});
+            match_numeric!(self.dtype(), T => rows!(T,
+                |row| extreme::row_extreme::<true, _>(Mapped { row, map: |v: T| v }),
+                |row| extreme::row_extreme::<false, _>(Mapped { row, map: |v: T| v }),
+                |v: T| v), _ => {});
         }
         Ok(out)
     }
@@ -454,15 +400,18 @@ impl Tensor {
                 return Ok(out);
             }
         };
-        // Each row's first maximum in `LANES` lanes, compiled for the widest extension (one
-        // running value and index were a chain of dependent compares and branches: the
-        // argmax of 16x50257 logits took 0.89 ms, numpy's 0.08). Floats compare in their
-        // compute type.
-        if self.dtype().is_floating_point() {
-            match_float!(self.dtype(), T => argmax_rows(&x, len, &out, |r: &[T]| vectorised!(isa::detected(), first_argmax(r, T::to_op)))?,
-                _ => {});
+        // Each row's first maximum by blocks (`extreme::first_argmax`), compiled for the
+        // widest extension (one running value and index were a chain of dependent compares
+        // and branches: the argmax of 16x50257 logits took 0.89 ms, numpy's 0.08). Floats
+        // compare in their compute type.
+        if self.dtype() == DType::F16 {
+            argmax_rows(&x, len, &out, |r: &[half::f16]| vectorised!(isa::detected(), extreme::f16_first_argmax(r)))?;
+        } else if self.dtype().is_floating_point() {
+            match_float!(self.dtype(), T => argmax_rows(&x, len, &out, |row: &[T]| vectorised!(isa::detected(),
+                extreme::first_argmax(Mapped { row, map: T::to_op })))?, _ => {});
         } else {
-            match_numeric!(self.dtype(), T => argmax_rows(&x, len, &out, |r: &[T]| vectorised!(isa::detected(), first_argmax(r, |v| v)))?,
+            match_numeric!(self.dtype(), T => argmax_rows(&x, len, &out, |row: &[T]| vectorised!(isa::detected(),
+                extreme::first_argmax(Mapped { row, map: |v: T| v })))?,
             _ => return Err(TensorError::UnsupportedDType {
                 op,
                 dtype: self.dtype(),

@@ -1,0 +1,250 @@
+//! The largest or smallest value of a row, and the index of its first maximum (`max`, `min`
+//! and `argmax` of rows, over everything or the innermost dimension).
+//!
+//! A row is read in blocks of [`BLOCK`] elements, each block's extreme taken in [`LANES`]
+//! independent lanes with a NaN flag beside them ([`block_extreme`]): a compare-and-select
+//! (`maxps`) and an unordered compare a vector, where NaN carried through the lanes cost three
+//! more operations and one running value and index were a chain of dependent compares. The
+//! first block whose maximum is larger than every earlier one's holds the row's first maximum,
+//! which is then searched for in that block alone; a block holding a NaN ends the search at its
+//! first NaN (NaN is the maximum in PyTorch, and the first one wins).
+//!
+//! f16 blocks are widened into `f32` scratch by F16C first ([`F16Row`]): its conversion in the
+//! loop was a dozen integer operations a value. Every other type converts in the loop (bf16's is
+//! a shift) or not at all.
+
+use half::f16;
+
+use super::f16c;
+use crate::tensor::halfconv::HalfFloat;
+use crate::tensor::num::Num;
+
+/// Elements of a block: its extreme is taken in [`LANES`] lanes, then compared with the best
+/// block's so far. The last block of a row takes the remainder (up to `2 * BLOCK - 1`).
+pub(super) const BLOCK: usize = 1024;
+
+/// Independent accumulators of [`block_extreme`]: two AVX-512 vectors (four AVX2 ones) of f32,
+/// so that each step's comparisons are independent chains.
+const LANES: usize = 32;
+
+/// Whether `v` replaces `best` as the first maximum: NaN counts as the maximum and the first
+/// NaN wins, as in PyTorch.
+#[inline(always)]
+pub(super) fn better<V: Num>(v: V, best: V) -> bool {
+    let (vn, bn) = (v.is_nan(), best.is_nan());
+    (vn & !bn) | (!bn & (v > best))
+}
+
+/// The largest (`MAX`) or smallest `map`ped value of `block` (not empty) leaving NaN out, and
+/// whether it holds a NaN.
+#[inline(always)]
+fn block_extreme<const MAX: bool, T: Copy, C: Num>(block: &[T], map: &impl Fn(T) -> C) -> (C, bool) {
+    let pick = |v: C, cur: C| if (MAX && v > cur) || (!MAX && v < cur) { v } else { cur };
+    let first = map(block[0]);
+    if block.len() < LANES {
+        let mut any_nan = false;
+        let mut best = first;
+        for &x in &block[1..] {
+            let v = map(x);
+            any_nan |= v.is_nan();
+            best = pick(v, best);
+        }
+        return (best, any_nan | first.is_nan());
+    }
+    let mut acc = [first; LANES];
+    // All ones where a NaN was seen: an `i32` lane (a compare's own mask, ORed), where a
+    // `bool` lane was packed into bytes each step.
+    let mut nan = [0i32; LANES];
+    let chunks = block.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for k in 0..LANES {
+            let v = map(c[k]);
+            nan[k] |= -i32::from(v.is_nan());
+            acc[k] = pick(v, acc[k]);
+        }
+    }
+    // Halved in vector steps down to 8 lanes, then one by one (32 one by one were a compare
+    // and a select each, a block).
+    let mut width = LANES;
+    while width > 8 {
+        width /= 2;
+        for k in 0..width {
+            nan[k] |= nan[k + width];
+            acc[k] = pick(acc[k + width], acc[k]);
+        }
+    }
+    let mut any_nan = nan[..8].iter().fold(0, |a, &n| a | n) != 0;
+    let mut best = first;
+    for v in acc[..8].iter().copied().chain(rest.iter().map(|&x| map(x))) {
+        any_nan |= v.is_nan();
+        best = pick(v, best);
+    }
+    (best, any_nan)
+}
+
+/// The offset of the first `map`ped value of `v` equal to `m` (not NaN): the first
+/// [`LANES`] holding one (a vector compare each), then the value.
+#[inline(always)]
+fn position_of<T: Copy, C: Num>(v: &[T], map: &impl Fn(T) -> C, m: C) -> Option<usize> {
+    let from = v.chunks(LANES).position(|c| c.iter().fold(false, |any, &x| any | (map(x) == m)))? * LANES;
+    v[from..].iter().position(|&x| map(x) == m).map(|i| from + i)
+}
+
+/// The blocks of a row of `len`: [`BLOCK`] elements each, the last one taking the remainder.
+fn blocks(len: usize) -> impl Iterator<Item = core::ops::Range<usize>> {
+    let mut start = 0;
+    core::iter::from_fn(move || {
+        (start < len).then(|| {
+            let end = if len - start < 2 * BLOCK { len } else { start + BLOCK };
+            let r = start..end;
+            start = end;
+            r
+        })
+    })
+}
+
+/// A row read block by block in its compute type `C` (at most `2 * BLOCK - 1` elements a
+/// block).
+pub(super) trait Row<C: Num> {
+    fn len(&self) -> usize;
+    /// The extreme of `range` leaving NaN out, and whether it holds a NaN ([`block_extreme`]).
+    fn extreme<const MAX: bool>(&mut self, range: core::ops::Range<usize>) -> (C, bool);
+    /// The offset in `range` of its first NaN.
+    fn first_nan(&mut self, range: core::ops::Range<usize>) -> Option<usize>;
+    /// The offset in `range` of its first value equal to `m` (not NaN).
+    fn position(&mut self, range: core::ops::Range<usize>, m: C) -> Option<usize>;
+}
+
+/// A row of `T` converted by `map` as it is read.
+pub(super) struct Mapped<'a, T, F> {
+    pub(super) row: &'a [T],
+    pub(super) map: F,
+}
+
+impl<T: Copy, C: Num, F: Fn(T) -> C> Row<C> for Mapped<'_, T, F> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.row.len()
+    }
+    #[inline(always)]
+    fn extreme<const MAX: bool>(&mut self, range: core::ops::Range<usize>) -> (C, bool) {
+        block_extreme::<MAX, T, C>(&self.row[range], &self.map)
+    }
+    #[inline(always)]
+    fn first_nan(&mut self, range: core::ops::Range<usize>) -> Option<usize> {
+        self.row[range].iter().position(|&x| (self.map)(x).is_nan())
+    }
+    #[inline(always)]
+    fn position(&mut self, range: core::ops::Range<usize>, m: C) -> Option<usize> {
+        position_of(&self.row[range], &self.map, m)
+    }
+}
+
+/// A row of f16 widened block by block into `f32` scratch by F16C (where the CPU has it:
+/// [`f16c::has_f16c`]; for rows of at least [`BLOCK`], as the scratch is zeroed first).
+pub(super) struct F16Row<'a> {
+    row: &'a [f16],
+    wide: [f32; 2 * BLOCK],
+}
+
+impl<'a> F16Row<'a> {
+    pub(super) fn new(row: &'a [f16]) -> Self {
+        F16Row { row, wide: [0.0; 2 * BLOCK] }
+    }
+
+    /// `range`'s values as `f32`.
+    #[inline(always)]
+    fn widen(&mut self, range: core::ops::Range<usize>) -> &[f32] {
+        let n = range.len();
+        f16c::widen_f16(&self.row[range], &mut self.wide[..n]);
+        &self.wide[..n]
+    }
+}
+
+impl Row<f32> for F16Row<'_> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.row.len()
+    }
+    #[inline(always)]
+    fn extreme<const MAX: bool>(&mut self, range: core::ops::Range<usize>) -> (f32, bool) {
+        block_extreme::<MAX, f32, f32>(self.widen(range), &|v| v)
+    }
+    #[inline(always)]
+    fn first_nan(&mut self, range: core::ops::Range<usize>) -> Option<usize> {
+        self.widen(range).iter().position(|v| v.is_nan())
+    }
+    #[inline(always)]
+    fn position(&mut self, range: core::ops::Range<usize>, m: f32) -> Option<usize> {
+        position_of(self.widen(range), &|v| v, m)
+    }
+}
+
+/// The largest (`MAX`) or smallest value of `row` (not empty), NaN if it holds one, as in
+/// PyTorch.
+#[inline(always)]
+pub(super) fn row_extreme<const MAX: bool, C: Num>(mut row: impl Row<C>) -> C {
+    let mut best: Option<C> = None;
+    for b in blocks(row.len()) {
+        let (m, nan) = row.extreme::<MAX>(b.clone());
+        if nan {
+            let at = b.start + row.first_nan(b).unwrap_or(0);
+            let v = row.extreme::<MAX>(at..at + 1).0;
+            // The canonical NaN, as `Num::maximum` gives it on the other paths.
+            return Num::maximum(v, v);
+        }
+        let pick = |cur: C| if MAX { m > cur } else { m < cur };
+        if best.is_none_or(pick) {
+            best = Some(m);
+        }
+    }
+    best.unwrap_or(C::ZERO)
+}
+
+/// The index of the first largest value of `row` (not empty; its first NaN, if any).
+#[inline(always)]
+pub(super) fn first_argmax<C: Num>(mut row: impl Row<C>) -> usize {
+    let mut best: Option<(C, core::ops::Range<usize>)> = None;
+    for b in blocks(row.len()) {
+        let (m, nan) = row.extreme::<true>(b.clone());
+        if nan {
+            return b.start + row.first_nan(b).unwrap_or(0);
+        }
+        if best.as_ref().is_none_or(|(cur, _)| m > *cur) {
+            best = Some((m, b));
+        }
+    }
+    let Some((m, b)) = best else { return 0 };
+    // `m` is a value of block `b` (not NaN), and no earlier value is as large.
+    b.start + row.position(b, m).unwrap_or(0)
+}
+
+/// Whether an f16 row (or piece of one) of `len` is read through [`F16Row`]: where it has a
+/// block and the CPU has F16C.
+#[inline(always)]
+fn through_f16c(len: usize) -> bool {
+    len >= BLOCK && f16c::has_f16c()
+}
+
+/// [`row_extreme`] of an f16 row, in `f32`: widened a block at a time ([`F16Row`]), or
+/// converted as it is read ([`through_f16c`]).
+#[inline(always)]
+pub(super) fn f16_row_extreme<const MAX: bool>(row: &[f16]) -> f32 {
+    if through_f16c(row.len()) {
+        row_extreme::<MAX, f32>(F16Row::new(row))
+    } else {
+        row_extreme::<MAX, f32>(Mapped { row, map: HalfFloat::widen })
+    }
+}
+
+/// [`first_argmax`] of an f16 row: widened a block at a time ([`F16Row`]), or converted as it
+/// is read ([`through_f16c`]).
+#[inline(always)]
+pub(super) fn f16_first_argmax(row: &[f16]) -> usize {
+    if through_f16c(row.len()) {
+        first_argmax(F16Row::new(row))
+    } else {
+        first_argmax(Mapped { row, map: HalfFloat::widen })
+    }
+}
