@@ -3,8 +3,9 @@
 //!
 //! A row is read in blocks of [`BLOCK`] elements, each block's extreme taken in [`LANES`]
 //! independent lanes with a NaN flag beside them ([`block_extreme`]): a compare-and-select
-//! (`maxps`) and an unordered compare a vector, where NaN carried through the lanes cost three
-//! more operations and one running value and index were a chain of dependent compares. The
+//! (`maxps`) a vector and one unordered compare for two, where NaN carried through the lanes
+//! cost three more operations a vector and one running value and index were a chain of
+//! dependent compares. The
 //! first block whose maximum is larger than every earlier one's holds the row's first maximum,
 //! which is then searched for in that block alone; a block holding a NaN ends the search at its
 //! first NaN (NaN is the maximum in PyTorch, and the first one wins).
@@ -41,7 +42,7 @@ pub(super) fn better<V: Num>(v: V, best: V) -> bool {
 fn block_extreme<const MAX: bool, T: Copy, C: Num>(block: &[T], map: &impl Fn(T) -> C) -> (C, bool) {
     let pick = |v: C, cur: C| if (MAX && v > cur) || (!MAX && v < cur) { v } else { cur };
     let first = map(block[0]);
-    if block.len() < LANES {
+    if block.len() < 2 * LANES {
         let mut any_nan = false;
         let mut best = first;
         for &x in &block[1..] {
@@ -55,28 +56,27 @@ fn block_extreme<const MAX: bool, T: Copy, C: Num>(block: &[T], map: &impl Fn(T)
     // All ones where a NaN was seen: an `i32` lane (a compare's own mask, ORed), where a
     // `bool` lane was packed into bytes each step.
     let mut nan = [0i32; LANES];
-    let chunks = block.chunks_exact(LANES);
+    // Two values a lane each step: one unordered compare checks both for NaN.
+    let chunks = block.chunks_exact(2 * LANES);
     let rest = chunks.remainder();
     for c in chunks {
         for k in 0..LANES {
-            let v = map(c[k]);
-            nan[k] |= -i32::from(v.is_nan());
-            acc[k] = pick(v, acc[k]);
+            let (a, b) = (map(c[k]), map(c[k + LANES]));
+            nan[k] |= -i32::from(a.is_nan() | b.is_nan());
+            acc[k] = pick(pick(b, a), acc[k]);
         }
     }
-    // Halved in vector steps down to 8 lanes, then one by one (32 one by one were a compare
-    // and a select each, a block).
-    let mut width = LANES;
-    while width > 8 {
-        width /= 2;
-        for k in 0..width {
-            nan[k] |= nan[k + width];
-            acc[k] = pick(acc[k + width], acc[k]);
-        }
+    // Folded into 8 lanes in vector steps, into fresh arrays (32 one by one were a compare and
+    // a select each, a block; halving in place compiled to a masked store), then one by one.
+    let mut top = [first; 8];
+    let mut flags = [0i32; 8];
+    for k in 0..8 {
+        top[k] = pick(pick(acc[k + 8], acc[k]), pick(acc[k + 24], acc[k + 16]));
+        flags[k] = nan[k] | nan[k + 8] | nan[k + 16] | nan[k + 24];
     }
-    let mut any_nan = nan[..8].iter().fold(0, |a, &n| a | n) != 0;
+    let mut any_nan = flags.iter().fold(0, |a, &n| a | n) != 0;
     let mut best = first;
-    for v in acc[..8].iter().copied().chain(rest.iter().map(|&x| map(x))) {
+    for v in top.into_iter().chain(rest.iter().map(|&x| map(x))) {
         any_nan |= v.is_nan();
         best = pick(v, best);
     }
