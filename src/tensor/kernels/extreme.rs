@@ -18,6 +18,7 @@ use half::f16;
 
 use super::f16c;
 use crate::tensor::halfconv::HalfFloat;
+use crate::tensor::iter::prefetch_slice;
 use crate::tensor::num::Num;
 
 /// Elements of a block: its extreme is taken in [`LANES`] lanes, then compared with the best
@@ -114,6 +115,11 @@ pub(super) trait Row<C: Num> {
     fn first_nan(&mut self, range: core::ops::Range<usize>) -> Option<usize>;
     /// The offset in `range` of its first value equal to `m` (not NaN).
     fn position(&mut self, range: core::ops::Range<usize>, m: C) -> Option<usize>;
+    /// Hints the CPU to fetch `range`'s values into L1 ([`row_extreme`]'s next block, while
+    /// this one is read); nothing by default.
+    fn prefetch(&self, range: core::ops::Range<usize>) {
+        let _ = range;
+    }
 }
 
 /// A row of `T` converted by `map` as it is read.
@@ -138,6 +144,10 @@ impl<T: Copy, C: Num, F: Fn(T) -> C> Row<C> for Mapped<'_, T, F> {
     #[inline(always)]
     fn position(&mut self, range: core::ops::Range<usize>, m: C) -> Option<usize> {
         position_of(&self.row[range], &self.map, m)
+    }
+    #[inline(always)]
+    fn prefetch(&self, range: core::ops::Range<usize>) {
+        prefetch_slice(&self.row[range]);
     }
 }
 
@@ -186,7 +196,14 @@ impl Row<f32> for F16Row<'_> {
 #[inline(always)]
 pub(super) fn row_extreme<const MAX: bool, C: Num>(mut row: impl Row<C>) -> C {
     let mut best: Option<C> = None;
+    // The next block is fetched while this one is read: the maximum of 4M f32 (16 MiB) took
+    // 0.68x the time with it (Zen 3, 1 thread, calls alternated). The argmax of 16x50257
+    // logits (3.2 MB) took 1.09-1.21x with it, and f16 rows 1.03-1.09x, so those do not.
+    let mut next = blocks(row.len()).skip(1);
     for b in blocks(row.len()) {
+        if let Some(n) = next.next() {
+            row.prefetch(n);
+        }
         let (m, nan) = row.extreme::<MAX>(b.clone());
         if nan {
             let at = b.start + row.first_nan(b).unwrap_or(0);
