@@ -76,6 +76,7 @@ WORKLOADS = [
     ("max_dim0", "max over dim 0 of 1024x3072"),
     ("argmax_dim0", "argmax over dim 0 of 1024x3072"),
     ("argmax_vocab", "argmax 16x50257 logits, last dim (greedy decoding)"),
+    ("argmax_vocab_f16", "argmax 16x50257 logits, f16"),
 ]
 if ARGS.workloads:
     WORKLOADS = [w for w in WORKLOADS if w[0] in ARGS.workloads.split(",")]
@@ -103,7 +104,7 @@ for k in ("x", "y"):
 for k in ("a", "b"):
     T[k + "16"], T[k + "b"] = T[k].to(torch.float16), T[k].to(torch.bfloat16)
     NP[k + "16"] = NP[k].astype(np.float16)
-for k in ("h", "w768", "b768", "mlp", "scores"):
+for k in ("h", "w768", "b768", "mlp", "scores", "logits"):
     T[k + "b"] = T[k].to(torch.bfloat16)
     T[k + "16"] = T[k].to(torch.float16)
     NP[k + "16"] = NP[k].astype(np.float16)
@@ -159,6 +160,7 @@ TORCH = {
     "max_dim0": lambda t: t["mlp"].amax(0),
     "argmax_dim0": lambda t: t["mlp"].argmax(0),
     "argmax_vocab": lambda t: t["logits"].argmax(-1),
+    "argmax_vocab_f16": lambda t: t["logits16"].argmax(-1),
 }
 NUMPY = {
     "add": lambda t: t["a"] + t["b"],
@@ -183,6 +185,7 @@ NUMPY = {
     "max_dim0": lambda t: t["mlp"].max(0),
     "argmax_dim0": lambda t: t["mlp"].argmax(0),
     "argmax_vocab": lambda t: t["logits"].argmax(-1),
+    "argmax_vocab_f16": lambda t: t["logits16"].argmax(-1),
 }
 
 

@@ -25,7 +25,8 @@
 //! `sum_dim0_bf16`, the 1024x3072 activation summed over its tokens (a bias's gradient),
 //! `max_dim0` and `argmax_dim0` of it, and `mean_dim1_heads`, the scores' mean over a middle
 //! dimension (reductions along a dimension that is not innermost); `argmax_vocab`, the
-//! logits' argmax over the vocabulary (greedy decoding's step); `max`, `max_f16` and
+//! logits' argmax over the vocabulary (greedy decoding's step), and `argmax_vocab_f16` of f16
+//! logits; `max`, `max_f16` and
 //! `max_bf16`, the largest of the 4M values of `sum`, `add_f16` and `add_bf16`.
 //!
 //! ```text
@@ -62,6 +63,7 @@ struct Data {
     mlp: Tensor,
     scores: Tensor,
     logits: Tensor,
+    logits16: Tensor,
     causal: Tensor,
     zeros: Tensor,
     table: Tensor,
@@ -136,6 +138,7 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "max_dim0" => drop(black_box(d.mlp.max_dim(0, false)?)),
         "argmax_dim0" => drop(black_box(d.mlp.argmax_dim(0, false)?)),
         "argmax_vocab" => drop(black_box(d.logits.argmax_dim(-1, false)?)),
+        "argmax_vocab_f16" => drop(black_box(d.logits16.argmax_dim(-1, false)?)),
         _ => panic!("unknown workload {workload:?}"),
     }
     Ok(())
@@ -167,6 +170,7 @@ fn main() -> Result<()> {
         mlp: rand(&[1024, 3072])?,
         scores: rand(&[12, 256, 256])?,
         logits: rand(&[16, 50257])?,
+        logits16: rand(&[16, 50257])?.to_dtype(DType::F16)?,
         // True above the diagonal: the future positions a causal mask hides.
         causal: {
             let pos = Tensor::arange(0.0, 256.0, 1.0, DType::I64)?;
