@@ -200,7 +200,8 @@ one_thread_table("transformer_ops_1t", "GPT-2 block ops, 1 thread (copy: 12 MB)"
                   "softmax_12x256x256", "log_softmax_16x50257",
                   "layer_norm_1024x768", "rms_norm_1024x768", "layer_norm_bf16_1024x768",
                   "sum_over_tokens_1024x3072", "sum_over_features_1024x3072", "max_over_tokens_1024x3072",
-                  "argmax_over_tokens_1024x3072"],
+                  "argmax_over_tokens_1024x3072", "argmax_logits_16x50257", "argmax_logits_16x50257_f16",
+                  "max_1024x3072", "max_1024x3072_bf16"],
                  [(f"{op}_blocks_beside_one_vector", f"{op}: blocks (AVX-512, or AVX2 at avx2) / one-vector loop")
                   for op in ("gelu", "gelu_tanh", "silu", "tanh", "log", "gelu_bf16")]
                  + [(f"{op}_tables_beside_computed", f"{op}: lookup tables / computed")
