@@ -5,10 +5,10 @@
 //! independent lanes with a NaN flag beside them ([`block_extreme`]): a compare-and-select
 //! (`maxps`) a vector and one unordered compare for two, where NaN carried through the lanes
 //! cost three more operations a vector and one running value and index were a chain of
-//! dependent compares. The
-//! first block whose maximum is larger than every earlier one's holds the row's first maximum,
-//! which is then searched for in that block alone; a block holding a NaN ends the search at its
-//! first NaN (NaN is the maximum in PyTorch, and the first one wins).
+//! dependent compares. The first block whose maximum is larger than every earlier one's holds
+//! the row's first maximum, which is then searched for in that block alone; a block holding a
+//! NaN ends the search at its first NaN (NaN is the maximum in PyTorch, and the first one
+//! wins).
 //!
 //! f16 blocks are widened into `f32` scratch by F16C first ([`F16Row`]): its conversion in the
 //! loop was a dozen integer operations a value. Every other type converts in the loop (bf16's is
