@@ -77,7 +77,6 @@ WORKLOADS = [
     ("argmax_dim0", "argmax over dim 0 of 1024x3072"),
     ("argmax_vocab", "argmax 16x50257 logits, last dim (greedy decoding)"),
     ("argmax_vocab_f16", "argmax 16x50257 logits, f16"),
-    ("sum_dim0_f16", "sum over dim 0 of 1024x3072, f16"),
 ]
 if ARGS.workloads:
     WORKLOADS = [w for w in WORKLOADS if w[0] in ARGS.workloads.split(",")]
@@ -162,7 +161,6 @@ TORCH = {
     "argmax_dim0": lambda t: t["mlp"].argmax(0),
     "argmax_vocab": lambda t: t["logits"].argmax(-1),
     "argmax_vocab_f16": lambda t: t["logits16"].argmax(-1),
-    "sum_dim0_f16": lambda t: t["mlp16"].sum(0),
 }
 NUMPY = {
     "add": lambda t: t["a"] + t["b"],
@@ -188,7 +186,6 @@ NUMPY = {
     "argmax_dim0": lambda t: t["mlp"].argmax(0),
     "argmax_vocab": lambda t: t["logits"].argmax(-1),
     "argmax_vocab_f16": lambda t: t["logits16"].argmax(-1),
-    "sum_dim0_f16": lambda t: t["mlp16"].sum(0),
 }
 
 

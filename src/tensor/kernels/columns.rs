@@ -20,11 +20,7 @@ use crate::tensor::num::Num;
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor};
 
-use half::f16;
-
 use super::extreme::better;
-use super::f16c;
-use crate::tensor::halfconv::HalfFloat;
 
 /// The most columns one task reduces: its accumulators (4 KiB of `f32`, 8 KiB of `f64`, or the
 /// argmax's values and indices) stay in L1 beside the row segments it reads.
@@ -131,83 +127,17 @@ where
     Ok(())
 }
 
-/// How [`sum`] reads its rows' values into its compute type `C` and adds them into the
-/// accumulators.
-pub(super) trait Reader<T, C> {
-    /// `acc[j] = add(acc[j], (x0[j] + x1[j]) + (x2[j] + x3[j]))` over the segments' columns
-    /// (pairwise, so each step loads and stores the accumulators once per four rows).
-    fn add4(&mut self, x: [&[T]; 4], acc: &mut [C], add: &impl Fn(C, C) -> C);
-    /// `acc[j] = add(acc[j], x[j])`.
-    fn add1(&mut self, x: &[T], acc: &mut [C], add: &impl Fn(C, C) -> C);
-}
-
-/// Values converted by `.0` as they are read.
-pub(super) struct Mapped<F>(pub(super) F);
-
-impl<T: Copy, C: Copy, F: Fn(T) -> C> Reader<T, C> for Mapped<F> {
-    #[inline(always)]
-    fn add4(&mut self, [x0, x1, x2, x3]: [&[T]; 4], acc: &mut [C], add: &impl Fn(C, C) -> C) {
-        let map = &self.0;
-        let w = acc.len().min(x0.len()).min(x1.len()).min(x2.len()).min(x3.len());
-        for j in 0..w {
-            let pair = add(add(map(x0[j]), map(x1[j])), add(map(x2[j]), map(x3[j])));
-            acc[j] = add(acc[j], pair);
-        }
-    }
-    #[inline(always)]
-    fn add1(&mut self, x: &[T], acc: &mut [C], add: &impl Fn(C, C) -> C) {
-        for (a, &v) in acc.iter_mut().zip(x) {
-            *a = add(*a, (self.0)(v));
-        }
-    }
-}
-
-/// f16 rows widened by F16C into `f32` scratch first (where the CPU has it:
-/// [`has_f16c`](super::f16c::has_f16c)), four segments at a time: converting each value
-/// with [`HalfFloat`]'s bit operations made the f16 sum over dimension 0 of 1024x3072 3x
-/// PyTorch's time. Segments narrower than a vector block convert as they are read.
-pub(super) struct WidenF16 {
-    wide: [[f32; WIDTH]; 4],
-}
-
-impl WidenF16 {
-    pub(super) fn new() -> Self {
-        WidenF16 { wide: [[0.0; WIDTH]; 4] }
-    }
-}
-
-/// The narrowest segments [`WidenF16`] widens (below, a call per segment costs more than it
-/// saves).
-const WIDEN_MIN: usize = 64;
-
-impl Reader<f16, f32> for WidenF16 {
-    #[inline(always)]
-    fn add4(&mut self, x: [&[f16]; 4], acc: &mut [f32], add: &impl Fn(f32, f32) -> f32) {
-        let w = acc.len().min(WIDTH);
-        if w < WIDEN_MIN {
-            return Mapped(HalfFloat::widen).add4(x, acc, add);
-        }
-        for (wide, xi) in self.wide.iter_mut().zip(x) {
-            f16c::widen_f16(xi, &mut wide[..w]);
-        }
-        let [w0, w1, w2, w3] = &self.wide;
-        Mapped(|v: f32| v).add4([&w0[..w], &w1[..w], &w2[..w], &w3[..w]], acc, add);
-    }
-    #[inline(always)]
-    fn add1(&mut self, x: &[f16], acc: &mut [f32], add: &impl Fn(f32, f32) -> f32) {
-        Mapped(HalfFloat::widen).add1(x, acc, add);
-    }
-}
-
-/// Column sums: values read by `reader` and added with `add` in `C`, the partial sums of every
+/// Column sums: `map`ped values added with `add` in `C`, the partial sums of every
 /// [`BLOCK_ROWS`] rows moved into `A` by `spill`, `finish` of each column's total into `dst`.
+/// Four rows are added together before they meet the accumulator (pairwise), so each step
+/// loads and stores the accumulators once per four rows.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)] // the accumulator types' operations, each a closure
 pub(super) fn sum<T: Copy, C: Copy, A: Copy, O>(
     s: &Segments<'_, T>,
     dst: &mut [MaybeUninit<O>],
     (zero, total_zero): (C, A),
-    mut reader: impl Reader<T, C>,
+    map: impl Fn(T) -> C,
     add: impl Fn(C, C) -> C,
     spill: impl Fn(A, C) -> A,
     finish: impl Fn(A) -> O,
@@ -221,11 +151,17 @@ pub(super) fn sum<T: Copy, C: Copy, A: Copy, O>(
         let end = (r + BLOCK_ROWS).min(s.len);
         acc.fill(zero);
         while r + 4 <= end {
-            reader.add4([s.row(r), s.row(r + 1), s.row(r + 2), s.row(r + 3)], acc, &add);
+            let (x0, x1, x2, x3) = (s.row(r), s.row(r + 1), s.row(r + 2), s.row(r + 3));
+            for j in 0..w {
+                let pair = add(add(map(x0[j]), map(x1[j])), add(map(x2[j]), map(x3[j])));
+                acc[j] = add(acc[j], pair);
+            }
             r += 4;
         }
         while r < end {
-            reader.add1(s.row(r), acc, &add);
+            for (a, &v) in acc.iter_mut().zip(s.row(r)) {
+                *a = add(*a, map(v));
+            }
             r += 1;
         }
         for (t, &a) in totals.iter_mut().zip(acc.iter()) {
