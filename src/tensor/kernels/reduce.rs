@@ -7,9 +7,10 @@
 //! [`extreme`]'s. Float sums of rows add [`SUM_LANES`] independent lanes (which the compiler
 //! vectorises, compiled for the CPU's widest vector extension) in blocks of [`BLOCK`] and
 //! gather the blocks in `f64`; f16 and bf16 values are widened as they are read, so their sum
-//! is the f32 sum of the widened values, bit for bit, on every CPU. Integer and bool sums give `i64`, as in PyTorch. Large inputs are split over
-//! rows, or within a row, across rayon's threads: integer results are the same either way,
-//! float results differ only in rounding (the column path's do not differ at all).
+//! is the f32 sum of the widened values, bit for bit, on every CPU. Integer and bool sums give
+//! `i64`, as in PyTorch. Large inputs are split over rows, or within a row, across rayon's
+//! threads: integer results are the same either way, float results differ only in rounding
+//! (the column path's do not differ at all).
 
 use crate::tensor::dtype::{match_float, match_numeric};
 use crate::tensor::halfconv::HalfFloat;
