@@ -77,6 +77,8 @@ WORKLOADS = [
     ("argmax_dim0", "argmax over dim 0 of 1024x3072"),
     ("argmax_vocab", "argmax 16x50257 logits, last dim (greedy decoding)"),
     ("argmax_vocab_f16", "argmax 16x50257 logits, f16"),
+    ("sum_dim0_f16", "sum over dim 0 of 1024x3072, f16"),
+    ("sum_dim1_narrow", "sum over dim 1 of 1024x3072 viewed as 49152x4x16"),
 ]
 if ARGS.workloads:
     WORKLOADS = [w for w in WORKLOADS if w[0] in ARGS.workloads.split(",")]
@@ -161,6 +163,8 @@ TORCH = {
     "argmax_dim0": lambda t: t["mlp"].argmax(0),
     "argmax_vocab": lambda t: t["logits"].argmax(-1),
     "argmax_vocab_f16": lambda t: t["logits16"].argmax(-1),
+    "sum_dim0_f16": lambda t: t["mlp16"].sum(0),
+    "sum_dim1_narrow": lambda t: t["mlp"].view(49152, 4, 16).sum(1),
 }
 NUMPY = {
     "add": lambda t: t["a"] + t["b"],
@@ -186,6 +190,8 @@ NUMPY = {
     "argmax_dim0": lambda t: t["mlp"].argmax(0),
     "argmax_vocab": lambda t: t["logits"].argmax(-1),
     "argmax_vocab_f16": lambda t: t["logits16"].argmax(-1),
+    "sum_dim0_f16": lambda t: t["mlp16"].sum(0),
+    "sum_dim1_narrow": lambda t: t["mlp"].reshape(49152, 4, 16).sum(1),
 }
 
 

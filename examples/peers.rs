@@ -21,10 +21,12 @@
 //! those ops on bf16 operands; `layer_norm_f16` and `softmax_f16` on f16 ones; `to_bf16` and
 //! `from_bf16`, the 1024x3072 activation converted to bf16 and back; `log_softmax` and
 //! `softmax_vocab`, the log-probabilities and probabilities of 16 rows of next-token logits
-//! over GPT-2's 50257-token vocabulary (a beam search's or a sampler's step); `sum_dim0` and
-//! `sum_dim0_bf16`, the 1024x3072 activation summed over its tokens (a bias's gradient),
-//! `max_dim0` and `argmax_dim0` of it, and `mean_dim1_heads`, the scores' mean over a middle
-//! dimension (reductions along a dimension that is not innermost); `argmax_vocab`, the
+//! over GPT-2's 50257-token vocabulary (a beam search's or a sampler's step); `sum_dim0`,
+//! `sum_dim0_bf16` and `sum_dim0_f16`, the 1024x3072 activation summed over its tokens (a
+//! bias's gradient), `max_dim0` and `argmax_dim0` of it, `mean_dim1_heads`, the scores' mean
+//! over a middle dimension, and `sum_dim1_narrow`, the activation viewed as 49152x4x16 and
+//! summed over dimension 1 (reductions along a dimension that is not innermost; the last
+//! in many narrow columns); `argmax_vocab`, the
 //! logits' argmax over the vocabulary (greedy decoding's step), and `argmax_vocab_f16` of f16
 //! logits; `max`, `max_f16` and
 //! `max_bf16`, the largest of the 4M values of `sum`, `add_f16` and `add_bf16`.
@@ -64,6 +66,7 @@ struct Data {
     scores: Tensor,
     logits: Tensor,
     logits16: Tensor,
+    mlp16: Tensor,
     causal: Tensor,
     zeros: Tensor,
     table: Tensor,
@@ -138,6 +141,8 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "max_dim0" => drop(black_box(d.mlp.max_dim(0, false)?)),
         "argmax_dim0" => drop(black_box(d.mlp.argmax_dim(0, false)?)),
         "argmax_vocab" => drop(black_box(d.logits.argmax_dim(-1, false)?)),
+        "sum_dim0_f16" => drop(black_box(d.mlp16.sum_dim(0, false)?)),
+        "sum_dim1_narrow" => drop(black_box(d.mlp.view(&[49152, 4, 16])?.sum_dim(1, false)?)),
         "argmax_vocab_f16" => drop(black_box(d.logits16.argmax_dim(-1, false)?)),
         _ => panic!("unknown workload {workload:?}"),
     }
@@ -171,6 +176,7 @@ fn main() -> Result<()> {
         scores: rand(&[12, 256, 256])?,
         logits: rand(&[16, 50257])?,
         logits16: rand(&[16, 50257])?.to_dtype(DType::F16)?,
+        mlp16: rand(&[1024, 3072])?.to_dtype(DType::F16)?,
         // True above the diagonal: the future positions a causal mask hides.
         causal: {
             let pos = Tensor::arange(0.0, 256.0, 1.0, DType::I64)?;

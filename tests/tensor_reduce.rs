@@ -72,9 +72,18 @@ fn outer_and_middle_dimensions_reduce_to_plain_loop_values_in_every_dtype() {
     // [603, 40] along 0: rows cross the 256-row blocks with a remainder of 3 four-row steps
     // short, 40 columns (a group of 16 and a tail). [3, 5, 2100] along 1: three blocks of
     // columns wider than a 1024-column task. [7, 9, 16] along 0 and 1: 144 and exactly 16
-    // columns. [4, 6, 15] along 1: 15 columns, moved innermost and reduced as rows.
-    let cases: [(&[usize], usize); 5] =
-        [(&[603, 40], 0), (&[3, 5, 2100], 1), (&[7, 9, 16], 0), (&[7, 9, 16], 1), (&[4, 6, 15], 1)];
+    // columns. [4, 6, 15] along 1: 15 columns, moved innermost and reduced as rows. [301, 70]
+    // along 0: 70 columns (f16 widened through scratch), 301 rows. [600, 4, 16] along 1: 600
+    // tasks of 16 columns and 4 rows.
+    let cases: [(&[usize], usize); 7] = [
+        (&[603, 40], 0),
+        (&[3, 5, 2100], 1),
+        (&[7, 9, 16], 0),
+        (&[7, 9, 16], 1),
+        (&[4, 6, 15], 1),
+        (&[301, 70], 0),
+        (&[600, 4, 16], 1),
+    ];
     for (sizes, d) in cases {
         for dt in DTYPES {
             let x = tensor(sizes, dt);

@@ -1,7 +1,8 @@
 //! f16 through F16C's conversion instructions (`vcvtph2ps` / `vcvtps2ph`), which every CPU
 //! above the baseline [`Isa`] has: the converting blocks' loads and stores ([`widen_f16`],
-//! [`narrow_f16`]), the f16 sum, the fused loop of binary arithmetic on f16 tensors
-//! ([`map2_f16`]), and the row kernels' f16 rows through f32 scratch ([`f16_rows`]).
+//! [`narrow_f16`]), the f16 sum and the f16 column sums' step ([`add_rows_f16`]), the fused
+//! loop of binary arithmetic on f16 tensors ([`map2_f16`]), and the row kernels' f16 rows
+//! through f32 scratch ([`f16_rows`]).
 //!
 //! Every f16 op widens its operands to f32, computes there and rounds once, so arithmetic on f16
 //! tensors runs as the f32 kernel between these conversions, with the same values. The fused
@@ -251,6 +252,49 @@ unsafe fn sum_lanes_f16c(x: &[f16], acc: &mut [f32; SUM_LANES]) -> usize {
         }
     }
     whole
+}
+
+/// The step of the f16 column sums ([`columns::sum`](super::columns::sum)):
+/// `acc[j] += (x[0][j] + x[1][j]) + (x[2][j] + x[3][j])` in f32, the values widened exactly, for
+/// the whole groups of 8 columns (of `acc`, every row at least as long), with F16C where the CPU
+/// has it; returns how many columns that took (0 without F16C): the caller adds the rest in the
+/// same order, so the sums are the same bits either way. Widening in the loop took the f16 sum
+/// over dimension 0 of 1024x3072 to 0.27 ms (Zen 3, 1 thread; PyTorch's 0.29), from 0.64 with
+/// the rows widened into scratch first and about 0.9 with every value converted by bit
+/// operations.
+pub(crate) fn add_rows_f16(x: [&[f16]; 4], acc: &mut [f32]) -> usize {
+    let n = x.iter().fold(acc.len(), |n, r| n.min(r.len())) / 8 * 8;
+    #[cfg(target_arch = "x86_64")]
+    if has_f16c() {
+        // SAFETY: the CPU has F16C and AVX (every ISA above the baseline); `n` is at most every
+        // slice's length.
+        unsafe { add_rows_f16c(x, &mut acc[..n]) };
+        return n;
+    }
+    let _ = (x, acc, n); // used only on x86-64
+    0
+}
+
+/// [`add_rows_f16`] over all of `acc` (a multiple of 8 long, every row at least as long).
+///
+/// # Safety
+/// The CPU must have F16C and AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn add_rows_f16c(x: [&[f16]; 4], acc: &mut [f32]) {
+    use core::arch::x86_64::{_mm_loadu_si128, _mm256_add_ps, _mm256_cvtph_ps, _mm256_loadu_ps, _mm256_storeu_ps};
+    let [x0, x1, x2, x3] = x.map(|r| r.as_ptr());
+    for j in (0..acc.len() / 8 * 8).step_by(8) {
+        // SAFETY: `j + 8 <= acc.len()`, at most every row's length (the caller's contract), so
+        // each row has 16 readable bytes at `j` (f16 is a `u16`) and `acc` 32 writable ones;
+        // the intrinsics take unaligned addresses.
+        unsafe {
+            let w = |p: *const f16| _mm256_cvtph_ps(_mm_loadu_si128(p.add(j).cast()));
+            let pair = _mm256_add_ps(_mm256_add_ps(w(x0), w(x1)), _mm256_add_ps(w(x2), w(x3)));
+            let a = acc.as_mut_ptr().add(j);
+            _mm256_storeu_ps(a, _mm256_add_ps(_mm256_loadu_ps(a), pair));
+        }
+    }
 }
 
 /// Elements per chunk of the fused loops: four 8-lane conversions.
