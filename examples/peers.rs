@@ -8,7 +8,8 @@
 //! `add` (a + b, 4M, fresh output), `add_` (a += b), `add_out` (a + b into an existing tensor),
 //! `bcast` (2048x2048 + a 2048 row), `tadd` (a.t() + b, 2048x2048), `sum` (4M),
 //! `matmul` (512x512 by 512x512), `matmul_f16` and `matmul_bf16` (the same in half precision),
-//! `add_f16`, `add_bf16` and `sum_f16` (the 4M add and sum in half precision); `linear_bf16`,
+//! `add_f16`, `add_bf16` and `sum_f16` (the 4M add and sum in half precision), `add_mixed` (f16
+//! a + f32 b, an f32 result); `linear_bf16`,
 //! `linear16_bf16` and `linear1_bf16` (128, 16 and 1 tokens of width 768 by a 3072x768 bf16
 //! weight, transposed, as `Linear` stores it: GPT-2's MLP up-projection at prefill and at decode
 //! steps), and `linear16_f16` / `linear1_f16` the same in f16; and the ops of a
@@ -98,6 +99,7 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "matmul_f16" => drop(black_box(d.x16.matmul(&d.y16)?)),
         "matmul_bf16" => drop(black_box(d.xb.matmul(&d.yb)?)),
         "add_f16" => drop(black_box(d.a16.add(&d.b16)?)),
+        "add_mixed" => drop(black_box(d.a16.add(&d.b)?)),
         "add_bf16" => drop(black_box(d.ab.add(&d.bb)?)),
         "sum_f16" => drop(black_box(d.a16.sum()?)),
         "linear_bf16" => drop(black_box(d.tokens[0].matmul(&d.weight.t()?)?)),

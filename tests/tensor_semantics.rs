@@ -68,6 +68,32 @@ fn mixed_dtype_operands_are_converted_inside_the_loop_not_copied() {
     b.add_(&a).unwrap();
     assert_eq!(tracker.sizes().total_bytes, before, "an in-place op with a mixed-dtype operand allocates nothing");
     assert_eq!(b.get::<f32>(&[10]).unwrap(), 10.5);
+
+    // f16 + f32 computes in f32, in blocks of 128 (7 and a tail of 104): the f16 operand
+    // converted into a buffer, the f32 operand and an f32 output read and written where they
+    // lie. Into a fresh tensor, an existing one, the f32 operand itself, and a strided view.
+    let h: Vec<f16> = (0..1000).map(|i| f16::from_f32(i as f32 * 0.25)).collect();
+    let h = Tensor::from_vec(h, &[1000], DType::F16).unwrap();
+    let w = || Tensor::from_vec((0..1000).map(|i| 1000.0 - i as f32).collect::<Vec<f32>>(), &[1000], DType::F32);
+    let want: Vec<f32> = (0..1000).map(|i| i as f32 * 0.25 + 1000.0 - i as f32).collect();
+    let w1 = w().unwrap();
+    assert_eq!(h.add(&w1).unwrap().to_vec::<f32>().unwrap(), want, "fresh output");
+    let out = Tensor::zeros(&[1000], DType::F32).unwrap();
+    h.add_out(&w1, &out).unwrap();
+    assert_eq!(out.to_vec::<f32>().unwrap(), want, "existing output");
+    let w2 = w().unwrap();
+    h.add_out(&w2, &w2).unwrap();
+    assert_eq!(w2.to_vec::<f32>().unwrap(), want, "the f32 operand as the output");
+    let wide = Tensor::full(&[2000], -1.0, DType::F32).unwrap();
+    h.add_out(&w1, &wide.slice(0, 1, 2000, 2).unwrap()).unwrap();
+    let got = wide.to_vec::<f32>().unwrap();
+    let odd: Vec<f32> = got.iter().skip(1).step_by(2).copied().collect();
+    assert_eq!(odd, want, "a strided output");
+    assert!(got.iter().step_by(2).all(|&v| v == -1.0), "a strided output: nothing else written");
+    let back = w().unwrap();
+    back.sub_(&h).unwrap();
+    let diff: Vec<f32> = (0..1000).map(|i| 1000.0 - i as f32 - i as f32 * 0.25).collect();
+    assert_eq!(back.to_vec::<f32>().unwrap(), diff, "f32 in place minus f16");
 }
 
 #[test]

@@ -318,6 +318,13 @@ pub(crate) fn run_binary<T: Element, O: Element>(
     let typed = a.dtype() == T::DTYPE && b.dtype() == T::DTYPE && out.dtype() == O::DTYPE;
     let same_type = TypeId::of::<T>() == TypeId::of::<O>();
     let f16_in_f32 = computes_f32::<T, O>() && [a.dtype(), b.dtype(), out.dtype()] == [DType::F16; 3];
+    // The converting blocks read and write the operands of the kernel's types where they lie,
+    // the output only when no input is it.
+    let direct = Direct {
+        a: a.dtype() == T::DTYPE,
+        b: b.dtype() == T::DTYPE,
+        out: out.dtype() == O::DTYPE && !alias[0] && !alias[1],
+    };
     // Why the loops below are sound: the plan walks `out`, `a` and `b` inside their storages
     // (layouts are checked when made) with their dtypes' element sizes, which the loops read as
     // `T`/`O` only when the dtypes say so (`typed`) and convert otherwise; the guards keep other
@@ -348,7 +355,7 @@ pub(crate) fn run_binary<T: Element, O: Element>(
         }),
         _ => plan.run(parallel, &|p, s, n| {
             // SAFETY: see above; the loaders and storer match the operands' dtypes.
-            unsafe { converting_binary(&f, la, lb, so, p, s, n) }
+            unsafe { converting_binary(&f, la, lb, so, direct, p, s, n) }
         }),
     }
     Ok(())
@@ -581,7 +588,7 @@ unsafe fn distinct_binary<T: Element, O: Element>(f: &impl Fn(T, T) -> O, p: [*m
         }
         if isa != Isa::Baseline {
             // Strided halves: gathered in blocks, computed vectorised, scattered.
-            return converting_binary(f, load::<T, T>, load::<T, T>, store::<O, O>, p, s, n);
+            return converting_binary(f, load::<T, T>, load::<T, T>, store::<O, O>, Direct::ALL, p, s, n);
         }
         for i in 0..n {
             let x = a.byte_add(i * s[1]).read();
@@ -608,7 +615,7 @@ unsafe fn inplace_binary<T: Element>(f: &impl Fn(T, T) -> T, p: [*mut u8; 3], s:
     unsafe {
         if isa != Isa::Baseline && !unit {
             // Strided halves: gathered in blocks, computed vectorised, scattered.
-            return converting_binary(f, load::<T, T>, load::<T, T>, store::<T, T>, p, s, n);
+            return converting_binary(f, load::<T, T>, load::<T, T>, store::<T, T>, Direct::INPUTS, p, s, n);
         }
         if s[0] == et {
             let out = slice::from_raw_parts_mut(o, n);
@@ -647,17 +654,44 @@ unsafe fn inplace_binary<T: Element>(f: &impl Fn(T, T) -> T, p: [*mut u8; 3], s:
     }
 }
 
-/// One run of a binary kernel through converting blocks.
+/// Which operands a converting run reads or writes where they lie, without a block copy: an
+/// input whose dtype is the compute type `T`, the output when its dtype is `O` and no input is
+/// the output ([`converting_binary`]); each where its run is contiguous.
+#[derive(Clone, Copy, Debug)]
+struct Direct {
+    a: bool,
+    b: bool,
+    out: bool,
+}
+
+impl Direct {
+    /// Every operand: all of the kernel's types, the output apart from the inputs.
+    const ALL: Direct = Direct { a: true, b: true, out: true };
+    /// The inputs only: the output is (exactly) an input.
+    const INPUTS: Direct = Direct { a: true, b: true, out: false };
+    /// None: every operand converts.
+    const NONE: Direct = Direct { a: false, b: false, out: false };
+}
+
+/// One run of a binary kernel through converting blocks: each block of an operand loaded
+/// (converted to `T`) into a stack buffer, or read where it lies (`direct`, contiguous, of
+/// type `T`); computed; stored (converted from `O`), or written where it lies. A mixed add
+/// (f16 + f32 into f32) copied its f32 operand and output through the buffers, a third of its
+/// time.
 ///
 /// # Safety
 /// As [`distinct_binary`], with the operands' real dtypes those of `la`, `lb` and `so`; the
-/// output run may overlap an input run only element for element.
+/// output run may overlap an input run only element for element. An operand `direct` marks
+/// has the kernel's type (`T` for inputs, `O` for the output), and a `direct` output overlaps
+/// no input run.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // the run, its operands' converters and which are direct
 unsafe fn converting_binary<T: Element, O: Element>(
     f: &impl Fn(T, T) -> O,
     la: LoadFn<T>,
     lb: LoadFn<T>,
     so: StoreFn<O>,
+    direct: Direct,
     p: [*mut u8; 3],
     s: [usize; 3],
     n: usize,
@@ -666,22 +700,46 @@ unsafe fn converting_binary<T: Element, O: Element>(
     let mut xb = [T::default(); BLOCK];
     let mut xo = [O::default(); BLOCK];
     let isa = for_types::<T, O>();
+    let (et, eo) = (size_of::<T>(), size_of::<O>());
+    let (da, db, dout) = (direct.a && s[1] == et, direct.b && s[2] == et, direct.out && s[0] == eo);
     let mut start = 0;
     while start < n {
         let m = BLOCK.min(n - start);
+        let (pa, pb, po) =
+            (p[1].wrapping_add(start * s[1]), p[2].wrapping_add(start * s[2]), p[0].wrapping_add(start * s[0]));
         // SAFETY: the function's contract: elements `start..start + m` of each run are valid;
-        // both blocks are read before the output block is written.
+        // a direct input is `m` contiguous values of `T`. A direct output overlaps neither
+        // input, so the input slices alias nothing written; otherwise both blocks are read
+        // (into the buffers or these slices) before the output block is written.
         unsafe {
-            la(p[1].add(start * s[1]), s[1], &mut xa[..m]);
-            lb(p[2].add(start * s[2]), s[2], &mut xb[..m]);
-        }
-        vectorised!(isa, {
-            for i in 0..m {
-                xo[i] = f(xa[i], xb[i]);
+            let ra: &[T] = if da {
+                slice::from_raw_parts(pa.cast(), m)
+            } else {
+                la(pa, s[1], &mut xa[..m]);
+                &xa[..m]
+            };
+            let rb: &[T] = if db {
+                slice::from_raw_parts(pb.cast(), m)
+            } else {
+                lb(pb, s[2], &mut xb[..m]);
+                &xb[..m]
+            };
+            if dout {
+                let o = slice::from_raw_parts_mut(po.cast::<MaybeUninit<O>>(), m);
+                vectorised!(isa, {
+                    for ((o, &x), &y) in o.iter_mut().zip(ra).zip(rb) {
+                        o.write(f(x, y));
+                    }
+                });
+            } else {
+                vectorised!(isa, {
+                    for ((o, &x), &y) in xo[..m].iter_mut().zip(ra).zip(rb) {
+                        *o = f(x, y);
+                    }
+                });
+                so(po, s[0], &xo[..m]);
             }
-        });
-        // SAFETY: as above.
-        unsafe { so(p[0].add(start * s[0]), s[0], &xo[..m]) };
+        }
         start += m;
     }
 }
@@ -710,7 +768,7 @@ unsafe fn f16_binary<T: Element, O: Element>(
             let g = as_f32(f);
             return f16c::map2_f16(&g, p[0].cast(), p[1].cast(), s[1] / H, p[2].cast(), s[2] / H, n);
         }
-        converting_binary(f, la, lb, so, p, s, n)
+        converting_binary(f, la, lb, so, Direct::NONE, p, s, n)
     }
 }
 
