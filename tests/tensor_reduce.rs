@@ -310,3 +310,52 @@ fn max_and_min_of_rows_are_exact_and_nan_anywhere_wins() {
     let x = Tensor::full(&[2, 40], f64::INFINITY, DType::F32).unwrap();
     assert_eq!(f64s(&x.min_dim(1, false).unwrap()), [f64::INFINITY; 2]);
 }
+
+#[test]
+fn half_precision_extremes_order_every_bit_pattern_as_its_value() {
+    // f16 and bf16 maxima and minima compare bit patterns as integers: rows of 1000 patterns
+    // scattered over all 65536 (NaNs left out, so every sign, subnormal, infinity and the
+    // largest values appear), against the values' order; then a NaN of either sign anywhere.
+    type Half = (DType, fn(u16) -> f64, fn(&[u16]) -> Tensor, [u16; 2]);
+    let halves: [Half; 2] = [
+        (
+            DType::F16,
+            |b| f64::from(half::f16::from_bits(b).to_f32()),
+            |b| Tensor::from_vec(b.iter().map(|&b| half::f16::from_bits(b)).collect(), &[b.len()], DType::F16).unwrap(),
+            [0x7E01, 0xFC01],
+        ),
+        (
+            DType::BF16,
+            |b| f64::from(half::bf16::from_bits(b).to_f32()),
+            |b| {
+                Tensor::from_vec(b.iter().map(|&b| half::bf16::from_bits(b)).collect(), &[b.len()], DType::BF16)
+                    .unwrap()
+            },
+            [0x7FC1, 0xFF81],
+        ),
+    ];
+    for (dt, value, tensor, nans) in halves {
+        let bits: Vec<u16> =
+            (0..65536u32).map(|i| (i.wrapping_mul(40503) as u16) ^ 0x1234).filter(|&b| !value(b).is_nan()).collect();
+        for (k, row) in bits.chunks(1000).enumerate() {
+            let x = tensor(row);
+            let max = row.iter().map(|&b| value(b)).fold(f64::NEG_INFINITY, f64::max);
+            let min = row.iter().map(|&b| value(b)).fold(f64::INFINITY, f64::min);
+            assert_eq!(f64s(&x.max().unwrap()), [max], "{dt:?} row {k}: max");
+            assert_eq!(f64s(&x.min().unwrap()), [min], "{dt:?} row {k}: min");
+            for (at, nan) in [(k * 7 % row.len(), nans[0]), (row.len() - 1, nans[1])] {
+                let mut with_nan = row.to_vec();
+                with_nan[at] = nan;
+                let y = tensor(&with_nan);
+                assert!(f64s(&y.max().unwrap())[0].is_nan(), "{dt:?} row {k}: NaN {nan:#06x} at {at}, max");
+                assert!(f64s(&y.min_dim(0, false).unwrap())[0].is_nan(), "{dt:?} row {k}: NaN {nan:#06x} at {at}, min");
+            }
+        }
+        // Zeros of both signs: the maximum is +0 and the minimum -0 (IEEE 754's maximum and
+        // minimum; PyTorch's pick between equal zeros depends on their order).
+        let zeros: Vec<u16> = (0..300).map(|i| if i % 3 == 0 { 0 } else { 0x8000 }).collect();
+        let z = tensor(&zeros);
+        assert!(f64s(&z.max().unwrap())[0].is_sign_positive(), "{dt:?} max of zeros");
+        assert!(f64s(&z.min().unwrap())[0].is_sign_negative(), "{dt:?} min of zeros");
+    }
+}
