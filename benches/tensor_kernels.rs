@@ -610,13 +610,22 @@ fn transformer_ops(c: &mut Criterion) {
     bench(&mut g, name, "sum_over_features_1024x3072", || x.sum_dim(1, false).unwrap());
     bench(&mut g, name, "max_over_tokens_1024x3072", || x.max_dim(0, false).unwrap());
     bench(&mut g, name, "argmax_over_tokens_1024x3072", || x.argmax_dim(0, false).unwrap());
+    // The f16 column sums (widened by F16C in the loop), and 49152 tasks of 16 columns.
+    bench(&mut g, name, "sum_over_tokens_1024x3072_f16", || xh.sum_dim(0, false).unwrap());
+    let narrow = x.view(&[49152, 4, 16]).unwrap();
+    bench(&mut g, name, "sum_over_dim1_49152x4x16", || narrow.sum_dim(1, false).unwrap());
+    // Mixed dtypes: f16 + f32 computes in f32 (converting blocks, the f32 operand and output
+    // read and written where they lie).
+    bench(&mut g, name, "add_f16_f32_1024x3072", || xh.add(&x).unwrap());
     // Rows read by blocks with a NaN flag beside the lanes (`kernels/extreme.rs`): greedy
-    // decoding's argmax over the vocabulary, in f32 and f16, and the largest of all the values.
+    // decoding's argmax over the vocabulary, in f32 and f16, and the largest of all the values
+    // (halves compared as integer keys).
     let logits_h = logits.to_dtype(DType::F16).unwrap();
     bench(&mut g, name, "argmax_logits_16x50257", || logits.argmax_dim(-1, false).unwrap());
     bench(&mut g, name, "argmax_logits_16x50257_f16", || logits_h.argmax_dim(-1, false).unwrap());
     bench(&mut g, name, "max_1024x3072", || x.max().unwrap());
     bench(&mut g, name, "max_1024x3072_bf16", || xb.max().unwrap());
+    bench(&mut g, name, "max_1024x3072_f16", || xh.max().unwrap());
     // The AVX-512 blocks (the default where the CPU has AVX-512) or the AVX2 ones (the default
     // where it has AVX2 only, or under `TENSORMEM_CPU_CAPABILITY=avx2`) beside the one-vector
     // loop, call by call: blocks / one vector (1.0 on CPUs without AVX2, where both are the
