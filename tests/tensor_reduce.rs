@@ -357,5 +357,22 @@ fn half_precision_extremes_order_every_bit_pattern_as_its_value() {
         let z = tensor(&zeros);
         assert!(f64s(&z.max().unwrap())[0].is_sign_positive(), "{dt:?} max of zeros");
         assert!(f64s(&z.min().unwrap())[0].is_sign_negative(), "{dt:?} min of zeros");
+        // The same across the row kernel's blocks of 1024: one zero of the other sign, in a
+        // later block than all the rest.
+        let mut late = vec![0x8000u16; 5000];
+        late[4000] = 0;
+        assert!(f64s(&tensor(&late).max().unwrap())[0].is_sign_positive(), "{dt:?} max of zeros, +0 late");
+        let mut late = vec![0u16; 5000];
+        late[4000] = 0x8000;
+        assert!(f64s(&tensor(&late).min().unwrap())[0].is_sign_negative(), "{dt:?} min of zeros, -0 late");
+        // And across the pieces of two kernel threads (4 MB).
+        let mut wide = vec![0x8000u16; 1 << 21];
+        wide[(1 << 21) - 1] = 0;
+        let wide = tensor(&wide);
+        for threads in [1, 2] {
+            set_num_threads(threads);
+            assert!(f64s(&wide.max().unwrap())[0].is_sign_positive(), "{dt:?} max of zeros, {threads} threads");
+            assert!(f64s(&wide.neg().unwrap().min().unwrap())[0].is_sign_negative(), "{dt:?} min, {threads} threads");
+        }
     }
 }

@@ -305,7 +305,16 @@ pub(super) fn row_extreme<const MAX: bool, C: Num>(mut row: impl Row<C>) -> C {
             // The canonical NaN, as `Num::maximum` gives it on the other paths.
             return Num::maximum(v, v);
         }
-        let pick = |cur: C| if MAX { m > cur } else { m < cur };
+        // Of equal zeros in two blocks, +0 is the larger (as within a block of halves,
+        // compared as keys).
+        let zeros = |cur: C| m == cur && m.to_f64().is_sign_positive() != cur.to_f64().is_sign_positive();
+        let pick = |cur: C| {
+            if MAX {
+                m > cur || (zeros(cur) && m.to_f64().is_sign_positive())
+            } else {
+                m < cur || (zeros(cur) && m.to_f64().is_sign_negative())
+            }
+        };
         if best.is_none_or(pick) {
             best = Some(m);
         }

@@ -271,7 +271,7 @@ pub(crate) fn add_rows_f16(x: [&[f16]; 4], acc: &mut [f32]) -> usize {
         unsafe { add_rows_f16c(x, &mut acc[..n]) };
         return n;
     }
-    let _ = (x, acc, n); // used only on x86-64
+    let _ = (x, acc, n); // unused without F16C
     0
 }
 

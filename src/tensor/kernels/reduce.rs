@@ -240,6 +240,18 @@ fn extreme_of<V: Num>(is_max: bool) -> impl Fn(V, V) -> V + Copy + Sync {
     move |a, b| if is_max { Num::maximum(a, b) } else { Num::minimum(a, b) }
 }
 
+/// [`extreme_of`] for the pieces of a row: of equal zeros, +0 is the maximum and -0 the
+/// minimum, as within a piece (`extreme::row_extreme`).
+fn pieces_extreme<V: Num>(is_max: bool) -> impl Fn(V, V) -> V + Copy + Sync {
+    move |a, b| {
+        let positive = |v: V| v.to_f64().is_sign_positive();
+        if a == b && positive(a) != positive(b) {
+            return if is_max == positive(a) { a } else { b };
+        }
+        extreme_of(is_max)(a, b)
+    }
+}
+
 /// The argmax of each row of `x` (rows of `len`) into `out`, `first(row)` the index of a row's
 /// (or a piece's) first maximum.
 fn argmax_rows<T: Num>(x: &Tensor, len: usize, out: &Tensor, first: impl Fn(&[T]) -> usize + Sync) -> Result<()> {
@@ -368,10 +380,10 @@ impl Tensor {
             ($t:ty, $max:expr, $min:expr, $from:expr) => {
                 if is_max {
                     let f = |r: &[$t], _| $from(vectorised!(isa::detected(), ($max)(r)));
-                    reduce_rows(&x, len, &out, f, extreme_of(true), |a, _| a)?
+                    reduce_rows(&x, len, &out, f, pieces_extreme(true), |a, _| a)?
                 } else {
                     let f = |r: &[$t], _| $from(vectorised!(isa::detected(), ($min)(r)));
-                    reduce_rows(&x, len, &out, f, extreme_of(false), |a, _| a)?
+                    reduce_rows(&x, len, &out, f, pieces_extreme(false), |a, _| a)?
                 }
             };
         }
