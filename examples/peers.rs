@@ -24,7 +24,8 @@
 //! `softmax_vocab`, the log-probabilities and probabilities of 16 rows of next-token logits
 //! over GPT-2's 50257-token vocabulary (a beam search's or a sampler's step); `sum_dim0`,
 //! `sum_dim0_bf16` and `sum_dim0_f16`, the 1024x3072 activation summed over its tokens (a
-//! bias's gradient), `max_dim0` and `argmax_dim0` of it, `mean_dim1_heads`, the scores' mean
+//! bias's gradient), `max_dim0` and `argmax_dim0` of it (`max_dim0_bf16` and `max_dim0_f16` in
+//! half precision), `mean_dim1_heads`, the scores' mean
 //! over a middle dimension, and `sum_dim1_narrow`, the activation viewed as 49152x4x16 and
 //! summed over dimension 1 (reductions along a dimension that is not innermost; the last
 //! in many narrow columns); `argmax_vocab`, the
@@ -141,6 +142,8 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "sum_dim0_bf16" => drop(black_box(d.block_bf16[3].sum_dim(0, false)?)),
         "mean_dim1_heads" => drop(black_box(d.scores.mean_dim(1, false)?)),
         "max_dim0" => drop(black_box(d.mlp.max_dim(0, false)?)),
+        "max_dim0_bf16" => drop(black_box(d.block_bf16[3].max_dim(0, false)?)),
+        "max_dim0_f16" => drop(black_box(d.mlp16.max_dim(0, false)?)),
         "argmax_dim0" => drop(black_box(d.mlp.argmax_dim(0, false)?)),
         "argmax_vocab" => drop(black_box(d.logits.argmax_dim(-1, false)?)),
         "sum_dim0_f16" => drop(black_box(d.mlp16.sum_dim(0, false)?)),

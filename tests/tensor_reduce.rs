@@ -351,12 +351,40 @@ fn half_precision_extremes_order_every_bit_pattern_as_its_value() {
                 assert!(f64s(&y.min_dim(0, false).unwrap())[0].is_nan(), "{dt:?} row {k}: NaN {nan:#06x} at {at}, min");
             }
         }
+        // The same rows as 50 rows of 20 columns, reduced over dimension 0 (the column
+        // kernel), and with a NaN of either sign in column 3.
+        for (k, row) in bits.chunks(1000).enumerate().filter(|(_, r)| r.len() == 1000) {
+            let x = tensor(row).view(&[50, 20]).unwrap();
+            let cols: Vec<Vec<f64>> = (0..20).map(|j| (0..50).map(|i| value(row[i * 20 + j])).collect()).collect();
+            let max: Vec<f64> = cols.iter().map(|c| c.iter().copied().fold(f64::NEG_INFINITY, f64::max)).collect();
+            let min: Vec<f64> = cols.iter().map(|c| c.iter().copied().fold(f64::INFINITY, f64::min)).collect();
+            assert_eq!(f64s(&x.max_dim(0, false).unwrap()), max, "{dt:?} columns of row {k}: max");
+            assert_eq!(f64s(&x.min_dim(0, false).unwrap()), min, "{dt:?} columns of row {k}: min");
+            for nan in nans {
+                let mut with_nan = row.to_vec();
+                with_nan[20 * 31 + 3] = nan;
+                let y = tensor(&with_nan).view(&[50, 20]).unwrap();
+                let (ymax, ymin) = (f64s(&y.max_dim(0, false).unwrap()), f64s(&y.min_dim(0, false).unwrap()));
+                assert!(ymax[3].is_nan() && ymin[3].is_nan(), "{dt:?} columns of row {k}: NaN {nan:#06x}");
+                assert_eq!((&ymax[..3], &ymin[4..]), (&max[..3], &min[4..]), "{dt:?} columns of row {k}");
+            }
+        }
         // Zeros of both signs: the maximum is +0 and the minimum -0 (IEEE 754's maximum and
         // minimum; PyTorch's pick between equal zeros depends on their order).
         let zeros: Vec<u16> = (0..300).map(|i| if i % 3 == 0 { 0 } else { 0x8000 }).collect();
         let z = tensor(&zeros);
         assert!(f64s(&z.max().unwrap())[0].is_sign_positive(), "{dt:?} max of zeros");
         assert!(f64s(&z.min().unwrap())[0].is_sign_negative(), "{dt:?} min of zeros");
+        // Every column of 15 rows of 20 holds zeros of both signs.
+        let zc = z.view(&[15, 20]).unwrap();
+        assert!(
+            f64s(&zc.max_dim(0, false).unwrap()).iter().all(|v| v.is_sign_positive()),
+            "{dt:?} column max of zeros"
+        );
+        assert!(
+            f64s(&zc.min_dim(0, false).unwrap()).iter().all(|v| v.is_sign_negative()),
+            "{dt:?} column min of zeros"
+        );
         // The same across the row kernel's blocks of 1024: one zero of the other sign, in a
         // later block than all the rest.
         let mut late = vec![0x8000u16; 5000];

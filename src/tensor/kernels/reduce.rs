@@ -347,7 +347,24 @@ impl Tensor {
         let len = match lines {
             Lines::Rows(len) => len,
             Lines::Columns(c) => {
-                // Floats compare in their compute type, as the rows below.
+                // Halves compare as integer keys (`extreme::half_column_keys`); other floats
+                // in their compute type, as the rows below.
+                macro_rules! half_keys {
+                    ($h:ty, $max:expr) => {{
+                        let (start, map, fold, back) = extreme::half_column_keys::<$max, $h>();
+                        reduce_columns(&x, c, &out, |s: &columns::Segments<'_, $h>, dst| {
+                            vectorised!(isa::detected(), columns::extreme(s, dst, start, map, fold, back))
+                        })?;
+                        return Ok(out);
+                    }};
+                }
+                match (self.dtype(), is_max) {
+                    (DType::F16, true) => half_keys!(half::f16, true),
+                    (DType::F16, false) => half_keys!(half::f16, false),
+                    (DType::BF16, true) => half_keys!(half::bf16, true),
+                    (DType::BF16, false) => half_keys!(half::bf16, false),
+                    _ => {}
+                }
                 if self.dtype().is_floating_point() {
                     match_float!(self.dtype(), T => {
                         let start = if is_max { <T as Opmath>::C::LOWEST } else { <T as Opmath>::C::HIGHEST };
