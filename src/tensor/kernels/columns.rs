@@ -154,22 +154,25 @@ where
 }
 
 /// How [`sum`] reads its rows' values into its compute type `C` and adds them into the
-/// accumulators.
+/// accumulators, with the reader's own addition.
 pub(super) trait Reader<T, C> {
-    /// `acc[j] = add(acc[j], (x0[j] + x1[j]) + (x2[j] + x3[j]))` over the segments' columns
+    /// `acc[j] = acc[j] + ((x0[j] + x1[j]) + (x2[j] + x3[j]))` over the segments' columns
     /// (pairwise, so each step loads and stores the accumulators once per four rows).
-    fn add4(&mut self, x: [&[T]; 4], acc: &mut [C], add: &impl Fn(C, C) -> C);
-    /// `acc[j] = add(acc[j], x[j])`.
-    fn add1(&mut self, x: &[T], acc: &mut [C], add: &impl Fn(C, C) -> C);
+    fn add4(&self, x: [&[T]; 4], acc: &mut [C]);
+    /// `acc[j] = acc[j] + x[j]`.
+    fn add1(&self, x: &[T], acc: &mut [C]);
 }
 
-/// Values converted by `.0` as they are read.
-pub(super) struct Mapped<F>(pub(super) F);
+/// Values converted by `map` as they are read, added by `add`.
+pub(super) struct Mapped<M, A> {
+    pub(super) map: M,
+    pub(super) add: A,
+}
 
-impl<T: Copy, C: Copy, F: Fn(T) -> C> Reader<T, C> for Mapped<F> {
+impl<T: Copy, C: Copy, M: Fn(T) -> C, A: Fn(C, C) -> C> Reader<T, C> for Mapped<M, A> {
     #[inline(always)]
-    fn add4(&mut self, [x0, x1, x2, x3]: [&[T]; 4], acc: &mut [C], add: &impl Fn(C, C) -> C) {
-        let map = &self.0;
+    fn add4(&self, [x0, x1, x2, x3]: [&[T]; 4], acc: &mut [C]) {
+        let (map, add) = (&self.map, &self.add);
         let w = acc.len().min(x0.len()).min(x1.len()).min(x2.len()).min(x3.len());
         for j in 0..w {
             let pair = add(add(map(x0[j]), map(x1[j])), add(map(x2[j]), map(x3[j])));
@@ -177,42 +180,48 @@ impl<T: Copy, C: Copy, F: Fn(T) -> C> Reader<T, C> for Mapped<F> {
         }
     }
     #[inline(always)]
-    fn add1(&mut self, x: &[T], acc: &mut [C], add: &impl Fn(C, C) -> C) {
+    fn add1(&self, x: &[T], acc: &mut [C]) {
         for (a, &v) in acc.iter_mut().zip(x) {
-            *a = add(*a, (self.0)(v));
+            *a = (self.add)(*a, (self.map)(v));
         }
     }
 }
 
-/// f16 rows widened by F16C in the loop ([`f16c::add_rows_f16`]; where the CPU has it:
-/// [`has_f16c`](super::f16c::has_f16c)), four rows at a time, the columns F16C's groups of 8
-/// leave converted as they are read: converting each value with [`HalfFloat`]'s bit operations
-/// made the f16 sum over dimension 0 of 1024x3072 3x PyTorch's time. Its additions are `f32`'s
-/// `+`: the reader of f16 sums only, whose `add` is that.
+/// f16 rows widened to f32 and added with f32's `+`, by F16C in the loop
+/// ([`f16c::add_rows_f16`]; where the CPU has it: [`has_f16c`](super::f16c::has_f16c)), four
+/// rows at a time, the columns F16C's groups of 8 leave converted as they are read: converting
+/// each value with [`HalfFloat`]'s bit operations made the f16 sum over dimension 0 of
+/// 1024x3072 3x PyTorch's time.
 pub(super) struct F16c;
 
-impl Reader<f16, f32> for F16c {
+impl F16c {
+    /// The columns F16C's groups leave, with the same arithmetic.
     #[inline(always)]
-    fn add4(&mut self, x: [&[f16]; 4], acc: &mut [f32], add: &impl Fn(f32, f32) -> f32) {
-        let done = f16c::add_rows_f16(x, acc);
-        Mapped(HalfFloat::widen).add4(x.map(|r| &r[done..]), &mut acc[done..], add);
-    }
-    #[inline(always)]
-    fn add1(&mut self, x: &[f16], acc: &mut [f32], add: &impl Fn(f32, f32) -> f32) {
-        Mapped(HalfFloat::widen).add1(x, acc, add);
+    fn rest() -> impl Reader<f16, f32> {
+        Mapped { map: <f16 as HalfFloat>::widen, add: |a: f32, b: f32| a + b }
     }
 }
 
-/// Column sums: values read by `reader` and added with `add` in `C`, the partial sums of every
+impl Reader<f16, f32> for F16c {
+    #[inline(always)]
+    fn add4(&self, x: [&[f16]; 4], acc: &mut [f32]) {
+        let done = f16c::add_rows_f16(x, acc);
+        F16c::rest().add4(x.map(|r| &r[done..]), &mut acc[done..]);
+    }
+    #[inline(always)]
+    fn add1(&self, x: &[f16], acc: &mut [f32]) {
+        F16c::rest().add1(x, acc);
+    }
+}
+
+/// Column sums: values read and added by `reader` in `C`, the partial sums of every
 /// [`BLOCK_ROWS`] rows moved into `A` by `spill`, `finish` of each column's total into `dst`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)] // the accumulator types' operations, each a closure
 pub(super) fn sum<T: Copy, C: Copy, A: Copy, O>(
     s: &Segments<'_, T>,
     dst: &mut [MaybeUninit<O>],
     (zero, total_zero): (C, A),
-    mut reader: impl Reader<T, C>,
-    add: impl Fn(C, C) -> C,
+    reader: impl Reader<T, C>,
     spill: impl Fn(A, C) -> A,
     finish: impl Fn(A) -> O,
 ) {
@@ -222,17 +231,19 @@ pub(super) fn sum<T: Copy, C: Copy, A: Copy, O>(
     let mut r = 0;
     while r < s.len {
         let end = (r + BLOCK_ROWS).min(s.len);
-        acc.fill(zero);
         while r + 4 <= end {
-            reader.add4([s.row(r), s.row(r + 1), s.row(r + 2), s.row(r + 3)], acc, &add);
+            reader.add4([s.row(r), s.row(r + 1), s.row(r + 2), s.row(r + 3)], acc);
             r += 4;
         }
         while r < end {
-            reader.add1(s.row(r), acc, &add);
+            reader.add1(s.row(r), acc);
             r += 1;
         }
         for (t, &a) in totals.iter_mut().zip(acc.iter()) {
             *t = spill(*t, a);
+        }
+        if r < s.len {
+            acc.fill(zero);
         }
     }
     for (o, &t) in dst.iter_mut().zip(totals.iter()) {

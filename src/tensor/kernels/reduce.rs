@@ -300,10 +300,7 @@ impl Tensor {
                     let spill = |t: f64, a: f32| t + f64::from(a);
                     let finish = |t: f64| <half::f16 as Element>::from_f64(if mean { t / n } else { t });
                     reduce_columns(&x, c, &out, |s: &columns::Segments<'_, half::f16>, dst| {
-                        vectorised!(
-                            isa::detected(),
-                            columns::sum(s, dst, (0f32, 0f64), columns::F16c, Num::add, spill, finish)
-                        )
+                        vectorised!(isa::detected(), columns::sum(s, dst, (0f32, 0f64), columns::F16c, spill, finish))
                     })?
                 } else if self.dtype().is_floating_point() {
                     match_float!(self.dtype(), T => {
@@ -311,13 +308,13 @@ impl Tensor {
                         let spill = |t: f64, a: C| t + a.to_f64();
                         let finish = |t: f64| T::from_f64(if mean { t / n } else { t });
                         reduce_columns(&x, c, &out, |s, dst| vectorised!(isa::detected(),
-                            columns::sum(s, dst, (C::ZERO, 0f64), columns::Mapped(T::to_op), Num::add, spill, finish)))?
+                            columns::sum(s, dst, (C::ZERO, 0f64), columns::Mapped { map: T::to_op, add: Num::add }, spill, finish)))?
                     }, _ => {});
                 } else {
                     match_numeric!(self.dtype(), T => {
                         let widen = |v: T| v.to_i64();
                         reduce_columns(&x, c, &out, |s, dst| vectorised!(isa::detected(),
-                            columns::sum(s, dst, (0i64, 0i64), columns::Mapped(widen), i64::wrapping_add, i64::wrapping_add, |t| t)))?
+                            columns::sum(s, dst, (0i64, 0i64), columns::Mapped { map: widen, add: i64::wrapping_add }, i64::wrapping_add, |t| t)))?
                     }, _ => {});
                 }
                 return Ok(out);
