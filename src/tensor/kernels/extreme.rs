@@ -114,13 +114,17 @@ pub(super) trait Row<C: Num> {
     fn extreme<const MAX: bool>(&mut self, range: core::ops::Range<usize>) -> (C, bool);
     /// The offset in `range` of its first NaN.
     fn first_nan(&mut self, range: core::ops::Range<usize>) -> Option<usize>;
-    /// The offset in `range` of its first value equal to `m` (not NaN).
-    fn position(&mut self, range: core::ops::Range<usize>, m: C) -> Option<usize>;
     /// Hints the CPU to fetch `range`'s values into L1 ([`row_extreme`]'s next block, while
     /// this one is read); nothing by default.
     fn prefetch(&self, range: core::ops::Range<usize>) {
         let _ = range;
     }
+}
+
+/// A [`Row`] that also finds a value: what [`first_argmax`] needs beyond [`row_extreme`].
+pub(super) trait Positions<C: Num>: Row<C> {
+    /// The offset in `range` of its first value equal to `m` (not NaN).
+    fn position(&mut self, range: core::ops::Range<usize>, m: C) -> Option<usize>;
 }
 
 /// A row of `T` converted by `map` as it is read.
@@ -143,12 +147,15 @@ impl<T: Copy, C: Num, F: Fn(T) -> C> Row<C> for Mapped<'_, T, F> {
         self.row[range].iter().position(|&x| (self.map)(x).is_nan())
     }
     #[inline(always)]
-    fn position(&mut self, range: core::ops::Range<usize>, m: C) -> Option<usize> {
-        position_of(&self.row[range], &self.map, m)
-    }
-    #[inline(always)]
     fn prefetch(&self, range: core::ops::Range<usize>) {
         prefetch_slice(&self.row[range]);
+    }
+}
+
+impl<T: Copy, C: Num, F: Fn(T) -> C> Positions<C> for Mapped<'_, T, F> {
+    #[inline(always)]
+    fn position(&mut self, range: core::ops::Range<usize>, m: C) -> Option<usize> {
+        position_of(&self.row[range], &self.map, m)
     }
 }
 
@@ -186,6 +193,9 @@ impl Row<f32> for F16Row<'_> {
     fn first_nan(&mut self, range: core::ops::Range<usize>) -> Option<usize> {
         self.widen(range).iter().position(|v| v.is_nan())
     }
+}
+
+impl Positions<f32> for F16Row<'_> {
     #[inline(always)]
     fn position(&mut self, range: core::ops::Range<usize>, m: f32) -> Option<usize> {
         position_of(self.widen(range), &|v| v, m)
@@ -300,10 +310,6 @@ impl<H: HalfFloat> Row<f32> for HalfKeys<'_, H> {
         self.row[range].iter().position(|h| h.widen().is_nan())
     }
     #[inline(always)]
-    fn position(&mut self, range: core::ops::Range<usize>, m: f32) -> Option<usize> {
-        position_of(&self.row[range], &HalfFloat::widen, m)
-    }
-    #[inline(always)]
     fn prefetch(&self, range: core::ops::Range<usize>) {
         prefetch_slice(&self.row[range]);
     }
@@ -348,7 +354,7 @@ pub(super) fn row_extreme<const MAX: bool, C: Num>(mut row: impl Row<C>) -> C {
 
 /// The index of the first largest value of `row` (not empty; its first NaN, if any).
 #[inline(always)]
-pub(super) fn first_argmax<C: Num>(mut row: impl Row<C>) -> usize {
+pub(super) fn first_argmax<C: Num>(mut row: impl Positions<C>) -> usize {
     let mut best: Option<(C, core::ops::Range<usize>)> = None;
     for b in blocks(row.len()) {
         let (m, nan) = row.extreme::<true>(b.clone());
