@@ -50,6 +50,7 @@ WORKLOADS = [
     ("layer_norm", "layer_norm 1024x768, weight and bias"),
     ("rms_norm", "rms_norm 1024x768, weight"),
     ("gelu", "gelu 1024x3072"),
+    ("gelu_l2", "gelu 16x3072 (input and output in L2)"),
     ("gelu_tanh", "gelu, tanh approximation, 1024x3072"),
     ("silu", "silu 1024x3072"),
     ("tanh", "tanh 1024x3072"),
@@ -93,6 +94,7 @@ T = {k: torch.rand(s, generator=g) for k, s in
 T.update({k: torch.rand(s, generator=g) for k, s in
           {"h": [1024, 768], "w768": [768], "b768": [768], "mlp": [1024, 3072], "scores": [12, 256, 256],
            "table": [50257, 768], "cache": [12, 1023, 64], "new_kv": [12, 1, 64], "logits": [16, 50257]}.items()})
+T["mlp_l2"] = T["mlp"][:16]
 T["zeros"] = torch.zeros(12, 256, 256)
 T["causal"] = torch.arange(256).unsqueeze(0) > torch.arange(256).unsqueeze(1)
 T["ids"] = torch.arange(1024) * 49 % 50257
@@ -139,6 +141,7 @@ TORCH = {
     "layer_norm": lambda t: torch.nn.functional.layer_norm(t["h"], [768], t["w768"], t["b768"], 1e-5),
     "rms_norm": lambda t: torch.nn.functional.rms_norm(t["h"], [768], t["w768"]),
     "gelu": lambda t: torch.nn.functional.gelu(t["mlp"]),
+    "gelu_l2": lambda t: torch.nn.functional.gelu(t["mlp_l2"]),
     "gelu_tanh": lambda t: torch.nn.functional.gelu(t["mlp"], approximate="tanh"),
     "silu": lambda t: torch.nn.functional.silu(t["mlp"]),
     "tanh": lambda t: torch.tanh(t["mlp"]),

@@ -14,7 +14,8 @@
 //! weight, transposed, as `Linear` stores it: GPT-2's MLP up-projection at prefill and at decode
 //! steps), and `linear16_f16` / `linear1_f16` the same in f16; and the ops of a
 //! GPT-2 block (1024 tokens, width 768, 12 heads of 64, 256 positions): `layer_norm` and
-//! `rms_norm` (1024x768, with weight), `gelu`, `gelu_tanh`, `silu`, `tanh` and `log` (1024x3072),
+//! `rms_norm` (1024x768, with weight), `gelu`, `gelu_tanh`, `silu`, `tanh` and `log`
+//! (1024x3072; `gelu_l2` of its first 16 rows, whose input and output stay in L2),
 //! `softmax` and `scale` (`* 0.125`) of the 12x256x256 attention scores, `masked_fill` of them
 //! by a causal 256x256 mask, `where` of the mask between them and a zero tensor, `embedding`
 //! (1024 token ids into a 50257x768 table) and `cat_kv` (a 12x1023x64 key cache grown by one
@@ -65,6 +66,8 @@ struct Data {
     w768: Tensor,
     b768: Tensor,
     mlp: Tensor,
+    /// The first 16 rows of `mlp` (192 KiB: the input and the output fit in L2).
+    mlp_l2: Tensor,
     scores: Tensor,
     logits: Tensor,
     logits16: Tensor,
@@ -111,6 +114,7 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "layer_norm" => drop(black_box(d.h.layer_norm(&[768], Some(&d.w768), Some(&d.b768), 1e-5)?)),
         "rms_norm" => drop(black_box(d.h.rms_norm(&[768], Some(&d.w768), None)?)),
         "gelu" => drop(black_box(d.mlp.gelu()?)),
+        "gelu_l2" => drop(black_box(d.mlp_l2.gelu()?)),
         "gelu_tanh" => drop(black_box(d.mlp.gelu_tanh()?)),
         "silu" => drop(black_box(d.mlp.silu()?)),
         "tanh" => drop(black_box(d.mlp.tanh()?)),
@@ -157,6 +161,7 @@ fn run(d: &Data, workload: &str) -> Result<()> {
 fn main() -> Result<()> {
     let n = 1 << 22;
     let rand = |sizes: &[usize]| Tensor::rand(sizes, DType::F32);
+    let mlp = rand(&[1024, 3072])?;
     let d = Data {
         a: rand(&[n])?,
         b: rand(&[n])?,
@@ -177,7 +182,8 @@ fn main() -> Result<()> {
         h: rand(&[1024, 768])?,
         w768: rand(&[768])?,
         b768: rand(&[768])?,
-        mlp: rand(&[1024, 3072])?,
+        mlp_l2: mlp.narrow(0, 0, 16)?,
+        mlp,
         scores: rand(&[12, 256, 256])?,
         logits: rand(&[16, 50257])?,
         logits16: rand(&[16, 50257])?.to_dtype(DType::F16)?,
