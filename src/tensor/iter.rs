@@ -98,11 +98,22 @@ impl<const N: usize> Plan<N> {
     where
         F: Fn([*mut u8; N], [usize; N], usize) + Sync,
     {
+        self.run_grain(parallel.then_some(GRAIN), f);
+    }
+
+    /// [`run`](Plan::run), split across threads by `grain` elements (see
+    /// [`threads_for`](super::parallel::threads_for)) where one is given: a smaller grain than
+    /// [`GRAIN`] for functions that cost more per element.
+    pub(crate) fn run_grain<F>(&self, grain: Option<usize>, f: &F)
+    where
+        F: Fn([*mut u8; N], [usize; N], usize) + Sync,
+    {
         let numel = self.numel();
         if numel == 0 {
             return;
         }
-        let threads = if parallel { super::parallel::threads_for(numel, GRAIN) } else { 1 };
+        let threads = grain.map_or(1, |g| super::parallel::threads_for(numel, g));
+        let grain = grain.unwrap_or(GRAIN).max(1);
         let tiled = self.tiled_operands();
         if tiled.iter().any(|&t| t) {
             let (w, h) = self.tile_shape(tiled);
@@ -120,7 +131,7 @@ impl<const N: usize> Plan<N> {
             }
             return;
         }
-        let chunks = threads.min(numel.div_ceil(GRAIN));
+        let chunks = threads.min(numel.div_ceil(grain));
         if chunks <= 1 {
             self.run_range(0, numel, f);
         } else {

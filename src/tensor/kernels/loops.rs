@@ -389,6 +389,11 @@ unsafe fn as_f32<T: Element, O: Element>(f: &impl Fn(T, T) -> O) -> impl Fn(f32,
 /// such a type is always inlined, and vectorised with the loop (see
 /// [`vmath`](crate::tensor::vmath)).
 pub(crate) trait UnaryFn<T, O>: Copy + Send + Sync {
+    /// Elements per thread below which the function's kernels do not split their work
+    /// ([`threads_for`](crate::tensor::parallel::threads_for)'s grain): PyTorch's
+    /// `GRAIN_SIZE` by default.
+    const GRAIN: usize = crate::tensor::iter::GRAIN;
+
     fn call(&self, x: T) -> O;
 
     /// `o[i] = call(x[i])` for `i < n`, contiguous, by a faster route than a loop of `call`
@@ -480,13 +485,13 @@ pub(crate) fn run_unary_wide<T: Element, O: Element>(
 }
 
 /// [`run_unary`], compiled for the widest extension when `wide`.
-fn unary_in<T: Element, O: Element>(
+fn unary_in<T: Element, O: Element, F: UnaryFn<T, O>>(
     op: &'static str,
     out: &Tensor,
     a: &Tensor,
     dest: Dest,
     wide: bool,
-    f: impl UnaryFn<T, O>,
+    f: F,
 ) -> Result<()> {
     let isa = if wide { super::isa::detected() } else { for_types::<T, O>() };
     let (inputs, alias, parallel) = match dest {
@@ -507,17 +512,18 @@ fn unary_in<T: Element, O: Element>(
     let so = storer::<O>(out.dtype()).ok_or_else(|| unsupported(op, out))?;
     let _g = lock_storages((dest == Dest::Into).then(|| out.storage()), &[a.storage()]);
     let plan = Plan::new(out.sizes(), [operand(out, out.strides()), operand(a, &sa)]);
+    let grain = parallel.then_some(F::GRAIN);
     let typed = a.dtype() == T::DTYPE && out.dtype() == O::DTYPE;
     // Sound as in `run_binary`.
     match (typed, alias[0]) {
-        (true, false) => plan.run(parallel, &|p, s, n| {
+        (true, false) => plan.run_grain(grain, &|p, s, n| {
             // SAFETY: as in `run_binary`: the output run overlaps the input run nowhere.
             unsafe { distinct_unary(&f, isa, p, s, n) }
         }),
         (true, true) if TypeId::of::<T>() == TypeId::of::<O>() => {
             // `T` and `O` are the same type (checked above).
             let g = SameType(f, core::marker::PhantomData);
-            plan.run(parallel, &|p, s, n| {
+            plan.run_grain(grain, &|p, s, n| {
                 // SAFETY: as in `run_binary`: the output is exactly the input.
                 unsafe { inplace_unary(&g, isa, p, s, n) }
             })
@@ -528,7 +534,7 @@ fn unary_in<T: Element, O: Element>(
             let same_half = a.dtype() == out.dtype() && matches!(a.dtype(), DType::BF16 | DType::F16);
             let half = (same_half && computes_f32::<T, O>()).then(|| a.dtype());
             const H: usize = size_of::<u16>();
-            plan.run(parallel, &|p, s, n| {
+            plan.run_grain(grain, &|p, s, n| {
                 // SAFETY: as in `run_binary`: the loader and storer match the dtypes; a run of
                 // `half` elements with unit strides is `n` contiguous elements of each, the
                 // output exactly the input (`alias`) or apart from it.
