@@ -1035,3 +1035,38 @@ fn embedding_split_across_threads_copies_every_row() {
         assert_eq!(halves.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(), got, "{what}: f16");
     }
 }
+
+#[test]
+fn elementary_functions_split_across_threads_give_every_element() {
+    // vmath's functions split across kernel threads from 16384 elements (a quarter of the
+    // grain of other ops): sizes at and around that, and odd ones, at 2 threads, against the
+    // same function on pieces of 1000 elements (each on one thread), to the bit.
+    set_num_threads(2);
+    type Unary = fn(&Tensor) -> tensormem::tensor::Result<Tensor>;
+    let functions: [(&str, Unary); 7] = [
+        ("gelu", Tensor::gelu),
+        ("gelu_tanh", Tensor::gelu_tanh),
+        ("silu", Tensor::silu),
+        ("sigmoid", Tensor::sigmoid),
+        ("tanh", Tensor::tanh),
+        ("exp", Tensor::exp),
+        ("log", Tensor::log),
+    ];
+    for n in [16_383usize, 16_384, 40_001, 49_152, 65_537] {
+        // Values over [-12, 12] in a scattered order; `log` gets their magnitudes.
+        let v: Vec<f32> = (0..n).map(|i| (i * 7919 % 10_007) as f32 / 10_007.0 * 24.0 - 12.0).collect();
+        for (name, f) in functions {
+            let x = if name == "log" { t32(&v, &[n]).abs().unwrap() } else { t32(&v, &[n]) };
+            let whole = f(&x).unwrap().to_vec::<f32>().unwrap();
+            let mut pieces = Vec::with_capacity(n);
+            for start in (0..n).step_by(1000) {
+                let piece = x.narrow(0, start as isize, 1000.min(n - start)).unwrap();
+                pieces.extend(f(&piece).unwrap().to_vec::<f32>().unwrap());
+            }
+            assert_eq!(whole.len(), n);
+            for (i, (a, b)) in whole.iter().zip(&pieces).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{name} of {n} elements, element {i}: {a} vs {b}");
+            }
+        }
+    }
+}
