@@ -1,5 +1,6 @@
-//! [`allocator_conformance_tests!`]: the contract every [`Allocator`](crate::Allocator) must
-//! keep, as a set of `#[test]`s to run over any backend or decorator.
+//! [`allocator_conformance_tests!`](crate::allocator_conformance_tests): the contract every
+//! [`Allocator`](crate::Allocator) must keep, as a set of `#[test]`s to run over any backend or
+//! decorator.
 
 /// Generates a module of `#[test]` functions checking the [`Allocator`](crate::Allocator)
 /// contract on fresh allocators made by `$make` (an expression evaluated once per test, whose

@@ -10,7 +10,7 @@ use parking_lot::RwLock;
 /// A scope path such as `encoder.layer3/attn` (or an allocator's name), interned for the life of
 /// the process.
 ///
-/// Tags are what [`scope`](crate::observe::scope) attaches to allocations; they are interned
+/// Tags are what [`scope`](crate::observe::scope()) attaches to allocations; they are interned
 /// once so that an allocation record, a tracking chunk or a history event holds four bytes
 /// instead of a string. Leak records and history events keep their allocator's name the same way. Interned strings are never freed: use a bounded set of tags (layer and
 /// phase names, as for metric labels), not one per request.

@@ -10,7 +10,7 @@
 //! the drainer sets. Owner: `busy = true; light fence; if drain { busy = false; take the shared
 //! path }; ...; busy = false (release)`. Drainer: `drain = true; heavy fence; wait until !busy;
 //! empty the magazines; drain = false (release)`. With the asymmetric fences of
-//! [`barrier`](crate::barrier) (membarrier on Linux) this is Dekker's mutual exclusion at the
+//! [`crate::barrier`] (membarrier on Linux) this is Dekker's mutual exclusion at the
 //! cost of a compiler fence on the owner's side: either the owner sees `drain` and keeps out,
 //! or the drainer sees `busy` and waits for the operation to end.
 
