@@ -138,30 +138,7 @@ unsafe impl ExpandableMemory for OsMemory {
     }
 
     fn reserve(&self, bytes: usize) -> io::Result<NonNull<u8>> {
-        #[cfg(unix)]
-        {
-            // SAFETY: an anonymous private mapping with no address hint touches no existing
-            // memory; the result is checked against MAP_FAILED.
-            let p = unsafe {
-                libc::mmap(
-                    core::ptr::null_mut(),
-                    bytes,
-                    libc::PROT_NONE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                    -1,
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(io::Error::last_os_error());
-            }
-            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = bytes;
-            Err(io::Error::new(io::ErrorKind::Unsupported, "address-space reservation needs a Unix system"))
-        }
+        reserve_aligned(bytes, PAGE, false)
     }
 
     unsafe fn commit(&self, ptr: NonNull<u8>, bytes: usize) -> io::Result<()> {
@@ -187,7 +164,7 @@ unsafe impl ExpandableMemory for OsMemory {
         // SAFETY: the caller promises the range is committed memory of ours that nobody uses:
         // dropping its pages and making it inaccessible again affects nothing else.
         unsafe {
-            reserve_again(ptr, bytes)
+            reserve_again(ptr, bytes, false)
         };
         #[cfg(not(unix))]
         let _ = (ptr, bytes);
@@ -208,27 +185,8 @@ unsafe impl ExpandableMemory for OsMemory {
     }
 
     unsafe fn relocate(&self, from: NonNull<u8>, to: NonNull<u8>, bytes: usize) -> io::Result<()> {
-        #[cfg(target_os = "linux")]
-        {
-            let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
-            // SAFETY: the caller promises both ranges lie in one live reservation of ours and do
-            // not overlap, `from` committed and unused, `to` not committed: moving `from`'s
-            // pages over `to` (which replaces only our own `PROT_NONE` mapping there) and
-            // leaving `from` mapped but empty touches no other mapping and no memory in use.
-            let p =
-                unsafe { libc::mremap(from.as_ptr().cast(), bytes, bytes, flags, to.as_ptr().cast::<libc::c_void>()) };
-            if p == libc::MAP_FAILED {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: `from` is our own range, now without pages and unused.
-            unsafe { reserve_again(from, bytes) };
-            Ok(())
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            let _ = (from, to, bytes);
-            Err(io::Error::new(io::ErrorKind::Unsupported, "moving pages needs Linux's mremap"))
-        }
+        // SAFETY: the caller keeps `relocate`'s contract, which is `move_pages`'.
+        unsafe { move_pages(from, to, bytes, false) }
     }
 
     /// Counts resident pages with `mincore` (Linux; `None` elsewhere, and for a range that is
@@ -281,19 +239,126 @@ unsafe impl ExpandableMemory for OsMemory {
 /// 65530), where commits start failing. If the mapping is refused (that limit: the kernel checks
 /// it before it takes the old mapping out), the old way.
 ///
+/// With `huge`, the fresh mapping asks for huge pages again ([`advise_huge`]), as the rest of
+/// its reservation does: a mapping without the flag would neither merge with its neighbours nor
+/// get huge pages when committed again.
+///
 /// # Safety
 /// The range must lie inside a live reservation of ours, page-aligned, and nothing may use its
 /// memory.
 #[cfg(unix)]
-unsafe fn reserve_again(ptr: NonNull<u8>, bytes: usize) {
+pub(crate) unsafe fn reserve_again(ptr: NonNull<u8>, bytes: usize, huge: bool) {
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
     // SAFETY: the caller promises the range is ours and unused; `MAP_FIXED` replaces exactly it.
     let p = unsafe { libc::mmap(ptr.as_ptr().cast(), bytes, libc::PROT_NONE, flags, -1, 0) };
-    if p == libc::MAP_FAILED {
+    if p != libc::MAP_FAILED {
+        if huge {
+            advise_huge(ptr, bytes);
+        }
+    } else {
         // SAFETY: as above; dropping the pages and the access touches nothing else.
         unsafe {
             libc::madvise(ptr.as_ptr().cast(), bytes, libc::MADV_DONTNEED);
             libc::mprotect(ptr.as_ptr().cast(), bytes, libc::PROT_NONE);
         }
+    }
+}
+
+/// Reserves `bytes` of address space (`mmap(PROT_NONE, MAP_NORESERVE)`) at an address aligned
+/// to `align` (a power of two, at least [`PAGE`]): `align - PAGE` bytes more are mapped
+/// and the parts before and after the aligned range unmapped again. With `huge`, the range asks
+/// for transparent huge pages ([`advise_huge`]). Unix only.
+pub(crate) fn reserve_aligned(bytes: usize, align: usize, huge: bool) -> io::Result<NonNull<u8>> {
+    #[cfg(unix)]
+    {
+        let extra = align.saturating_sub(PAGE);
+        let total = bytes.checked_add(extra).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("reserving {bytes} bytes aligned to {align} overflows"))
+        })?;
+        // SAFETY: an anonymous private mapping with no address hint touches no existing
+        // memory; the result is checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                total,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // From the mapping's start to the next multiple of `align` (a power of two).
+        let lead = (p as usize).wrapping_neg() & (align - 1);
+        let trail = extra - lead;
+        // SAFETY: both ranges are the ends of the mapping just made, outside the aligned range
+        // that is returned, and nothing uses them; `munmap` of a part of a mapping leaves the
+        // rest mapped.
+        unsafe {
+            if lead > 0 {
+                libc::munmap(p, lead);
+            }
+            if trail > 0 {
+                libc::munmap(p.cast::<u8>().add(lead + bytes).cast(), trail);
+            }
+        }
+        let start =
+            NonNull::new(p.cast::<u8>().wrapping_add(lead)).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        if huge {
+            advise_huge(start, bytes);
+        }
+        Ok(start)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (bytes, align, huge);
+        Err(io::Error::new(io::ErrorKind::Unsupported, "address-space reservation needs a Unix system"))
+    }
+}
+
+/// Asks Linux to back `bytes` at `ptr` (a range of our own mappings) with transparent huge pages
+/// where whole 2 MiB of it are mapped alike (`madvise(MADV_HUGEPAGE)`; the flag stays with the
+/// range through `mprotect` and `mremap`). A hint: a kernel without them (or set to `never`)
+/// refuses it or ignores it, and the range keeps 4 KiB pages. Nothing elsewhere.
+#[cfg(unix)]
+pub(crate) fn advise_huge(ptr: NonNull<u8>, bytes: usize) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: `madvise(MADV_HUGEPAGE)` changes only how the kernel backs the range, never its
+    // contents or its access; the callers pass a range of their own mappings.
+    unsafe {
+        libc::madvise(ptr.as_ptr().cast(), bytes, libc::MADV_HUGEPAGE);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (ptr, bytes);
+}
+
+/// Moves the pages committed at `from` to `to` ([`ExpandableMemory::relocate`]) by
+/// `mremap(MREMAP_FIXED | MREMAP_DONTUNMAP)`, then reserves `from` again (with huge pages asked
+/// for again where `huge`). Linux only; `Unsupported` elsewhere.
+///
+/// # Safety
+/// [`ExpandableMemory::relocate`]'s contract, for a reservation of ours.
+pub(crate) unsafe fn move_pages(from: NonNull<u8>, to: NonNull<u8>, bytes: usize, huge: bool) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
+        // SAFETY: the caller promises both ranges lie in one live reservation of ours and do
+        // not overlap, `from` committed and unused, `to` not committed: moving `from`'s
+        // pages over `to` (which replaces only our own `PROT_NONE` mapping there) and
+        // leaving `from` mapped but empty touches no other mapping and no memory in use.
+        let p = unsafe { libc::mremap(from.as_ptr().cast(), bytes, bytes, flags, to.as_ptr().cast::<libc::c_void>()) };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `from` is our own range, now without pages and unused.
+        unsafe { reserve_again(from, bytes, huge) };
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (from, to, bytes, huge);
+        Err(io::Error::new(io::ErrorKind::Unsupported, "moving pages needs Linux's mremap"))
     }
 }

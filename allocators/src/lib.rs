@@ -40,6 +40,7 @@ pub mod cuda;
 mod error;
 mod expandable;
 mod format;
+mod huge_pages;
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 mod jemalloc;
 mod memory_space;
@@ -64,6 +65,7 @@ pub use counters::{CounterSnapshot, FLUSH_BYTES, LimitHit, StatsCounters};
 pub use error::{AllocError, AllocErrorKind, BuildError};
 pub use expandable::{ExpandableMemory, OsMemory};
 pub use format::ByteSize;
+pub use huge_pages::{HUGE_PAGE, HugePageMemory, HugePageSubAllocator};
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "jemalloc")))]
 pub use jemalloc::{JemallocAllocator, JemallocStats, JemallocStatsError};
