@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use crate::allocators::{Allocator, BfcAllocator, BuildError, PoolAllocator, SizeRounding, SplitPolicy};
+use crate::allocators::{
+    Allocator, BfcAllocator, BuildError, HugePageSubAllocator, PoolAllocator, SizeRounding, SplitPolicy,
+};
 
 /// The environment variable holding the configuration.
 pub const ALLOC_CONF_ENV: &str = "TENSORMEM_ALLOC_CONF";
@@ -13,7 +15,7 @@ pub const SIZE_SPELLINGS: &str = "a number of bytes with an optional unit: B; Ki
      KB, MB, GB, TB (powers of 1000); decimals allowed (1.5GiB); units are case-insensitive";
 
 /// Every key `TENSORMEM_ALLOC_CONF` accepts, with what its value must be.
-pub const KEYS: [(&str, &str); 17] = [
+pub const KEYS: [(&str, &str); 19] = [
     ("bfc.memory_limit", "a size such as 4GiB, at least 256 B (setting it chooses bfc)"),
     ("bfc.allow_growth", "true or false"),
     ("bfc.expandable", "true or false"),
@@ -24,10 +26,12 @@ pub const KEYS: [(&str, &str); 17] = [
     ("bfc.peak_headroom", "a fraction of at least 0 such as 0.04, or none"),
     ("bfc.garbage_collection", "true or false"),
     ("bfc.max_internal_fragmentation", "a size such as 128MiB"),
+    ("bfc.huge_pages", "true or false (default false): memory in 2 MiB transparent huge pages"),
     ("pool.size_limit", "a size such as 256MiB"),
     ("pool.rounding", "power_of_two, exact, or multiple:<size>"),
     ("pool.auto_resize", "true or false"),
     ("pool.large_threshold", "a positive size such as 1MiB, or none"),
+    ("pool.huge_pages", "true or false (default true): large blocks in 2 MiB transparent huge pages"),
     ("cuda.memory_limit", "a size such as 16GiB, at least 256 B: the limit of each cuda:N allocator"),
     (
         "cuda.memory_fraction",
@@ -123,6 +127,8 @@ pub struct AllocConf {
     pub bfc_garbage_collection: Option<bool>,
     /// `bfc.max_internal_fragmentation`.
     pub bfc_max_internal_fragmentation: Option<u64>,
+    /// `bfc.huge_pages`: memory from [`HugePageSubAllocator`] instead of the OS's 4 KiB pages.
+    pub bfc_huge_pages: Option<bool>,
     /// `pool.size_limit`.
     pub pool_size_limit: Option<u64>,
     /// `pool.rounding`.
@@ -131,6 +137,8 @@ pub struct AllocConf {
     pub pool_auto_resize: Option<bool>,
     /// `pool.large_threshold` (`Some(None)`: `none`, no large allocator).
     pub pool_large_threshold: Option<Option<u64>>,
+    /// `pool.huge_pages` ([`PoolBuilder::huge_pages`](crate::allocators::PoolBuilder::huge_pages)).
+    pub pool_huge_pages: Option<bool>,
     /// `cuda.memory_limit`.
     pub cuda_memory_limit: Option<u64>,
     /// `cuda.memory_fraction`, in (0, 1].
@@ -188,6 +196,8 @@ impl AllocConf {
                 "bfc.max_internal_fragmentation" => {
                     conf.bfc_max_internal_fragmentation = Some(parse_size(value).ok_or_else(bad)?);
                 }
+                "bfc.huge_pages" => conf.bfc_huge_pages = Some(parse_bool(value).ok_or_else(bad)?),
+                "pool.huge_pages" => conf.pool_huge_pages = Some(parse_bool(value).ok_or_else(bad)?),
                 "pool.size_limit" => conf.pool_size_limit = Some(parse_size(value).ok_or_else(bad)?),
                 "pool.rounding" => conf.pool_rounding = Some(parse_rounding(value).ok_or_else(bad)?),
                 "cuda.memory_limit" => {
@@ -259,6 +269,7 @@ impl AllocConf {
             || self.bfc_peak_headroom.is_some()
             || self.bfc_garbage_collection.is_some()
             || self.bfc_max_internal_fragmentation.is_some()
+            || self.bfc_huge_pages.is_some()
     }
 
     /// Builds the `bfc` allocator.
@@ -271,6 +282,9 @@ impl AllocConf {
             .bfc_memory_limit
             .ok_or(ConfigError::Missing { key: "bfc.memory_limit", why: "to use the bfc allocator" })?;
         let mut b = BfcAllocator::builder().memory_limit(limit);
+        if self.bfc_huge_pages == Some(true) {
+            b = b.sub_allocator(Arc::new(HugePageSubAllocator));
+        }
         if let Some(v) = self.bfc_allow_growth {
             b = b.allow_growth(v);
         }
@@ -352,6 +366,9 @@ impl AllocConf {
         }
         if let Some(v) = self.pool_large_threshold {
             b = b.large_threshold(v);
+        }
+        if let Some(v) = self.pool_huge_pages {
+            b = b.huge_pages(v);
         }
         b.build().map_err(|e| match e {
             BuildError::InvalidOption { option: "rounding", reason, .. } => {

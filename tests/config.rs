@@ -141,3 +141,44 @@ fn cuda_keys_parse_with_or_without_the_feature() {
     assert!(both.to_string().contains("either cuda.memory_limit or cuda.memory_fraction, not both"), "{both}");
     assert!(AllocConf::parse("cuda.memory_limit=100B").is_err());
 }
+
+#[test]
+fn huge_pages_are_on_for_the_pool_and_off_for_the_bfc_unless_configured() {
+    let granule = |a: &dyn Allocator| a.snapshot_memory_dump().and_then(|d| d.expandable).map(|e| e.granule);
+    let c = AllocConf::parse("pool.huge_pages=off, bfc.huge_pages=yes").unwrap();
+    assert_eq!((c.pool_huge_pages, c.bfc_huge_pages), (Some(false), Some(true)));
+    assert!(c.configures_bfc(), "a bfc.* key chooses bfc");
+    let err = AllocConf::parse("pool.huge_pages=2MiB").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "TENSORMEM_ALLOC_CONF: bad value '2MiB' for pool.huge_pages: expected true or false (default true): large \
+         blocks in 2 MiB transparent huge pages"
+    );
+    assert!(matches!(
+        AllocConf::parse("bfc.huge_pages=").unwrap_err(),
+        ConfigError::BadValue { key: "bfc.huge_pages", .. }
+    ));
+    if !cfg!(unix) {
+        return;
+    }
+    let system = || -> std::sync::Arc<dyn Allocator> { std::sync::Arc::new(SystemAllocator::new()) };
+    for (text, expected) in [("", 2 << 20), ("pool.huge_pages=true", 2 << 20), ("pool.huge_pages=false", 4096)] {
+        let pool = AllocConf::parse(text).unwrap().build_pool(system()).unwrap();
+        let (_, large) = pool.large_allocator().unwrap();
+        assert_eq!(granule(&**large), Some(expected), "{text:?}");
+    }
+    for (text, expected) in [("bfc.memory_limit=64MiB", 4096), ("bfc.memory_limit=64MiB,bfc.huge_pages=true", 2 << 20)]
+    {
+        let bfc = AllocConf::parse(text).unwrap().build_bfc().unwrap();
+        assert_eq!(granule(&bfc), Some(expected), "{text:?}");
+    }
+    let err = AllocConf::parse("bfc.memory_limit=1MiB,bfc.expandable=true,bfc.huge_pages=true")
+        .unwrap()
+        .build_bfc()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "TENSORMEM_ALLOC_CONF: bfc.memory_limit=1048576: the limit must hold at least one chunk or granule: 2097152 B \
+         or more"
+    );
+}

@@ -68,9 +68,9 @@ fn main() -> ExitCode {
             Err(
                 "TENSORMEM_ALLOC_CONF: unknown key 'bfc.memory_limt' (known keys: bfc.memory_limit, bfc.allow_growth, \
                  bfc.expandable, bfc.growth_granule, bfc.split, bfc.release_threshold, bfc.first_fit_above, \
-                 bfc.peak_headroom, bfc.garbage_collection, bfc.max_internal_fragmentation, pool.size_limit, \
-                 pool.rounding, pool.auto_resize, pool.large_threshold, cuda.memory_limit, cuda.memory_fraction, \
-                 cuda_async.release_threshold)",
+                 bfc.peak_headroom, bfc.garbage_collection, bfc.max_internal_fragmentation, bfc.huge_pages, \
+                 pool.size_limit, pool.rounding, pool.auto_resize, pool.large_threshold, pool.huge_pages, \
+                 cuda.memory_limit, cuda.memory_fraction, cuda_async.release_threshold)",
             ),
         ),
         ("a bad size is reported with its key", Some("pool"), Some("pool.size_limit=1.5G"), Err(&bad_size)),
