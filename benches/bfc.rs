@@ -5,10 +5,11 @@
 //!   the default BFC (`memory_limit` + `allow_growth`, nothing else set), TensorFlow's BFC
 //!   (regions doubling from 2 MiB, its split rule, best fit: the BFC before expandable memory),
 //!   the default BFC with `peak_headroom(None)` (no headroom: reserved follows the placement),
-//!   the pool over the system allocator (large requests to its BFC), and jemalloc.
+//!   the pool over the system allocator (large requests to its BFC, over transparent huge pages;
+//!   `pool_4k_pages` with `huge_pages(false)`), and jemalloc.
 //! - `replay_written_torch_gpt2_train_varlen/*`: the training stream with every 4 KiB page of
-//!   every block written, on the default BFC, the same without a peak headroom, and
-//!   TensorFlow's BFC: the page faults an allocator causes or saves.
+//!   every block written, on the default BFC, the same without a peak headroom, TensorFlow's
+//!   BFC and the two pools: the page faults an allocator causes or saves.
 //! - `pool_hit_pair/*`: a warm pool hit (alloc+free of a cached size) against a
 //!   `JemallocAllocator` pair of the same size.
 //! - `fresh_pages_16MiB/*`: allocate 16 MiB, write every 4 KiB page, free; the system allocator
@@ -53,14 +54,20 @@ fn tensorflow_bfc() -> BfcAllocator {
     BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).tensorflow_policies().build().unwrap()
 }
 
+/// The default pool over the system allocator (its large blocks in a BFC over transparent
+/// huge pages), or the same with 4 KiB pages.
+fn pool(huge_pages: bool) -> PoolAllocator {
+    PoolAllocator::builder(Arc::new(SystemAllocator::new())).huge_pages(huge_pages).build().unwrap()
+}
+
 fn subjects() -> Vec<(&'static str, Arc<dyn Allocator>)> {
-    let system: Arc<dyn Allocator> = Arc::new(SystemAllocator::new());
     #[allow(unused_mut)] // jemalloc is pushed only with its feature
     let mut v: Vec<(&'static str, Arc<dyn Allocator>)> = vec![
         ("bfc", Arc::new(default_bfc())),
         ("bfc_tensorflow", Arc::new(tensorflow_bfc())),
         ("bfc_no_headroom", Arc::new(no_headroom_bfc())),
-        ("pool", Arc::new(PoolAllocator::builder(system).build().unwrap())),
+        ("pool", Arc::new(pool(true))),
+        ("pool_4k_pages", Arc::new(pool(false))),
     ];
     #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
     v.push(("jemalloc", Arc::new(tensormem::JemallocAllocator::new())));
@@ -96,10 +103,12 @@ fn replay_written(c: &mut Criterion) {
     let mut group = c.benchmark_group(format!("replay_written_{name}"));
     group.throughput(Throughput::Elements(trace.len() as u64));
     group.sample_size(10).warm_up_time(Duration::from_millis(1)).measurement_time(Duration::from_secs(30));
-    let subjects: [(&str, Arc<dyn Allocator>); 3] = [
+    let subjects: [(&str, Arc<dyn Allocator>); 5] = [
         ("bfc", Arc::new(default_bfc())),
         ("bfc_no_headroom", Arc::new(no_headroom_bfc())),
         ("bfc_tensorflow", Arc::new(tensorflow_bfc())),
+        ("pool", Arc::new(pool(true))),
+        ("pool_4k_pages", Arc::new(pool(false))),
     ];
     for (subject, a) in subjects {
         // Warm: the first replay grows the allocator and faults its pages in.

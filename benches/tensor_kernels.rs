@@ -319,12 +319,18 @@ fn copy_baseline(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, t: usize, by
 }
 
 /// `copy(threads)`: copies `bytes` between two buffers of its own on a rayon pool of `threads`
-/// (1 or 2) workers.
+/// (1 or 2) workers. The buffers are byte tensors from the default allocator, so the copy runs
+/// on the memory the kernels beside it use (above 1 MiB: the pool's blocks in transparent huge
+/// pages, where Linux gives them).
 fn copier(bytes: usize) -> impl FnMut(usize) {
     let pools = [rayon_pool(1), rayon_pool(2)];
-    let src = vec![1u8; bytes];
-    let mut dst = vec![0u8; bytes];
-    move |t| pools[t - 1].install(|| par_copy(black_box(&src), &mut dst))
+    let src = Tensor::ones(&[bytes], DType::U8).expect("copy source");
+    let dst = Tensor::zeros(&[bytes], DType::U8).expect("copy destination");
+    move |t| {
+        let (src, mut dst) = (src.as_slice::<u8>().expect("u8"), dst.as_mut_slice::<u8>().expect("u8"));
+        let (src, dst): (&[u8], &mut [u8]) = (&src, &mut dst);
+        pools[t - 1].install(|| par_copy(black_box(src), dst))
+    }
 }
 
 /// A copy of `t` in memory of its own, from the default allocator: the control rows' tensors.

@@ -12,7 +12,9 @@
 //! free chunks trapped between live blocks move to where the region would grow); `bfc (no headroom)`
 //! the same with `peak_headroom(None)` (reserved follows the placement, as with PyTorch's
 //! expandable segments); `bfc (tensorflow)` is
-//! TensorFlow's allocator (regions doubling from 2 MiB, its split rule, best fit).
+//! TensorFlow's allocator (regions doubling from 2 MiB, its split rule, best fit). `pool over
+//! system` is the default pool (its large blocks in transparent huge pages), `pool, 4 KiB pages`
+//! the same with `huge_pages(false)`.
 
 use std::sync::Arc;
 
@@ -48,7 +50,8 @@ fn subjects() -> Result<Subjects, Box<dyn std::error::Error>> {
         "bfc (tensorflow)",
         Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).tensorflow_policies().build()?),
     ));
-    v.push(("pool over system", Arc::new(PoolAllocator::builder(system).build()?)));
+    v.push(("pool over system", Arc::new(PoolAllocator::builder(system.clone()).build()?)));
+    v.push(("pool, 4 KiB pages", Arc::new(PoolAllocator::builder(system).huge_pages(false).build()?)));
     Ok(v)
 }
 
