@@ -9,9 +9,11 @@
 //! - `JemallocAllocator` (feature `jemalloc`, on by default): jemalloc with the same statistics
 //!   and jemalloc's own arena figures.
 //! - [`BfcAllocator`]: TensorFlow's best-fit-with-coalescing arena over a [`SubAllocator`], with
-//!   a memory limit, fragmentation figures and memory dumps.
+//!   a memory limit, fragmentation figures and memory dumps: the OS's 4 KiB pages
+//!   ([`OsSubAllocator`], [`OsMemory`]) or 2 MiB transparent huge pages
+//!   ([`HugePageSubAllocator`], [`HugePageMemory`]).
 //! - [`PoolAllocator`]: free lists by rounded size over any allocator, LRU eviction past a size
-//!   limit, TensorFlow's auto-resize.
+//!   limit, TensorFlow's auto-resize; requests above 1 MiB go to a BFC over huge pages.
 //!
 //! ```
 //! use tensormem_allocators::{Allocator, AllocatorExt, SystemAllocator};
