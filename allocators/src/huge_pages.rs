@@ -18,11 +18,10 @@ pub const HUGE_PAGE: usize = 2 << 20;
 ///
 /// Streaming through a 16 MiB tensor then takes 8 TLB entries instead of 4096: on a 2-vCPU Zen 3
 /// adds of two such tensors took 0.77-0.96x their time with them (2 runs of 36: 1.03, 1.06), a
-/// sum 0.74-0.94x
-/// (`examples/huge_pages.rs`, BENCHMARKS.md). numpy asks for huge pages for every array of 4 MiB or more;
-/// PyTorch does when `THP_MEM_ALLOC_ENABLE=1`. Fresh memory faults in 2 MiB at a time: the first
-/// touch of a byte makes the whole huge page resident, so [`resident`](ExpandableMemory::resident)
-/// counts in huge pages where the kernel gave them.
+/// sum 0.74-0.94x (`examples/huge_pages.rs`, BENCHMARKS.md). numpy asks for huge pages for every
+/// array of 4 MiB or more; PyTorch does when `THP_MEM_ALLOC_ENABLE=1`. Fresh memory faults in
+/// 2 MiB at a time: the first touch of a byte makes the whole huge page resident, so
+/// [`resident`](ExpandableMemory::resident) counts in huge pages where the kernel gave them.
 ///
 /// The kernel decides: with `/sys/kernel/mm/transparent_hugepage/enabled` at `madvise` (the
 /// usual default) or `always` it gives them; at `never`, or without the feature, the memory has
