@@ -440,9 +440,10 @@ impl PoolBuilder {
     /// 2 MiB-aligned addresses that Linux may back with 2 MiB pages, instead of
     /// [`OsMemory`](crate::OsMemory)'s 4 KiB pages. A memory-bound pass over large tensors
     /// misses the TLB 512 times less often: adds of 16 MiB tensors took 0.77-0.96x their time
-    /// on a Zen 3 (2 runs of 36: 1.03, 1.06), a sum 0.74-0.94x (BENCHMARKS.md). A block's first touch makes whole 2 MiB
-    /// pages resident; off, every page is 4 KiB, so its resident memory is exactly the pages
-    /// touched. No effect with [`large_allocator`](Self::large_allocator) given.
+    /// on a Zen 3 (2 runs of 36: 1.03, 1.06), a sum 0.74-0.94x (BENCHMARKS.md). A block's first
+    /// touch makes whole 2 MiB pages resident; off, every page is 4 KiB, so its resident memory
+    /// is exactly the pages touched. No effect with [`large_allocator`](Self::large_allocator)
+    /// given.
     #[must_use]
     pub fn huge_pages(mut self, on: bool) -> Self {
         self.huge_pages = on;
