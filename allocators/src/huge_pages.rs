@@ -105,7 +105,8 @@ unsafe impl ExpandableMemory for HugePageMemory {
 /// mapped from the operating system at 2 MiB-aligned addresses, in 2 MiB multiples, asking for
 /// transparent huge pages; its [`expandable`](SubAllocator::expandable) form is
 /// [`HugePageMemory`]. A [`PoolAllocator`](crate::PoolAllocator)'s default large allocator is
-/// a BFC over it ([`PoolBuilder::huge_pages`](crate::PoolBuilder::huge_pages)).
+/// a BFC over it ([`PoolBuilder::huge_pages`](crate::PoolBuilder::huge_pages)). Off Unix its
+/// regions are 2 MiB-aligned blocks of the global allocator and it is not expandable.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -127,26 +128,46 @@ pub struct HugePageSubAllocator;
 // SAFETY: a region is a fresh reservation of `HugePageMemory` (2 MiB-aligned, so any alignment
 // up to 2 MiB holds), committed whole before it is returned, so it is valid for reads and
 // writes of the rounded size returned until `free_region` unmaps it; the kernel never hands a
-// mapping out twice.
+// mapping out twice. Off Unix a region is a live block of the global allocator with that
+// alignment and size, freed with the same layout.
 unsafe impl SubAllocator for HugePageSubAllocator {
     fn alloc_region(&self, min_bytes: usize, alignment: usize) -> Option<(NonNull<u8>, usize)> {
         if alignment > HUGE_PAGE || !alignment.is_power_of_two() {
             return None;
         }
         let bytes = min_bytes.max(1).checked_next_multiple_of(HUGE_PAGE)?;
-        let base = HugePageMemory.reserve(bytes).ok()?;
-        // SAFETY: the whole of the reservation just made, granule-aligned, not committed yet.
-        if unsafe { HugePageMemory.commit(base, bytes) }.is_err() {
-            // SAFETY: the reservation just made, which nothing uses.
-            unsafe { HugePageMemory.release(base, bytes) };
-            return None;
+        #[cfg(unix)]
+        {
+            let base = HugePageMemory.reserve(bytes).ok()?;
+            // SAFETY: the whole of the reservation just made, granule-aligned, not committed yet.
+            if unsafe { HugePageMemory.commit(base, bytes) }.is_err() {
+                // SAFETY: the reservation just made, which nothing uses.
+                unsafe { HugePageMemory.release(base, bytes) };
+                return None;
+            }
+            Some((base, bytes))
         }
-        Some((base, bytes))
+        #[cfg(not(unix))]
+        {
+            // No address-space reservation here: 2 MiB-aligned blocks of the system allocator.
+            let layout = core::alloc::Layout::from_size_align(bytes, HUGE_PAGE).ok()?;
+            // SAFETY: `layout` has a non-zero size.
+            NonNull::new(unsafe { std::alloc::alloc(layout) }).map(|p| (p, bytes))
+        }
     }
 
     unsafe fn free_region(&self, ptr: NonNull<u8>, bytes: usize) {
+        #[cfg(unix)]
         // SAFETY: the caller promises a live region of ours, which is one whole reservation.
-        unsafe { HugePageMemory.release(ptr, bytes) }
+        unsafe {
+            HugePageMemory.release(ptr, bytes)
+        };
+        #[cfg(not(unix))]
+        // SAFETY: the caller promises a live region of ours, which `alloc_region` allocated
+        // with this layout (its size already a multiple of 2 MiB).
+        unsafe {
+            std::alloc::dealloc(ptr.as_ptr(), core::alloc::Layout::from_size_align_unchecked(bytes, HUGE_PAGE))
+        };
     }
 
     fn max_alignment(&self) -> usize {

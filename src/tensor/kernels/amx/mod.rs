@@ -54,9 +54,9 @@
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 use core::sync::atomic::Ordering;
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 use super::matmul::Mat;
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 use super::{Shared, piece_range};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -70,7 +70,7 @@ mod pack;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod tiles;
 use super::switch::{amx_enabled, avx512_bf16_enabled};
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 use pack::{pack_a_panel, pack_b_tile};
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 use tiles::Tiles;
