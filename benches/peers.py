@@ -83,6 +83,10 @@ WORKLOADS = [
     ("argmax_vocab_f16", "argmax 16x50257 logits, f16"),
     ("sum_dim0_f16", "sum over dim 0 of 1024x3072, f16"),
     ("sum_dim1_narrow", "sum over dim 1 of 1024x3072 viewed as 49152x4x16"),
+    ("gpt2_prefill", "a GPT-2 block (768 wide, 12 heads) over 256 tokens"),
+    ("gpt2_decode", "the same block, 1 token after 255 cached"),
+    ("gpt2_prefill_bf16", "the GPT-2 block over 256 tokens, bf16"),
+    ("gpt2_decode_bf16", "the GPT-2 block, 1 token after 255 cached, bf16"),
 ]
 if ARGS.workloads:
     WORKLOADS = [w for w in WORKLOADS if w[0] in ARGS.workloads.split(",")]
@@ -99,6 +103,15 @@ T["zeros"] = torch.zeros(12, 256, 256)
 T["causal"] = torch.arange(256).unsqueeze(0) > torch.arange(256).unsqueeze(1)
 T["ids"] = torch.arange(1024) * 49 % 50257
 NP = {k: v.numpy().copy() for k, v in T.items()}
+# One GPT-2 block, as examples/gpt2/model.rs writes it (torch only).
+T["gpt2"] = {k: torch.randn(s, generator=g) * 0.02 for k, s in
+             {"c_attn": [768, 2304], "attn_proj": [768, 768], "c_fc": [768, 3072], "mlp_proj": [3072, 768]}.items()}
+T["gpt2"].update({k + "_b": torch.zeros(s[1]) for k, s in
+                  {"c_attn": [768, 2304], "attn_proj": [768, 768], "c_fc": [768, 3072], "mlp_proj": [3072, 768]}.items()})
+T["gpt2"].update({"ln_w": torch.ones(768), "ln_b": torch.zeros(768)})
+T["prompt"] = (torch.randn(256, 768, generator=g), torch.arange(256).unsqueeze(0) > torch.arange(256).unsqueeze(1))
+T["step"] = (torch.randn(1, 768, generator=g), (torch.randn(12, 255, 64, generator=g), torch.randn(12, 255, 64, generator=g)),
+             torch.arange(256).unsqueeze(0) > torch.arange(255, 256).unsqueeze(1))
 # bf16 only in torch (numpy has no bf16); the f16 weights too.
 T.update({k: torch.rand(s, generator=g).to(torch.bfloat16) for k, s in
           {"weight": [3072, 768], "tok128": [128, 768], "tok16": [16, 768], "tok1": [1, 768]}.items()})
@@ -204,6 +217,41 @@ NUMPY = {
     "sum_dim0_f16": lambda t: t["mlp16"].sum(0),
     "sum_dim1_narrow": lambda t: t["mlp"].reshape(49152, 4, 16).sum(1),
 }
+
+
+def gpt2_block(w, x, past, mask):
+    """examples/gpt2/model.rs's `Gpt2::block` in PyTorch, op for op."""
+    F = torch.nn.functional
+    t = x.shape[0]
+    qkv = F.layer_norm(x, [768], w["ln_w"], w["ln_b"], 1e-5) @ w["c_attn"]
+    qkv.add_(w["c_attn_b"])
+    q, k, v = (qkv.narrow(1, j * 768, 768).view(t, 12, 64).transpose(0, 1) for j in range(3))
+    if past is None:
+        k, v = k.contiguous(), v.contiguous()
+    else:
+        k, v = torch.cat([past[0], k], 1), torch.cat([past[1], v], 1)
+    scores = q @ k.transpose(1, 2)
+    scores.mul_(0.125).masked_fill_(mask, float("-inf"))
+    y = (scores.softmax(-1) @ v).transpose(0, 1).reshape(t, 768)
+    a = y @ w["attn_proj"]
+    a.add_(w["attn_proj_b"])
+    h = x + a
+    m = F.layer_norm(h, [768], w["ln_w"], w["ln_b"], 1e-5) @ w["c_fc"]
+    m.add_(w["c_fc_b"])
+    m = F.gelu(m, approximate="tanh")
+    o = m @ w["mlp_proj"]
+    o.add_(w["mlp_proj_b"])
+    h.add_(o)
+    return h, (k, v)
+
+
+TORCH["gpt2_prefill"] = lambda t: gpt2_block(t["gpt2"], t["prompt"][0], None, t["prompt"][1])
+TORCH["gpt2_decode"] = lambda t: gpt2_block(t["gpt2"], t["step"][0], t["step"][1], t["step"][2])
+T["gpt2_bf16"] = {k: v.to(torch.bfloat16) for k, v in T["gpt2"].items()}
+T["prompt_bf16"] = T["prompt"][0].to(torch.bfloat16)
+T["step_bf16"] = (T["step"][0].to(torch.bfloat16), tuple(c.to(torch.bfloat16) for c in T["step"][1]))
+TORCH["gpt2_prefill_bf16"] = lambda t: gpt2_block(t["gpt2_bf16"], t["prompt_bf16"], None, t["prompt"][1])
+TORCH["gpt2_decode_bf16"] = lambda t: gpt2_block(t["gpt2_bf16"], t["step_bf16"][0], t["step_bf16"][1], t["step"][2])
 
 
 def median_ms(f, data):

@@ -32,7 +32,10 @@
 //! in many narrow columns); `argmax_vocab`, the
 //! logits' argmax over the vocabulary (greedy decoding's step), and `argmax_vocab_f16` of f16
 //! logits; `max`, `max_f16` and
-//! `max_bf16`, the largest of the 4M values of `sum`, `add_f16` and `add_bf16`.
+//! `max_bf16`, the largest of the 4M values of `sum`, `add_f16` and `add_bf16`; and a whole
+//! GPT-2 block (`examples/gpt2/model.rs`: width 768, 12 heads, weights drawn from N(0, 0.02)):
+//! `gpt2_prefill` over 256 tokens, `gpt2_decode` of one token after 255 cached ones (the keys and
+//! values grown by `cat`); `gpt2_prefill_bf16` and `gpt2_decode_bf16` the same in bf16.
 //!
 //! ```text
 //! cargo build --release --example peers
@@ -43,6 +46,9 @@ use std::io::{BufRead, Write};
 use std::time::Instant;
 
 use tensormem::tensor::{DType, Result, Tensor, set_num_threads};
+
+#[path = "gpt2/model.rs"]
+mod gpt2;
 
 /// The operands, made once.
 struct Data {
@@ -86,6 +92,14 @@ struct Data {
     block_bf16: [Tensor; 5],
     /// `h`, `w768`, `b768` and `scores` in f16.
     block_f16: [Tensor; 4],
+    /// One GPT-2 block, with `table` for its token embedding.
+    gpt2: gpt2::Gpt2,
+    /// 256 tokens' hidden states, and their causal mask.
+    prompt: (Tensor, Tensor),
+    /// One token's hidden state, 255 earlier tokens' keys and values, and the step's mask.
+    step: (Tensor, (Tensor, Tensor), Tensor),
+    /// `gpt2`, `prompt` and `step` in bf16.
+    gpt2_bf16: (gpt2::Gpt2, Tensor, Tensor, (Tensor, Tensor)),
 }
 
 fn run(d: &Data, workload: &str) -> Result<()> {
@@ -106,6 +120,16 @@ fn run(d: &Data, workload: &str) -> Result<()> {
         "add_mixed" => drop(black_box(d.a16.add(&d.b)?)),
         "add_bf16" => drop(black_box(d.ab.add(&d.bb)?)),
         "sum_f16" => drop(black_box(d.a16.sum()?)),
+        "gpt2_prefill" => drop(black_box(d.gpt2.block(0, &d.prompt.0, None, &d.prompt.1)?)),
+        "gpt2_decode" => drop(black_box(d.gpt2.block(0, &d.step.0, Some(&d.step.1), &d.step.2)?)),
+        "gpt2_prefill_bf16" => {
+            let (model, prompt, _, _) = &d.gpt2_bf16;
+            drop(black_box(model.block(0, prompt, None, &d.prompt.1)?))
+        }
+        "gpt2_decode_bf16" => {
+            let (model, _, step, kv) = &d.gpt2_bf16;
+            drop(black_box(model.block(0, step, Some(kv), &d.step.2)?))
+        }
         "linear_bf16" => drop(black_box(d.tokens[0].matmul(&d.weight.t()?)?)),
         "linear16_bf16" => drop(black_box(d.tokens[1].matmul(&d.weight.t()?)?)),
         "linear1_bf16" => drop(black_box(d.tokens[2].matmul(&d.weight.t()?)?)),
@@ -162,6 +186,16 @@ fn main() -> Result<()> {
     let n = 1 << 22;
     let rand = |sizes: &[usize]| Tensor::rand(sizes, DType::F32);
     let mlp = rand(&[1024, 3072])?;
+    let table = rand(&[50257, 768])?;
+    let model = gpt2_block(&table)?;
+    let prompt = Tensor::randn(&[256, 768], DType::F32)?;
+    let step = (
+        Tensor::randn(&[1, 768], DType::F32)?,
+        (Tensor::randn(&[12, 255, 64], DType::F32)?, Tensor::randn(&[12, 255, 64], DType::F32)?),
+    );
+    let bf16 = |t: &Tensor| t.to_dtype(DType::BF16);
+    let gpt2_bf16 =
+        (model.to_dtype(DType::BF16)?, bf16(&prompt)?, bf16(&step.0)?, (bf16(&step.1.0)?, bf16(&step.1.1)?));
     let d = Data {
         a: rand(&[n])?,
         b: rand(&[n])?,
@@ -194,7 +228,11 @@ fn main() -> Result<()> {
             pos.unsqueeze(0)?.gt(&pos.unsqueeze(1)?)?
         },
         zeros: Tensor::zeros(&[12, 256, 256], DType::F32)?,
-        table: rand(&[50257, 768])?,
+        gpt2: model,
+        prompt: (prompt, gpt2::causal_mask(0, 256)?),
+        step: (step.0, step.1, gpt2::causal_mask(255, 1)?),
+        gpt2_bf16,
+        table,
         ids: Tensor::from_vec((0..1024i64).map(|i| i * 49 % 50257).collect(), &[1024], DType::I64)?,
         cache: rand(&[12, 1023, 64])?,
         new_kv: rand(&[12, 1, 64])?,
@@ -242,4 +280,26 @@ fn main() -> Result<()> {
         stdout.flush().expect("stdout");
     }
     Ok(())
+}
+
+/// A GPT-2 model of one block, width 768, 12 heads: weights drawn from N(0, 0.02) (GPT-2's
+/// initialisation), norms' scales 1 and shifts 0; `wte` is `table`.
+fn gpt2_block(table: &Tensor) -> Result<gpt2::Gpt2> {
+    let weight = |sizes: &[usize]| Tensor::randn(sizes, DType::F32)?.mul_scalar(0.02);
+    let linear = |i: usize, o: usize| -> Result<gpt2::Linear> {
+        Ok(gpt2::Linear { weight: weight(&[i, o])?, bias: Tensor::zeros(&[o], DType::F32)? })
+    };
+    let norm = || -> Result<gpt2::Norm> {
+        Ok(gpt2::Norm { weight: Tensor::ones(&[768], DType::F32)?, bias: Tensor::zeros(&[768], DType::F32)? })
+    };
+    let block = gpt2::Block {
+        ln_1: norm()?,
+        c_attn: linear(768, 3 * 768)?,
+        attn_proj: linear(768, 768)?,
+        ln_2: norm()?,
+        c_fc: linear(768, 4 * 768)?,
+        mlp_proj: linear(4 * 768, 768)?,
+    };
+    let wpe = weight(&[1024, 768])?;
+    Ok(gpt2::Gpt2 { wte: table.clone(), wpe, blocks: vec![block], ln_f: norm()?, n_head: 12, eps: 1e-5 })
 }
