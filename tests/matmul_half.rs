@@ -134,7 +134,7 @@ fn layout(rows: usize, cols: usize, kind: usize, seed: u64) -> Tensor {
 
 /// The product sizes the exactness tests run: edges of every tile dimension, few and many
 /// panels of 32 rows, and sizes below the tile route's.
-const SHAPES: [(usize, usize, usize); 19] = [
+const SHAPES: [(usize, usize, usize); 20] = [
     (16, 32, 16),
     (17, 33, 19),
     (31, 63, 33),
@@ -156,6 +156,9 @@ const SHAPES: [(usize, usize, usize); 19] = [
     (5, 1, 9),
     (2, 100, 1),
     (13, 300, 200),
+    // By B's rows (layout 0): more columns than one span of the by-rows kernel's sums (1024),
+    // the last span's columns past its 8-lane steps, an inner size past its steps of 4 rows.
+    (2, 37, 1030),
     (64, 31, 64), // below the tile route's sizes: f32 route either way (k < 32)
     (64, 64, 15), // likewise
 ];
@@ -186,12 +189,17 @@ fn same_as_the_f32_route(a: &Tensor, b: &Tensor, what: &str, any_zero: bool) {
 }
 
 /// Random normal `n x k` by `k x m` products in `dt` (the right operand a transposed weight,
-/// as `Linear` stores it) within one rounding of `dt` (`unit`, relative; `floor`, absolute)
-/// plus f32 summation error (k ulps of the sum of magnitudes, generously) of the exact result.
+/// as `Linear` stores it, and one with contiguous rows, as GPT-2's `Conv1D`) within one
+/// rounding of `dt` (`unit`, relative; `floor`, absolute) plus f32 summation error (k ulps of
+/// the sum of magnitudes, generously) of the exact result.
 fn within_one_rounding(dt: DType, shapes: &[(usize, usize, usize)], unit: f64, floor: f64) {
-    for &(n, k, m) in shapes {
+    for (&(n, k, m), b_rows) in shapes.iter().flat_map(|s| [(s, false), (s, true)]) {
         let a = Tensor::randn(&[n, k], DType::F32).unwrap().to_dtype(dt).unwrap();
-        let b = Tensor::randn(&[m, k], DType::F32).unwrap().to_dtype(dt).unwrap().t().unwrap();
+        let b = if b_rows {
+            Tensor::randn(&[k, m], DType::F32).unwrap().to_dtype(dt).unwrap()
+        } else {
+            Tensor::randn(&[m, k], DType::F32).unwrap().to_dtype(dt).unwrap().t().unwrap()
+        };
         let c = a.matmul(&b).unwrap().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
         let (av, bv) = (
             a.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
@@ -206,7 +214,8 @@ fn within_one_rounding(dt: DType, shapes: &[(usize, usize, usize)], unit: f64, f
                 }
                 let got = c[i * m + j];
                 let bound = exact.abs() * unit + floor + size * (k as f64) * 2f64.powi(-24);
-                assert!((got - exact).abs() <= bound, "{dt:?} {n}x{k}x{m} [{i}, {j}]: {got} vs exact {exact}");
+                let what = format!("{dt:?} {n}x{k}x{m}, b's rows contiguous: {b_rows}, [{i}, {j}]");
+                assert!((got - exact).abs() <= bound, "{what}: {got} vs exact {exact}");
             }
         }
     }
@@ -283,7 +292,7 @@ fn random_products_are_within_one_bf16_rounding_of_the_exact_result() {
     // One bf16 rounding is 2^-8 relative.
     on_each_bf16_route(|route| {
         eprintln!("{route}");
-        let shapes = [(64, 512, 64), (33, 4096, 40), (256, 256, 256), (4, 1000, 37)];
+        let shapes = [(64, 512, 64), (33, 4096, 40), (256, 256, 256), (4, 1000, 37), (1, 768, 2304), (3, 1000, 1030)];
         within_one_rounding(DType::BF16, &shapes, 1.0 / 256.0, 0.0);
     });
 }
@@ -351,7 +360,7 @@ fn the_switches_turn_the_hardware_routes_off_and_on_and_only_they_flush_subnorma
         // contiguous, else the f32 route.
         assert_eq!(first(few(&a).matmul(&b_columns).unwrap()), 0.0, "15 rows by B's columns flush too");
         assert_eq!(first(few(&tiny).matmul(&ones_columns).unwrap()), 0.0, "and read subnormal inputs as zero");
-        assert_eq!(first(few(&a).matmul(&b).unwrap()), subnormal, "15 rows by B's rows take the f32 route");
+        assert_eq!(first(few(&a).matmul(&b).unwrap()), subnormal, "15 rows by B's rows keep them (widened)");
         // f16 products do not take it.
         let (ah, bh) = (a.to_dtype(DType::F16).unwrap(), b.to_dtype(DType::F16).unwrap());
         assert_eq!(bits(&ah.matmul(&bh).unwrap()), via_f32(&ah, &bh), "f16 takes the f32 route");
@@ -462,7 +471,7 @@ fn f16_products_with_exact_sums_match_the_f32_route_bit_for_bit_in_every_layout_
 fn random_f16_products_are_within_one_f16_rounding_of_the_exact_result() {
     note_route();
     // One f16 rounding is 2^-11 relative, 2^-25 absolute below f16's normals.
-    let shapes = [(64, 512, 64), (33, 4096, 40), (256, 256, 256), (300, 768, 100)];
+    let shapes = [(64, 512, 64), (33, 4096, 40), (256, 256, 256), (300, 768, 100), (2, 768, 1030)];
     within_one_rounding(DType::F16, &shapes, 1.0 / 2048.0, 2f64.powi(-25));
 }
 
@@ -472,7 +481,8 @@ fn f16_infinities_and_nans_give_the_f32_routes_results() {
     // Split into parts, inf x 1 would be inf x 1 + inf x 0 = NaN; such operands take the f32
     // route. Few panels (B packed while multiplying) and many (B packed first), the value in A,
     // in B or in the last matrix of a batch only.
-    for &(n, k, m) in &[(32, 64, 32), (300, 96, 40)] {
+    // And 5 rows: dot products by B's columns where they are contiguous; here, by its rows.
+    for &(n, k, m) in &[(32, 64, 32), (300, 96, 40), (5, 64, 40)] {
         for place in 0..4 {
             let mut a = vec![1.0f32; 3 * n * k];
             let mut b = vec![1.0f32; 3 * k * m];
@@ -519,6 +529,8 @@ fn f16_subnormal_inputs_and_results_are_kept_and_overflow_gives_infinity() {
     let b = small(&[64, 48], 4);
     let c = a.matmul(&b).unwrap();
     assert_eq!(bits(&c), via_f32(&a, &b));
+    let few = a.narrow(0, 0, 5).unwrap();
+    assert_eq!(bits(&few.matmul(&b).unwrap()), via_f32(&few, &b), "5 rows by B's rows");
     let subnormal = bits(&c).iter().filter(|&&x| x & 0x7c00 == 0 && x & 0x3ff != 0).count();
     assert!(subnormal > 100, "{subnormal} subnormal results of 1920");
     // The largest f16 (65504, whose high part 65280 and low part 224 are both exact) times

@@ -180,9 +180,13 @@ impl Tensor {
             use super::amx::Route;
             // `b` is expanded: its rows' stride follows the batch dimensions.
             let b_columns = b.dtype() == dt && (b.strides()[batch.len()] == 1 || k <= 1);
-            match super::amx::route(n, k, m, dt == DType::F16, b_columns) {
+            let b_rows = b.dtype() == dt && (b.strides()[batch.len() + 1] == 1 || m <= 1);
+            match super::amx::route(n, k, m, dt == DType::F16, b_columns, b_rows) {
                 Some(Route::FewRows { dots }) => {
-                    return squeeze(few_rows(self, &a, &b, (dt, dots), &batch, (n, k, m))?);
+                    return squeeze(few_rows(self, &a, &b, (dt, dots), &batch, (n, k, m), false)?);
+                }
+                Some(Route::FewRowsByRows) => {
+                    return squeeze(few_rows(self, &a, &b, (dt, false), &batch, (n, k, m), true)?);
                 }
                 Some(route) => {
                     if let Some(out) = on_tiles(self, &a, &b, dt, &batch, (n, k, m), route)? {
@@ -294,7 +298,9 @@ fn on_tiles(
 /// `few_rows`), for fewer than 32 rows; `a` and `b` are expanded to `batch + [n, k]` and
 /// `batch + [k, m]`, `b` of dtype `dt` with contiguous columns (or `k <= 1`), `a` of any dtype
 /// that promotes to `dt`. `dots` (from [`Route::FewRows`](super::amx::Route::FewRows)): bf16 on
-/// `vdpbf16ps`; else the rows widened to f32 for fused multiply-adds.
+/// `vdpbf16ps`; else the rows widened to f32 for fused multiply-adds. `by_rows` (from
+/// [`Route::FewRowsByRows`](super::amx::Route::FewRowsByRows)): `b` has contiguous rows (or
+/// `m <= 1`) instead, and its rows are added into the results' sums (`few_rows_by_rows`).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn few_rows(
     like: &Tensor,
@@ -303,8 +309,9 @@ fn few_rows(
     (dt, dots): (DType, bool),
     batch: &[usize],
     (n, k, m): (usize, usize, usize),
+    by_rows: bool,
 ) -> Result<Tensor> {
-    use super::amx::{few_rows, few_rows_avx2, few_rows_product};
+    use super::amx::{few_rows, few_rows_avx2, few_rows_by_rows, few_rows_product};
     let nb = batch.len();
     // The rows contiguous, bf16 or widened to f32 once: a strided one (few rows, so cheap) is
     // copied first.
@@ -319,27 +326,32 @@ fn few_rows(
     let (ao, bo) = (batch_offsets(&a, batch), batch_offsets(b, batch));
     let (ars, acs) = (a.strides()[nb], a.strides()[nb + 1]);
     let bm = Mat { ptr: b.data_ptr() as *const u16, rs: b.strides()[nb], cs: b.strides()[nb + 1] };
+    // The stride the kernel steps `b` by: from column to column, or from row to row.
+    let b_step = if by_rows { bm.rs } else { bm.cs };
     let dst = out.data_ptr() as *mut u16;
     let avx512 = super::isa::detected() == super::isa::Isa::Avx512;
-    // SAFETY: `route` returned `FewRows { dots }` for `dt` (the caller's test), so `isa::detected`
-    // is AVX2 or AVX-512: the CPU has AVX2, FMA and F16C, and with `avx512` AVX-512 F, BW and
-    // VL; with `dots`, AVX512-BF16 was on, so the CPU has it (and AVX-512). `a` (bf16 if `dots`,
-    // else f32) and `b` (of `dt`) are host-ready and read-locked, `a`'s rows and `b`'s columns
-    // contiguous (or `k <= 1`); each offset addresses one of their matrices with these strides.
-    // `out` is fresh, `batches * n * m` elements, and aliases nothing.
+    // SAFETY: `route` returned `FewRows { dots }` or `FewRowsByRows` (with `by_rows`) for `dt`
+    // (the caller's test), so `isa::detected` is AVX2 or AVX-512: the CPU has AVX2, FMA and
+    // F16C, and with `avx512` AVX-512 F, BW and VL; with `dots`, AVX512-BF16 was on, so the CPU
+    // has it (and AVX-512). `a` (bf16 if `dots`, else f32) and `b` (of `dt`) are host-ready and
+    // read-locked, `a`'s rows contiguous (or `k <= 1`), and `b`'s columns (or `k <= 1`), or
+    // with `by_rows` its rows (or `m <= 1`); each offset addresses one of their matrices with
+    // these strides. `out` is fresh, `batches * n * m` elements, and aliases nothing.
     unsafe {
         if dots {
             let am = Mat { ptr: a.data_ptr() as *const u16, rs: ars, cs: acs };
-            few_rows_product(few_rows::bf16, (am, &ao), (bm, &bo), (n, k, m), dst, threads)
+            few_rows_product(few_rows::bf16, (am, &ao), (bm, &bo, b_step), (n, k, m), dst, threads)
         } else {
             let am = Mat { ptr: a.data_ptr() as *const f32, rs: ars, cs: acs };
-            let kernel = match (dt == DType::F16, avx512) {
-                (true, true) => few_rows::widened::<true>,
-                (false, true) => few_rows::widened::<false>,
-                (true, false) => few_rows_avx2::widened::<true>,
-                (false, false) => few_rows_avx2::widened::<false>,
+            let kernel = match (dt == DType::F16, avx512, by_rows) {
+                (true, _, true) => few_rows_by_rows::widened::<true>,
+                (false, _, true) => few_rows_by_rows::widened::<false>,
+                (true, true, false) => few_rows::widened::<true>,
+                (false, true, false) => few_rows::widened::<false>,
+                (true, false, false) => few_rows_avx2::widened::<true>,
+                (false, false, false) => few_rows_avx2::widened::<false>,
             };
-            few_rows_product(kernel, (am, &ao), (bm, &bo), (n, k, m), dst, threads)
+            few_rows_product(kernel, (am, &ao), (bm, &bo, b_step), (n, k, m), dst, threads)
         }
     };
     Ok(out)

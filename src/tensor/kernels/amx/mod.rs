@@ -65,6 +65,8 @@ mod dots;
 pub(super) mod few_rows;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(super) mod few_rows_avx2;
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub(super) mod few_rows_by_rows;
 #[cfg(target_arch = "x86_64")]
 mod pack;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -87,11 +89,15 @@ pub(super) enum Route {
     /// route is on, else (and f16) on AVX-512's fused multiply-adds, or AVX2's
     /// ([`few_rows_avx2`]) on CPUs without AVX-512.
     FewRows { dots: bool },
+    /// Fewer rows than a panel, the right operand with contiguous rows (a weight stored
+    /// `[in, out]`, as GPT-2's `Conv1D`): its rows widened to f32 as they are read and added
+    /// into each result row's f32 sums by AVX2's fused multiply-adds ([`few_rows_by_rows`]).
+    FewRowsByRows,
 }
 
 /// The route an `n x k` by `k x m` product of `f16` (else bf16) operands takes, if any; `b_columns`:
 /// the right operand is of that dtype with contiguous columns (a transposed weight, as `Linear`
-/// stores it).
+/// stores it); `b_rows`: with contiguous rows (a weight stored `[in, out]`, as GPT-2's `Conv1D`).
 ///
 /// Panels go on AMX when on, else on AVX512-BF16 for bf16 when on, where the matrices fill tiles
 /// well enough: padding to 32 rows, 32 columns and 32 inner elements at most doubles each size
@@ -101,19 +107,23 @@ pub(super) enum Route {
 /// (0.36 against 0.80 ms for 15 or 16 rows by GPT-2's 768 x 3072 bf16 weight on one Zen 4
 /// thread), on any AVX-512 CPU: bf16 on AVX512-BF16 when on, else (and f16) on fused
 /// multiply-adds, the f32 route's arithmetic without converting the weight; on AVX2 CPUs, on
-/// AVX2's multiply-adds ([`few_rows_avx2`]). Anything else
+/// AVX2's multiply-adds ([`few_rows_avx2`]). Fewer than 32 rows by a weight with contiguous rows
+/// that takes none of those routes go to [`few_rows_by_rows`] on any AVX2 CPU. Anything else
 /// (matrix-vector products of other layouts, tiny batched heads) takes the f32 route.
-pub(super) fn route(n: usize, k: usize, m: usize, f16: bool, b_columns: bool) -> Option<Route> {
+pub(super) fn route(n: usize, k: usize, m: usize, f16: bool, b_columns: bool, b_rows: bool) -> Option<Route> {
     let panels = n >= 16 && m >= 16 && k >= 32;
     let dots = !f16 && avx512_bf16_enabled();
     // (AVX512-BF16's switch is on only on AVX-512 CPUs.)
-    let few = b_columns && n < PANEL && super::isa::detected() >= super::isa::Isa::Avx2;
+    let avx2 = super::isa::detected() >= super::isa::Isa::Avx2;
+    let few = b_columns && n < PANEL && avx2;
     if panels && amx_enabled() && !(f16 && few && n < F16_FEW_ROWS_BESIDE_TILES) {
         Some(Route::Tiles)
     } else if few {
         Some(Route::FewRows { dots })
     } else if dots && panels {
         Some(Route::Dots)
+    } else if b_rows && n < PANEL && avx2 {
+        Some(Route::FewRowsByRows)
     } else {
         None
     }
@@ -381,27 +391,30 @@ pub(super) unsafe fn product(
     !non_finite.load(Ordering::Relaxed)
 }
 
-/// A kernel of [`few_rows`]: [`few_rows::bf16`] (`A` = bf16 bits), or [`few_rows::widened`] and
-/// [`few_rows_avx2::widened`] (`A` = f32, the rows widened).
+/// A kernel of [`few_rows`]: [`few_rows::bf16`] (`A` = bf16 bits), or [`few_rows::widened`],
+/// [`few_rows_avx2::widened`] and [`few_rows_by_rows::widened`] (`A` = f32, the rows widened).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(super) type FewRowsKernel<A> =
     unsafe fn(*const A, usize, *const u16, usize, usize, usize, core::ops::Range<usize>, *mut u16, usize);
 
 /// `dst[i] (n x m, row-major) = a[i] (n x k) * b[i] (k x m)` for each batch `i`, in bf16 or f16,
-/// as dot products of rows and columns (`kernel`, from [`few_rows`]), the columns split across
-/// `threads` pieces; `a_offsets[i]` / `b_offsets[i]` are the elements from `a.ptr` / `b.ptr` to
-/// matrix `i`.
+/// by `kernel` (from [`few_rows`] or [`few_rows_by_rows`]), the columns split across `threads`
+/// pieces; `a_offsets[i]` / `b_offsets[i]` are the elements from `a.ptr` / `b.ptr` to matrix
+/// `i`; `b_step` is the stride the kernel steps `b` by: `b.cs` for the dot products of rows and
+/// columns, `b.rs` for [`few_rows_by_rows`].
 ///
 /// # Safety
-/// [`route`] returned [`Route::FewRows`] for this dtype, so the CPU has `kernel`'s features;
-/// every matrix addresses initialised elements of the kernel's types with the given strides,
-/// `a`'s rows contiguous (`a.cs == 1`) and `b`'s columns (`b.rs == 1`), or `k <= 1`; `dst` is
-/// valid for writes of `batches * n * m` elements and overlaps nothing else.
+/// [`route`] returned [`Route::FewRows`] or [`Route::FewRowsByRows`] for this dtype, so the CPU
+/// has `kernel`'s features; every matrix addresses initialised elements of the kernel's types
+/// with the given strides, `a`'s rows contiguous (`a.cs == 1`) or `k <= 1`, and `b`'s columns
+/// (`b.rs == 1`) or `k <= 1` for the dot products, `b`'s rows (`b.cs == 1`) or `m <= 1` for
+/// [`few_rows_by_rows`]; `dst` is valid for writes of `batches * n * m` elements and overlaps
+/// nothing else.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(super) unsafe fn few_rows_product<A: Copy>(
     kernel: FewRowsKernel<A>,
     (a, a_offsets): (Mat<A>, &[usize]),
-    (b, b_offsets): (Mat<u16>, &[usize]),
+    (b, b_offsets, b_step): (Mat<u16>, &[usize], usize),
     (n, k, m): (usize, usize, usize),
     dst: *mut u16,
     threads: usize,
@@ -414,11 +427,13 @@ pub(super) unsafe fn few_rows_product<A: Copy>(
         let cols = piece_range(m, 4, pieces, piece);
         let (a, b) = (a.get(), b.get());
         for (i, (&x, &y)) in a_offsets.iter().zip(b_offsets).enumerate() {
-            // SAFETY: matrix `i` of each operand is valid with these strides, rows of `a` and
-            // columns of `b` contiguous (our contract); result `i` is the `n * m` elements from
-            // `i * n * m` of `dst`, of which this piece writes its own columns; the CPU has the
-            // kernel's features (our contract).
-            unsafe { kernel(a.ptr.add(x), a.rs, b.ptr.add(y), b.cs, n, k, cols.clone(), out.get().add(i * n * m), m) };
+            // SAFETY: matrix `i` of each operand is valid with these strides, in the layouts
+            // `kernel` reads (our contract); result `i` is the `n * m` elements from `i * n * m`
+            // of `dst`, of which this piece writes its own columns; the CPU has the kernel's
+            // features (our contract).
+            unsafe {
+                kernel(a.ptr.add(x), a.rs, b.ptr.add(y), b_step, n, k, cols.clone(), out.get().add(i * n * m), m)
+            };
         }
     });
 }
@@ -443,7 +458,7 @@ impl Engine {
             // SAFETY: AMX is usable (our contract).
             Route::Tiles => Engine::Tiles(unsafe { Tiles::configure() }),
             // (Few-row products are not packed; their route would run on registers too.)
-            Route::Dots | Route::FewRows { .. } => Engine::Dots,
+            Route::Dots | Route::FewRows { .. } | Route::FewRowsByRows => Engine::Dots,
         }
     }
 
@@ -533,7 +548,8 @@ mod tests {
 
     /// A decode step's rows by GPT-2's transposed 3072x768 weight: f16 below 20 rows takes the
     /// few-row kernel whether or not AMX is on; at 20 rows and more, and bf16 from 16 rows,
-    /// the tiles where AMX is on. Layouts that are not a transposed weight never take it.
+    /// the tiles where AMX is on. Fewer than 32 rows by a weight with contiguous rows take the
+    /// by-rows kernel where the tiles do not take them; other layouts the f32 route.
     #[test]
     fn f16_products_of_few_rows_skip_the_tiles() {
         if detected() != Isa::Avx512 {
@@ -542,23 +558,46 @@ mod tests {
         }
         let f32_dots = Some(Route::FewRows { dots: false });
         for n in [1, 15, 16, 19] {
-            assert_eq!(route(n, 768, 3072, true, true), f32_dots, "f16, {n} rows");
+            assert_eq!(route(n, 768, 3072, true, true, false), f32_dots, "f16, {n} rows");
         }
         let bf16_few = Some(Route::FewRows { dots: avx512_bf16_enabled() });
-        assert_eq!(route(15, 768, 3072, false, true), bf16_few);
+        let by_rows = Some(Route::FewRowsByRows);
+        for n in [1, 15] {
+            assert_eq!(route(n, 768, 3072, true, false, true), by_rows, "f16, {n} rows, row-major weight");
+        }
+        assert_eq!(route(1, 768, 3072, true, false, false), None, "f16, 1 row, strided weight");
+        assert_eq!(route(15, 768, 3072, false, true, false), bf16_few);
         if amx_enabled() {
             for n in [20, 31, 32] {
-                assert_eq!(route(n, 768, 3072, true, true), Some(Route::Tiles), "f16, {n} rows");
+                assert_eq!(route(n, 768, 3072, true, true, false), Some(Route::Tiles), "f16, {n} rows");
             }
-            assert_eq!(route(16, 768, 3072, false, true), Some(Route::Tiles), "bf16, 16 rows");
-            assert_eq!(route(16, 768, 3072, true, false), Some(Route::Tiles), "f16, row-major weight");
+            assert_eq!(route(16, 768, 3072, false, true, false), Some(Route::Tiles), "bf16, 16 rows");
+            assert_eq!(route(16, 768, 3072, true, false, true), Some(Route::Tiles), "f16, row-major weight");
         } else {
             for n in [20, 31] {
-                assert_eq!(route(n, 768, 3072, true, true), f32_dots, "f16, {n} rows");
+                assert_eq!(route(n, 768, 3072, true, true, false), f32_dots, "f16, {n} rows");
             }
-            assert_eq!(route(16, 768, 3072, false, true), bf16_few, "bf16, 16 rows");
-            assert_eq!(route(32, 768, 3072, true, true), None, "f16, 32 rows");
-            assert_eq!(route(16, 768, 3072, true, false), None, "f16, row-major weight");
+            assert_eq!(route(16, 768, 3072, false, true, false), bf16_few, "bf16, 16 rows");
+            assert_eq!(route(32, 768, 3072, true, true, false), None, "f16, 32 rows");
+            assert_eq!(route(16, 768, 3072, true, false, true), by_rows, "f16, row-major weight");
+            assert_eq!(route(32, 768, 3072, true, false, true), None, "f16, 32 rows, row-major weight");
+        }
+    }
+
+    /// On any AVX2 CPU, a decode step's row by GPT-2's `Conv1D` weight (`[768, 2304]`, rows
+    /// contiguous) takes the by-rows kernel, bf16 and f16; a strided weight does not.
+    #[test]
+    fn a_few_rows_by_a_weight_with_contiguous_rows_take_the_by_rows_kernel() {
+        if detected() < Isa::Avx2 {
+            eprintln!("skipped: the by-rows kernel runs on AVX2 and later");
+            return;
+        }
+        for f16 in [false, true] {
+            assert_eq!(route(1, 768, 2304, f16, false, true), Some(Route::FewRowsByRows), "f16: {f16}");
+            assert_eq!(route(1, 768, 2304, f16, false, false), None, "f16: {f16}");
+        }
+        if !amx_enabled() && !avx512_bf16_enabled() {
+            assert_eq!(route(31, 768, 2304, false, false, true), Some(Route::FewRowsByRows));
         }
     }
 }
