@@ -689,7 +689,8 @@ fn ops_beside(
 
 /// Half-precision matmul at 1 thread, beside the f32 product of the same sizes: 512^3 in f32,
 /// f16 and bf16; bf16 and f16 also as a GPT-2 MLP layer (128 tokens x 768 by a 3072 x 768
-/// weight, transposed, as `Linear` stores it); and bf16 and f16 on their default route and
+/// weight, transposed, as `Linear` stores it); a decode step's token by a 768 x 3072 weight
+/// with contiguous rows (GPT-2's `Conv1D`) in f32, bf16 and f16; and bf16 and f16 on their default route and
 /// through f32 call by call (`*_default_beside_f32_route`: default / f32 route of those calls).
 /// The default is AMX tiles where the CPU has them, else AVX512-BF16 registers for bf16, else
 /// the f32 route (then both calls take it).
@@ -711,6 +712,18 @@ fn matmul_half(c: &mut Criterion) {
     g.throughput(Throughput::Elements((2 * 128 * 768 * 3072) as u64));
     bench(&mut g, name, "bf16_gpt2_mlp", || x.matmul(&w.t().unwrap()).unwrap());
     bench(&mut g, name, "f16_gpt2_mlp", || xh.matmul(&wh.t().unwrap()).unwrap());
+    // A decode step's token by a weight stored `[in, out]`, rows contiguous (GPT-2's `Conv1D`):
+    // bf16 and f16 add its rows into f32 sums (`amx/few_rows_by_rows.rs`) on AVX2 CPUs; f32
+    // (gemm) beside them.
+    let tok = Tensor::randn(&[1, 768], default_opts(11)).unwrap();
+    let conv = Tensor::randn(&[768, 3072], default_opts(12)).unwrap();
+    let half = |t: &Tensor, dt| t.to_dtype(dt).unwrap();
+    let (tokb, convb, tokh, convh) =
+        (half(&tok, DType::BF16), half(&conv, DType::BF16), half(&tok, DType::F16), half(&conv, DType::F16));
+    g.throughput(Throughput::Elements((2 * 768 * 3072) as u64));
+    bench(&mut g, name, "f32_decode_conv1d", || tok.matmul(&conv).unwrap());
+    bench(&mut g, name, "bf16_decode_conv1d", || tokb.matmul(&convb).unwrap());
+    bench(&mut g, name, "f16_decode_conv1d", || tokh.matmul(&convh).unwrap());
     g.throughput(Throughput::Elements((2 * M * M * M) as u64));
     let routes = (amx_enabled(), avx512_bf16_enabled());
     let set = |(amx, dots): (bool, bool)| {
