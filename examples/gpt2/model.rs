@@ -18,6 +18,7 @@ pub struct Linear {
 }
 
 impl Linear {
+    /// `x @ weight + bias`, the bias added in place into the product.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = x.matmul(&self.weight)?;
         y.add_(&self.bias)?;
@@ -186,6 +187,9 @@ impl Gpt2 {
 
     /// Block `i` on `x` (`[tokens, dim]`), after the keys and values `past` of earlier tokens;
     /// `mask` from [`causal_mask`]. Returns its output and the grown keys and values.
+    ///
+    /// # Panics
+    /// When the model has no block `i`.
     pub fn block(
         &self,
         i: usize,
