@@ -134,17 +134,29 @@ unsafe fn load<const R: usize, const C: usize, const F16: bool>(
 ) -> ([__m256; C], [__m256; R]) {
     // SAFETY: our contract: the elements read are inside the operands; our CPU features.
     unsafe {
-        let w = core::array::from_fn(|c| {
-            let half = _mm_loadu_si128(b.add(c * b_cs + p).cast());
-            if F16 {
-                _mm256_cvtph_ps(half)
-            } else {
-                // A bf16 is the high half of the f32 of the same value.
-                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(half)))
-            }
-        });
+        let w = core::array::from_fn(|c| widen::<F16>(b.add(c * b_cs + p)));
         let x = core::array::from_fn(|r| _mm256_loadu_ps(a.add(r * a_rs + p)));
         (w, x)
+    }
+}
+
+/// The 8 f16 (`F16`) or bf16 at `p`, widened to f32 (also [`few_rows_by_rows`]'s).
+///
+/// [`few_rows_by_rows`]: super::few_rows_by_rows
+///
+/// # Safety
+/// 8 elements from `p` are readable; the CPU has AVX2 and F16C (inlined into its callers).
+#[inline(always)]
+pub(super) unsafe fn widen<const F16: bool>(p: *const u16) -> __m256 {
+    // SAFETY: our contract.
+    unsafe {
+        let half = _mm_loadu_si128(p.cast());
+        if F16 {
+            _mm256_cvtph_ps(half)
+        } else {
+            // A bf16 is the high half of the f32 of the same value.
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(half)))
+        }
     }
 }
 

@@ -18,6 +18,7 @@
 use core::arch::x86_64::*;
 use core::ops::Range;
 
+use super::few_rows_avx2::widen;
 use crate::tensor::halfconv::HalfFloat;
 
 /// Rows of `b` added into the sums per pass over them.
@@ -118,24 +119,6 @@ unsafe fn add_rows<const S: usize, const F16: bool>(x: *const f32, b: *const u16
             let bits = unsafe { b.add(q * b_rs + j).read() };
             let w = if F16 { half::f16::from_bits(bits).to_f32() } else { half::bf16::from_bits(bits).to_f32() };
             *s = xq.mul_add(w, *s);
-        }
-    }
-}
-
-/// The 8 f16 (`F16`) or bf16 at `p`, widened to f32.
-///
-/// # Safety
-/// 8 elements from `p` are readable; the CPU has AVX2 and F16C (inlined into [`add_rows`]).
-#[inline(always)]
-unsafe fn widen<const F16: bool>(p: *const u16) -> __m256 {
-    // SAFETY: our contract.
-    unsafe {
-        let half = _mm_loadu_si128(p.cast());
-        if F16 {
-            _mm256_cvtph_ps(half)
-        } else {
-            // A bf16 is the high half of the f32 of the same value.
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(half)))
         }
     }
 }
