@@ -55,6 +55,34 @@ fn dims_and_indices_out_of_range() {
 }
 
 #[test]
+fn the_range_a_dimension_error_gives_is_the_range_the_op_accepts() {
+    // Inserting a dimension has one more position than the tensor has dimensions.
+    assert_eq!(
+        msg(t(&[2, 3]).unsqueeze(3)),
+        "unsqueeze: dimension 3 is out of range for a tensor of shape [2, 3] (expected -3 to 2)"
+    );
+    assert!(t(&[2, 3]).unsqueeze(-3).is_ok() && t(&[2, 3]).unsqueeze(2).is_ok());
+    // A 0-d tensor: most ops wrap -1 and 0 (PyTorch's rule); size, select, cat and
+    // index_select need a real dimension, so no value is in range.
+    let s = Tensor::scalar(1.0, DType::F32).unwrap();
+    assert_eq!(
+        msg(s.unsqueeze(1)),
+        "unsqueeze: dimension 1 is out of range for a tensor of shape [] (expected -1 to 0)"
+    );
+    assert_eq!(
+        msg(s.sum_dim(1, false)),
+        "sum: dimension 1 is out of range for a tensor of shape [] (expected -1 to 0)"
+    );
+    let none = "is out of range for a tensor of shape [] (it needs a tensor with at least one dimension)";
+    assert_eq!(msg(s.size(0)), format!("size: dimension 0 {none}"));
+    assert_eq!(msg(s.size(-1)), format!("size: dimension -1 {none}"));
+    assert_eq!(msg(s.select(0, 0)), format!("select: dimension 0 {none}"));
+    assert_eq!(msg(Tensor::cat(&[&s, &s], 0)), format!("cat: dimension 0 {none}"));
+    let e = s.narrow(0, 0, 1).unwrap_err();
+    assert!(matches!(e, TensorError::DimOutOfRange { op: "narrow", positions: 0, .. }), "{e:?}");
+}
+
+#[test]
 fn views_that_strides_cannot_express() {
     let x = t(&[4, 6]).t().unwrap();
     let e = x.view(&[24]).unwrap_err();

@@ -116,7 +116,7 @@ impl Tensor {
     pub fn size(&self, dim: isize) -> Result<usize> {
         if self.sizes.is_empty() {
             // A 0-d tensor has no dimension to ask about (PyTorch: an IndexError).
-            return Err(TensorError::DimOutOfRange { op: "size", dim, shape: vec![] });
+            return Err(TensorError::DimOutOfRange { op: "size", dim, shape: vec![], positions: 0 });
         }
         let d = wrap_dim("size", dim, &self.sizes)?;
         Ok(self.sizes[d])

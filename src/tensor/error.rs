@@ -29,8 +29,10 @@ pub enum TensorError {
         /// Its size on the right.
         rhs_size: usize,
     },
-    /// A dimension index outside `-ndim..ndim`.
-    #[error("{op}: dimension {dim} is out of range for a tensor of shape {shape:?} (expected {} to {})", -(shape.len().max(1) as isize), shape.len().max(1) as isize - 1)]
+    /// A dimension index outside the `-positions..positions` the operation accepts (`ndim`
+    /// positions for most ops, one for a 0-d tensor where PyTorch wraps it, `ndim + 1` for
+    /// ops that insert a dimension, none for ops that need a dimension to work on).
+    #[error("{op}: dimension {dim} is out of range for a tensor of shape {shape:?} ({})", dim_range(*positions))]
     DimOutOfRange {
         /// The operation.
         op: &'static str,
@@ -38,6 +40,9 @@ pub enum TensorError {
         dim: isize,
         /// The tensor's shape.
         shape: Vec<usize>,
+        /// How many positions the operation accepts: valid dimensions are `-positions` to
+        /// `positions - 1`; 0 when the tensor has no dimension the operation can use.
+        positions: usize,
     },
     /// The same dimension given twice (`permute`).
     #[error("{op}: dimension {dim} appears more than once in {dims:?} (tensor of shape {shape:?})")]
@@ -422,3 +427,11 @@ pub enum TensorError {
 
 /// Shorthand for results of tensor operations.
 pub type Result<T, E = TensorError> = std::result::Result<T, E>;
+
+/// The valid dimensions of [`TensorError::DimOutOfRange`], in words.
+fn dim_range(positions: usize) -> String {
+    match positions {
+        0 => "it needs a tensor with at least one dimension".to_string(),
+        n => format!("expected {} to {}", -(n as isize), n - 1),
+    }
+}

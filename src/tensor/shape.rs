@@ -61,7 +61,7 @@ pub(crate) fn wrap_dim(op: &'static str, dim: isize, shape: &[usize]) -> Result<
         } else if d < shape.len() {
             Ok(d)
         } else {
-            Err(TensorError::DimOutOfRange { op, dim, shape: shape.to_vec() })
+            Err(TensorError::DimOutOfRange { op, dim, shape: shape.to_vec(), positions: shape.len().max(1) })
         }
     })
 }
@@ -75,7 +75,7 @@ fn wrap(op: &'static str, dim: isize, n: usize, shape: &[usize]) -> Result<usize
     let n = n as isize;
     let d = if dim < 0 { dim + n } else { dim };
     if d < 0 || d >= n {
-        return Err(TensorError::DimOutOfRange { op, dim, shape: shape.to_vec() });
+        return Err(TensorError::DimOutOfRange { op, dim, shape: shape.to_vec(), positions: n as usize });
     }
     Ok(d as usize)
 }

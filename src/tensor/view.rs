@@ -47,7 +47,7 @@ impl Tensor {
     pub fn select(&self, dim: isize, index: isize) -> Result<Tensor> {
         let op = "select";
         if self.dim() == 0 {
-            return Err(TensorError::DimOutOfRange { op, dim, shape: vec![] });
+            return Err(TensorError::DimOutOfRange { op, dim, shape: vec![], positions: 0 });
         }
         let d = self.wrap_dim(op, dim)?;
         let i = wrap_index(op, index, d, self.sizes())?;
@@ -419,7 +419,7 @@ impl Tensor {
     /// `dim` wrapped, for ops that need at least one dimension.
     fn nonscalar_dim(&self, op: &'static str, dim: isize) -> Result<usize> {
         if self.dim() == 0 {
-            return Err(TensorError::DimOutOfRange { op, dim, shape: vec![] });
+            return Err(TensorError::DimOutOfRange { op, dim, shape: vec![], positions: 0 });
         }
         self.wrap_dim(op, dim)
     }

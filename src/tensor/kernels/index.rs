@@ -62,7 +62,7 @@ impl Tensor {
     pub fn index_select(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
         let op = "index_select";
         if self.dim() == 0 {
-            return Err(TensorError::DimOutOfRange { op, dim, shape: vec![] });
+            return Err(TensorError::DimOutOfRange { op, dim, shape: vec![], positions: 0 });
         }
         let d = wrap_dim(op, dim, self.sizes())?;
         if index.dim() > 1 {

@@ -53,7 +53,7 @@ impl Tensor {
         };
         let d = wrap_dim(op, dim, reference.sizes())?;
         if reference.dim() == 0 {
-            return Err(TensorError::DimOutOfRange { op, dim, shape: vec![] });
+            return Err(TensorError::DimOutOfRange { op, dim, shape: vec![], positions: 0 });
         }
         let mut total = 0usize;
         for &(index, t) in &parts {
