@@ -139,7 +139,9 @@ fn embedding_looks_up_rows_for_any_index_shape() {
     for (k, id) in [4usize, 0, 1, 1, 3, 2].iter().enumerate() {
         assert_eq!(&got[k * dim..(k + 1) * dim], &w[id * dim..(id + 1) * dim]);
     }
-    assert!(weight.embedding(&i64s(&[5], &[1])).is_err());
+    let e = weight.embedding(&i64s(&[0, 5], &[1, 2])).unwrap_err();
+    assert!(matches!(e, TensorError::IndexValue { op: "embedding", index: 5, size: 5, .. }), "{e:?}");
+    assert!(e.to_string().starts_with("embedding: index 5 is out of range"), "{e}");
     assert!(t32(&[1., 2.], &[2]).embedding(&i64s(&[0], &[1])).is_err(), "weight must be 2-d");
 }
 
@@ -503,6 +505,73 @@ fn slices_read_and_write_contiguous_data() {
     let s = x.as_slice::<f32>().unwrap();
     assert_eq!(x.sum().unwrap().item::<f32>().unwrap(), 15.0);
     drop(s);
+}
+
+#[test]
+fn a_thread_holding_a_slice_gets_an_error_instead_of_waiting_for_itself() {
+    let x = Tensor::arange(0.0, 6.0, 1.0, DType::F32).unwrap();
+    let row = x.narrow(0, 3, 3).unwrap(); // another view of the same storage
+    let other = Tensor::ones(&[6], DType::F32).unwrap();
+    let borrowed = |e: TensorError, op: &str, mutable: bool| {
+        assert!(matches!(e, TensorError::Borrowed { mutable: m, .. } if m == mutable), "{e:?}");
+        assert!(e.to_string().starts_with(&format!("{op}: ")), "{e}");
+        assert!(e.to_string().contains("drop the slice first"), "{e}");
+    };
+    {
+        // A mutable slice: every access to the storage from this thread, reads included.
+        let mut s = x.as_mut_slice::<f32>().unwrap();
+        borrowed(x.add(&other).unwrap_err(), "add", true);
+        borrowed(other.narrow(0, 0, 3).unwrap().add_(&row).unwrap_err(), "add_", true);
+        borrowed(row.to_vec::<f32>().unwrap_err(), "to_vec", true);
+        borrowed(x.sum().unwrap_err(), "reduction", true);
+        borrowed(row.as_slice::<f32>().unwrap_err(), "as_slice", true);
+        borrowed(x.as_mut_slice::<f32>().unwrap_err(), "as_mut_slice", true);
+        assert!(format!("{x}").contains("this thread holds a mutable slice"), "{x}");
+        s[0] = 10.0;
+        // Other storages are untouched by the guard.
+        assert_eq!(other.add(&other).unwrap().to_vec::<f32>().unwrap(), [2.0; 6]);
+    }
+    assert_eq!(other.to_vec::<f32>().unwrap(), [1.0; 6], "the refused add_ wrote nothing");
+    {
+        // A slice: reads run (more slices too), writes to that storage are refused.
+        let s = x.as_slice::<f32>().unwrap();
+        let s2 = row.as_slice::<f32>().unwrap();
+        assert_eq!(x.add(&x).unwrap().to_vec::<f32>().unwrap(), [20., 2., 4., 6., 8., 10.]);
+        borrowed(row.add_(&other.narrow(0, 0, 3).unwrap()).unwrap_err(), "add_", false);
+        borrowed(other.add_out(&other, &x).unwrap_err(), "add_out", false);
+        borrowed(row.set(&[0], 1.0f32).unwrap_err(), "set", false);
+        borrowed(x.as_mut_slice::<f32>().unwrap_err(), "as_mut_slice", false);
+        assert_eq!((&*s, &*s2), (&[10., 1., 2., 3., 4., 5.][..], &[3., 4., 5.][..]));
+    }
+    // Once dropped, everything works again.
+    x.add_(&other).unwrap();
+    x.as_mut_slice::<f32>().unwrap()[1] = 0.0;
+    assert_eq!(x.to_vec::<f32>().unwrap(), [11., 0., 3., 4., 5., 6.]);
+}
+
+#[test]
+fn reading_under_a_slice_while_another_thread_waits_to_write_does_not_deadlock() {
+    // parking_lot's fair lock parks new readers behind a waiting writer; a thread that holds
+    // a slice and runs a kernel reading the same storage would then wait for a writer that
+    // waits for it. The kernel must read under the slice's lock instead.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let x = Tensor::rand(&[256], TensorOptions::new().seed(9)).unwrap();
+        let s = x.as_slice::<f32>().unwrap();
+        let writer = {
+            let x = x.clone();
+            std::thread::spawn(move || x.add_scalar_(1.0).map(|_| ()))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200)); // the writer is parked
+        let total = x.sum().unwrap().item::<f32>().unwrap();
+        let again = x.as_slice::<f32>().unwrap().iter().sum::<f32>();
+        let expected: f32 = s.iter().sum();
+        drop(s);
+        writer.join().unwrap().unwrap();
+        done_tx.send((total - expected, again - expected)).unwrap();
+    });
+    let (d1, d2) = done_rx.recv_timeout(std::time::Duration::from_secs(30)).expect("deadlock");
+    assert!(d1.abs() < 1e-3 && d2.abs() < 1e-3, "{d1} {d2}");
 }
 
 // ---- rotary slicing ----

@@ -211,6 +211,31 @@ fn an_integer_number_wraps_into_a_narrow_integer_tensor_as_in_pytorch() {
 }
 
 #[test]
+fn integer_powers_follow_pytorch() {
+    let x = Tensor::from_vec(vec![-2i32, -1, 0, 1, 3], &[5], DType::I32).unwrap();
+    assert_eq!(x.pow_scalar(3).unwrap().to_vec::<i32>().unwrap(), [-8, -1, 0, 1, 27]);
+    assert_eq!(x.pow_scalar(0).unwrap().to_vec::<i32>().unwrap(), [1; 5]);
+    // A negative integer number: refused (torch: "Integers to negative integer powers are not
+    // allowed"), in place too, leaving the tensor as it was.
+    for e in [x.pow_scalar(-1).unwrap_err(), x.pow_scalar_(-2).map(|_| ()).unwrap_err()] {
+        assert!(matches!(e, TensorError::UnsupportedDType { dtype: DType::I32, .. }), "{e:?}");
+        assert!(e.to_string().contains("negative integer powers"), "{e}");
+    }
+    assert_eq!(x.to_vec::<i32>().unwrap(), [-2, -1, 0, 1, 3]);
+    // A float number promotes; a tensor of exponents is not checked (torch gives 1, -1 or 0).
+    let f = x.narrow(0, 3, 2).unwrap().pow_scalar(-1.0).unwrap();
+    assert_eq!((f.dtype(), f.to_vec::<f32>().unwrap()), (DType::F32, vec![1.0, 1.0 / 3.0]));
+    let minus_one = Tensor::full(&[1], -1.0, DType::I32).unwrap();
+    let r = x.narrow(0, 1, 4).unwrap().narrow(0, 1, 3).unwrap().add_scalar(1).unwrap().pow(&minus_one).unwrap();
+    assert_eq!(r.to_vec::<i32>().unwrap(), [1, 0, 0]);
+    let bases = Tensor::from_vec(vec![-1i64, 1, 2], &[3], DType::I64).unwrap();
+    assert_eq!(bases.pow(&Tensor::full(&[1], -3.0, DType::I64).unwrap()).unwrap().to_vec::<i64>().unwrap(), [-1, 1, 0]);
+    // Floats take any number.
+    let g = Tensor::from_vec(vec![2.0f32, 4.0], &[2], DType::F32).unwrap();
+    assert_eq!(g.pow_scalar(-1).unwrap().to_vec::<f32>().unwrap(), [0.5, 0.25]);
+}
+
+#[test]
 fn floats_convert_to_narrow_integers_as_pytorch_does_on_x86() {
     let v = [255., -129., 128., 200., -200., 300., 1e10, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -1.];
     let x = Tensor::from_vec(v.to_vec(), &[v.len()], DType::F32).unwrap();

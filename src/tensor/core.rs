@@ -224,7 +224,7 @@ impl Tensor {
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_type::<T>("to_vec")?;
         self.host_ready("to_vec")?;
-        let _g = lock_storages(None, &[&self.storage]);
+        let _g = lock_storages("to_vec", None, &[&self.storage])?;
         let base = self.data_ptr() as *const T;
         let mut out = Vec::with_capacity(self.numel());
         if self.is_contiguous() {
@@ -260,7 +260,7 @@ impl Tensor {
         self.check_type::<T>("get")?;
         let off = self.element_offset("get", index)?;
         self.host_ready("get")?;
-        let _g = lock_storages(None, &[&self.storage]);
+        let _g = lock_storages("get", None, &[&self.storage])?;
         // SAFETY: `off` indexes an element of the view (checked above), inside the storage.
         Ok(unsafe { (self.data_ptr() as *const T).add(off).read() })
     }
@@ -274,7 +274,7 @@ impl Tensor {
         self.check_writable("set")?;
         let off = self.element_offset("set", index)?;
         self.host_ready("set")?;
-        let _g = lock_storages(Some(&self.storage), &[]);
+        let _g = lock_storages("set", Some(&self.storage), &[])?;
         // SAFETY: as in `get`; the write lock excludes every reader of the storage.
         unsafe { (self.data_ptr() as *mut T).add(off).write(value) };
         Ok(())

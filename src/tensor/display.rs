@@ -181,7 +181,10 @@ impl fmt::Display for Tensor {
         let values = if t.numel() == 0 {
             Vec::new()
         } else {
-            let _g = lock_storages(None, &[t.storage()]);
+            let _g = match lock_storages("display", None, &[t.storage()]) {
+                Ok(g) => g,
+                Err(e) => return write!(f, "tensor(<{e}>)"),
+            };
             collect(&t, summarize)
         };
         let cells = format_all(&values);

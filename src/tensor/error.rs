@@ -319,6 +319,16 @@ pub enum TensorError {
         /// Why.
         source: crate::allocators::transfer::TransferError,
     },
+    /// This thread holds a slice of the storage ([`Tensor::as_slice`](super::Tensor::as_slice)
+    /// or [`Tensor::as_mut_slice`](super::Tensor::as_mut_slice)) that the operation's access
+    /// conflicts with: waiting for the lock would wait for this thread forever.
+    #[error("{op}: {}; drop the slice first, or the thread would wait for itself", if *mutable { "this thread holds a mutable slice (as_mut_slice) of the tensor's storage" } else { "the operation writes a storage this thread holds a slice (as_slice) of" })]
+    Borrowed {
+        /// The operation.
+        op: &'static str,
+        /// Whether the slice held is mutable (a read-only slice conflicts only with writes).
+        mutable: bool,
+    },
     /// The operation needs a contiguous tensor (direct access to its elements as a slice).
     #[error("{op}: the tensor (shape {shape:?}, strides {strides:?}) is not contiguous; call contiguous() first")]
     NotContiguous {

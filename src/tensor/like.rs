@@ -5,7 +5,7 @@ use core::fmt;
 use core::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
+use super::storage::{SliceRead, SliceWrite};
 
 use super::{Element, Result, Tensor, TensorError, TensorOptions};
 
@@ -115,8 +115,10 @@ impl Tensor {
 
     /// The elements of a contiguous tensor as a slice, in row-major order, for custom kernels
     /// and interop. The storage's read lock is held while the returned guard lives: kernels
-    /// that read it run, kernels that write it (on any view) wait. Do not write to the storage
-    /// from the same thread while holding it, or the thread waits for itself.
+    /// that read it run (on this thread too, and more slices can be taken), kernels on other
+    /// threads that write it (on any view) wait. On this thread, an operation that writes the
+    /// storage, or [`as_mut_slice`](Self::as_mut_slice), returns [`TensorError::Borrowed`]
+    /// instead of waiting for itself.
     ///
     /// ```
     /// use tensormem::tensor::{DType, Tensor};
@@ -130,10 +132,11 @@ impl Tensor {
     ///
     /// # Errors
     /// [`TensorError::WrongType`] when `T` is not the dtype; [`TensorError::NotContiguous`];
-    /// [`TensorError::Alloc`] when a lazy storage cannot be allocated.
+    /// [`TensorError::Alloc`] when a lazy storage cannot be allocated;
+    /// [`TensorError::Borrowed`] when this thread holds a mutable slice of the storage.
     pub fn as_slice<T: Element>(&self) -> Result<TensorSlice<'_, T>> {
         self.check_slice::<T>("as_slice")?;
-        let guard = self.storage().read();
+        let guard = self.storage().slice_read("as_slice")?;
         // SAFETY: the view is contiguous, so its `numel` elements of `T` (its dtype) are
         // consecutive from its first element, inside the materialised (initialised) storage;
         // the read lock, held as long as the slice, keeps every writer out.
@@ -142,8 +145,9 @@ impl Tensor {
     }
 
     /// The elements of a contiguous tensor as a mutable slice; every view of the storage sees
-    /// the writes. The storage's write lock is held while the guard lives: every kernel on the
-    /// storage waits, so do not run one on it from the same thread meanwhile.
+    /// the writes. The storage's write lock is held while the guard lives: kernels on other
+    /// threads that use the storage wait; on this thread, every operation on it returns
+    /// [`TensorError::Borrowed`] instead of waiting for itself.
     ///
     /// ```
     /// use tensormem::tensor::{DType, Tensor};
@@ -155,11 +159,12 @@ impl Tensor {
     /// ```
     ///
     /// # Errors
-    /// As [`as_slice`](Self::as_slice), and [`TensorError::ReadOnly`] for a mapped file.
+    /// As [`as_slice`](Self::as_slice), [`TensorError::ReadOnly`] for a mapped file, and
+    /// [`TensorError::Borrowed`] when this thread holds any slice of the storage.
     pub fn as_mut_slice<T: Element>(&self) -> Result<TensorSliceMut<'_, T>> {
         self.check_writable("as_mut_slice")?;
         self.check_slice::<T>("as_mut_slice")?;
-        let guard = self.storage().write();
+        let guard = self.storage().slice_write("as_mut_slice")?;
         // SAFETY: as in `as_slice`; the write lock, held as long as the slice, excludes every
         // other reader and writer of the storage, so this is the only reference to the elements.
         let slice = unsafe { core::slice::from_raw_parts_mut(self.data_ptr() as *mut T, self.numel()) };
@@ -167,9 +172,10 @@ impl Tensor {
     }
 }
 
-/// A tensor's elements, read-locked: see [`Tensor::as_slice`].
+/// A tensor's elements, read-locked: see [`Tensor::as_slice`]. Not `Send`: the lock belongs
+/// to the thread that took it.
 pub struct TensorSlice<'a, T> {
-    _guard: RwLockReadGuard<'a, ()>,
+    _guard: SliceRead<'a>,
     slice: &'a [T],
 }
 
@@ -186,9 +192,10 @@ impl<T: fmt::Debug> fmt::Debug for TensorSlice<'_, T> {
     }
 }
 
-/// A tensor's elements, write-locked: see [`Tensor::as_mut_slice`].
+/// A tensor's elements, write-locked: see [`Tensor::as_mut_slice`]. Not `Send`: the lock
+/// belongs to the thread that took it.
 pub struct TensorSliceMut<'a, T> {
-    _guard: RwLockWriteGuard<'a, ()>,
+    _guard: SliceWrite<'a>,
     slice: &'a mut [T],
 }
 

@@ -16,6 +16,7 @@ use ::safetensors::tensor::{Dtype, Metadata, SafeTensors as Parsed, TensorInfo, 
 
 use super::core::{Tensor, nbytes_of};
 use super::shape::contiguous_strides;
+use super::storage::lock_storages;
 use super::{DType, Result, Storage, TensorError, TensorOptions};
 
 /// The bytes before the header: its length, a little-endian `u64`.
@@ -207,7 +208,7 @@ impl SafeTensors {
         );
         let out = Tensor::empty(&info.shape, dtype)?;
         out.host_ready("SafeTensors::tensor")?;
-        let guard = out.storage().write();
+        let guard = lock_storages("SafeTensors::tensor", Some(out.storage()), &[])?;
         // SAFETY: the source range is inside the mapping (as above); `out` is a fresh,
         // materialised, contiguous tensor of `info.shape` elements of `dtype`, which is `len`
         // bytes (the header validation checks sizes against shapes), write-locked; the two
@@ -294,7 +295,7 @@ pub fn save_safetensors(
         let c = t.contiguous()?;
         c.host_ready("save_safetensors")?;
         let n = c.dtype().size_of(c.numel()).unwrap_or(0);
-        let _guard = c.storage().read();
+        let _guard = lock_storages("save_safetensors", None, &[c.storage()])?;
         let data = if n == 0 {
             Vec::new()
         } else {

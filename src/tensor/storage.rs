@@ -1,7 +1,9 @@
 //! [`Storage`]: the reference-counted bytes behind tensors (PyTorch's `StorageImpl`).
 
 use core::alloc::Layout;
+use core::cell::RefCell;
 use core::fmt;
+use core::marker::PhantomData;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicPtr, Ordering};
 use std::path::{Path, PathBuf};
@@ -362,6 +364,96 @@ impl fmt::Debug for Storage {
     }
 }
 
+thread_local! {
+    /// The storages this thread holds slice guards on ([`Tensor::as_slice`],
+    /// [`Tensor::as_mut_slice`]): `(lock order, mutable, how many)`. Kernels check it before
+    /// locking, so a thread that holds a guard gets an error instead of waiting for itself.
+    ///
+    /// [`Tensor::as_slice`]: super::Tensor::as_slice
+    /// [`Tensor::as_mut_slice`]: super::Tensor::as_mut_slice
+    static HELD: RefCell<Vec<(usize, bool, usize)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether this thread holds a slice guard on `storage`: `Some(mutable)`.
+fn held(storage: &Storage) -> Option<bool> {
+    let order = storage.lock_order();
+    HELD.with_borrow(|h| h.iter().find(|e| e.0 == order).map(|e| e.1))
+}
+
+/// The error for an access that conflicts with a slice guard this thread holds.
+fn borrowed(op: &'static str, mutable: bool) -> TensorError {
+    TensorError::Borrowed { op, mutable }
+}
+
+/// A slice guard's entry in this thread's [`HELD`] list, removed on drop. Not `Send`: it
+/// must be dropped by the thread that holds the lock.
+struct Held {
+    order: usize,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Held {
+    fn new(storage: &Storage, mutable: bool) -> Held {
+        let order = storage.lock_order();
+        HELD.with_borrow_mut(|h| match h.iter_mut().find(|e| e.0 == order) {
+            Some(e) => e.2 += 1,
+            None => h.push((order, mutable, 1)),
+        });
+        Held { order, _not_send: PhantomData }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        HELD.with_borrow_mut(|h| {
+            if let Some(i) = h.iter().position(|e| e.0 == self.order) {
+                h[i].2 -= 1;
+                if h[i].2 == 0 {
+                    h.swap_remove(i);
+                }
+            }
+        });
+    }
+}
+
+/// The read lock behind a [`TensorSlice`](super::TensorSlice).
+pub(crate) struct SliceRead<'a> {
+    _guard: RwLockReadGuard<'a, ()>,
+    _held: Held,
+}
+
+/// The write lock behind a [`TensorSliceMut`](super::TensorSliceMut).
+pub(crate) struct SliceWrite<'a> {
+    _guard: RwLockWriteGuard<'a, ()>,
+    _held: Held,
+}
+
+impl Storage {
+    /// The read lock for a slice of this storage. A thread may hold several (taken
+    /// recursively, so a writer waiting in between does not make it wait for itself).
+    ///
+    /// # Errors
+    /// [`TensorError::Borrowed`] when this thread holds a mutable slice of it.
+    pub(crate) fn slice_read(&self, op: &'static str) -> Result<SliceRead<'_>> {
+        match held(self) {
+            Some(true) => Err(borrowed(op, true)),
+            Some(false) => Ok(SliceRead { _guard: self.inner.access.read_recursive(), _held: Held::new(self, false) }),
+            None => Ok(SliceRead { _guard: self.read(), _held: Held::new(self, false) }),
+        }
+    }
+
+    /// The write lock for a mutable slice of this storage.
+    ///
+    /// # Errors
+    /// [`TensorError::Borrowed`] when this thread holds any slice of it.
+    pub(crate) fn slice_write(&self, op: &'static str) -> Result<SliceWrite<'_>> {
+        match held(self) {
+            Some(mutable) => Err(borrowed(op, mutable)),
+            None => Ok(SliceWrite { _guard: self.write(), _held: Held::new(self, true) }),
+        }
+    }
+}
+
 /// Guards for every storage a kernel touches, taken in address order (so two kernels never
 /// wait for each other) and once per storage (so `a + a` does not read-lock twice).
 pub(crate) struct AccessGuards<'a> {
@@ -370,8 +462,18 @@ pub(crate) struct AccessGuards<'a> {
 }
 
 /// Locks `write` (if any) for writing and every storage in `reads` that is not `write` for
-/// reading.
-pub(crate) fn lock_storages<'a>(write: Option<&'a Storage>, reads: &[&'a Storage]) -> AccessGuards<'a> {
+/// reading. A storage this thread already holds a slice's read lock on is read without
+/// locking it again (the slice's lock covers it).
+///
+/// # Errors
+/// [`TensorError::Borrowed`] when this thread holds a slice guard that the access conflicts
+/// with: a mutable slice of any of the storages, or a slice of `write` (taking the lock
+/// would wait for this thread forever).
+pub(crate) fn lock_storages<'a>(
+    op: &'static str,
+    write: Option<&'a Storage>,
+    reads: &[&'a Storage],
+) -> Result<AccessGuards<'a>> {
     let mut all: Vec<(&'a Storage, bool)> = reads.iter().map(|s| (*s, false)).collect();
     if let Some(w) = write {
         all.push((w, true));
@@ -385,6 +487,21 @@ pub(crate) fn lock_storages<'a>(write: Option<&'a Storage>, reads: &[&'a Storage
             _ => unique.push((s, w)),
         }
     }
+    if !HELD.with_borrow(Vec::is_empty) {
+        let mut conflict = None;
+        unique.retain(|&(s, w)| match held(s) {
+            None => true,
+            Some(mutable) => {
+                if mutable || w {
+                    conflict.get_or_insert(mutable);
+                }
+                false
+            }
+        });
+        if let Some(mutable) = conflict {
+            return Err(borrowed(op, mutable));
+        }
+    }
     let mut guards = AccessGuards { _read: Vec::with_capacity(unique.len()), _write: None };
     for (s, w) in unique {
         if w {
@@ -393,5 +510,5 @@ pub(crate) fn lock_storages<'a>(write: Option<&'a Storage>, reads: &[&'a Storage
             guards._read.push(s.read());
         }
     }
-    guards
+    Ok(guards)
 }

@@ -49,7 +49,7 @@ impl Tensor {
         let storage = unsafe { Storage::new_uninit_in_any_space(op, nbytes, Arc::clone(allocator)) }?
             .described(self.dtype(), self.sizes());
         let written = if src.storage().is_materialized() {
-            let _g = lock_storages(None, &[src.storage()]);
+            let _g = lock_storages(op, None, &[src.storage()])?;
             // SAFETY: `src` is contiguous, so its `nbytes` bytes start at its first element,
             // inside its materialised storage (in its memory space); the new storage holds
             // `nbytes` bytes in `allocator`'s space; two allocations cannot overlap; the read
@@ -80,7 +80,7 @@ impl Tensor {
         let storage = if self.storage().is_materialized() {
             // SAFETY: every byte is written by the copy below, or the storage is dropped unread.
             let storage = unsafe { Storage::new_uninit_in_any_space(op, nbytes, host) }?;
-            let _g = lock_storages(None, &[self.storage()]);
+            let _g = lock_storages(op, None, &[self.storage()])?;
             // SAFETY: both storages hold `nbytes` bytes, the new one on the host, this one in
             // its (device) space, materialised (checked above; storages never go back to lazy);
             // distinct allocations; the read lock keeps writers out.

@@ -67,7 +67,7 @@ impl Tensor {
         // SAFETY: the row copies below write every block of `out`.
         let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
         self.host_ready(op)?;
-        let _g = lock_storages(None, &[self.storage()]);
+        let _g = lock_storages(op, None, &[self.storage()])?;
         let n = self.dim();
         let row_bytes = self.dtype().size_of(self.sizes()[n - 1]).unwrap_or(0);
         let (src, dst) = (self.data_ptr() as *const u8, out.data_ptr());
@@ -127,7 +127,7 @@ impl Tensor {
         // SAFETY: `quantize_into` writes every block of `out`.
         let out = unsafe { Tensor::output(op, self.sizes(), dtype, self) }?;
         src.host_ready(op)?;
-        let _g = lock_storages(None, &[src.storage()]);
+        let _g = lock_storages(op, None, &[src.storage()])?;
         let n = src.numel();
         // SAFETY: `src` is contiguous f32 with `n` elements; `out` is a fresh allocation of
         // exactly `dtype.size_of(n)` bytes (its shape's last dimension is a multiple of 32,
@@ -147,7 +147,7 @@ impl Tensor {
         // SAFETY: `dequantize_into` writes every element of `out`.
         let out = unsafe { Tensor::output(op, self.sizes(), DType::F32, self) }?;
         src.host_ready(op)?;
-        let _g = lock_storages(None, &[src.storage()]);
+        let _g = lock_storages(op, None, &[src.storage()])?;
         let n = src.numel();
         let nbytes = src.dtype().size_of(n).ok_or(TensorError::SizeOverflow {
             op,

@@ -116,7 +116,7 @@ where
     O: Element,
 {
     x.host_ready("reduction")?;
-    let _g = lock_storages(None, &[x.storage()]);
+    let _g = lock_storages("reduction", None, &[x.storage()])?;
     let total = c.outer * c.len * c.inner;
     // SAFETY: `x` is contiguous with `outer * len * inner` elements of `T` (its dtype) inside
     // its materialised storage, read-locked; `out` is a fresh allocation of `outer * inner`

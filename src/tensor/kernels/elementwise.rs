@@ -632,6 +632,7 @@ impl Tensor {
 
     fn binary_scalar(&self, kind: Binary, s: Scalar) -> Result<Tensor> {
         let op = kind.name(Form::Fresh);
+        self.check_scalar_power(op, kind, s)?;
         if let Some(v) = half_opmath_scalar(kind, self.dtype(), s) {
             // SAFETY: `launch_half_scalar` writes every element of `out` or fails.
             let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
@@ -643,11 +644,25 @@ impl Tensor {
 
     fn binary_scalar_(&self, kind: Binary, s: Scalar) -> Result<&Tensor> {
         let op = kind.name(Form::InPlace);
+        self.check_scalar_power(op, kind, s)?;
         if let Some(v) = half_opmath_scalar(kind, self.dtype(), s) {
             launch_half_scalar(op, kind, v, self, self, Dest::Into)?;
             return Ok(self);
         }
         self.binary_(kind, &self.scalar_operand(op, s, kind == Binary::Div)?, 1.0)
+    }
+
+    /// PyTorch refuses an integer tensor to a negative integer number's power (the result is
+    /// not an integer); a tensor of exponents is not checked, as in PyTorch.
+    fn check_scalar_power(&self, op: &'static str, kind: Binary, s: Scalar) -> Result<()> {
+        match s {
+            Scalar::Int(e) if kind == Binary::Pow && e < 0 && self.dtype().is_integer() => Err(unsupported(
+                op,
+                self,
+                "integers to negative integer powers are not allowed; use a floating-point exponent (-1.0)",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// A 0-d tensor holding `s` in this tensor's allocator, with the dtype the operation

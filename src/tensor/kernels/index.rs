@@ -60,7 +60,11 @@ impl Tensor {
     /// dimension of a quantised tensor); [`TensorError::IndexValue`] naming the first index out
     /// of `0..size`; [`TensorError::Alloc`].
     pub fn index_select(&self, dim: isize, index: &Tensor) -> Result<Tensor> {
-        let op = "index_select";
+        self.index_select_as("index_select", dim, index)
+    }
+
+    /// [`index_select`](Self::index_select), its errors naming `op`.
+    fn index_select_as(&self, op: &'static str, dim: isize, index: &Tensor) -> Result<Tensor> {
         if self.dim() == 0 {
             return Err(TensorError::DimOutOfRange { op, dim, shape: vec![], positions: 0 });
         }
@@ -91,7 +95,7 @@ impl Tensor {
             return Ok(out);
         }
         self.host_ready(op)?;
-        let _g = lock_storages(None, &[self.storage()]);
+        let _g = lock_storages(op, None, &[self.storage()])?;
         let dtype = self.dtype();
         let (outer, inner) = (&self.sizes()[..d], &self.sizes()[d + 1..]);
         let (outer_st, inner_st) = (&self.strides()[..d], &self.strides()[d + 1..]);
@@ -180,7 +184,7 @@ impl Tensor {
             });
         }
         let flat = indices.reshape(&[-1])?;
-        let rows = self.index_select(0, &flat)?;
+        let rows = self.index_select_as(op, 0, &flat)?;
         let mut shape: Vec<isize> = indices.sizes().iter().map(|&s| s as isize).collect();
         shape.push(self.sizes()[1] as isize);
         rows.view(&shape)
@@ -234,7 +238,7 @@ impl Tensor {
             return Ok(out);
         }
         self.host_ready(op)?;
-        let _g = lock_storages(None, &[self.storage()]);
+        let _g = lock_storages(op, None, &[self.storage()])?;
         let unit = self.elem_size();
         let (src, dst) = (self.data_ptr() as *const u8, out.data_ptr());
         let shape = index.sizes();

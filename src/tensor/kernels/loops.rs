@@ -313,7 +313,7 @@ pub(crate) fn run_binary<T: Element, O: Element>(
         loader::<T>(b.dtype()).ok_or_else(|| unsupported(op, b))?,
     );
     let so = storer::<O>(out.dtype()).ok_or_else(|| unsupported(op, out))?;
-    let _g = lock_storages((dest == Dest::Into).then(|| out.storage()), &[a.storage(), b.storage()]);
+    let _g = lock_storages(op, (dest == Dest::Into).then(|| out.storage()), &[a.storage(), b.storage()])?;
     let plan = Plan::new(out.sizes(), [operand(out, out.strides()), operand(a, &sa), operand(b, &sb)]);
     let typed = a.dtype() == T::DTYPE && b.dtype() == T::DTYPE && out.dtype() == O::DTYPE;
     let same_type = TypeId::of::<T>() == TypeId::of::<O>();
@@ -510,7 +510,7 @@ fn unary_in<T: Element, O: Element, F: UnaryFn<T, O>>(
     out.host_ready(op)?;
     let la = loader::<T>(a.dtype()).ok_or_else(|| unsupported(op, a))?;
     let so = storer::<O>(out.dtype()).ok_or_else(|| unsupported(op, out))?;
-    let _g = lock_storages((dest == Dest::Into).then(|| out.storage()), &[a.storage()]);
+    let _g = lock_storages(op, (dest == Dest::Into).then(|| out.storage()), &[a.storage()])?;
     let plan = Plan::new(out.sizes(), [operand(out, out.strides()), operand(a, &sa)]);
     let grain = parallel.then_some(F::GRAIN);
     let typed = a.dtype() == T::DTYPE && out.dtype() == O::DTYPE;

@@ -44,7 +44,7 @@ fn run_where<T: Element>(
     for t in [cond, x, y, out] {
         t.host_ready(op)?;
     }
-    let _g = lock_storages(write.then(|| out.storage()), &[cond.storage(), x.storage(), y.storage()]);
+    let _g = lock_storages(op, write.then(|| out.storage()), &[cond.storage(), x.storage(), y.storage()])?;
     let op_of = |t: &Tensor, s| Operand { ptr: t.data_ptr(), strides: s, elem: t.elem_size() };
     let plan = Plan::new(out.sizes(), [op_of(out, out.strides()), op_of(cond, &sc), op_of(x, &sx), op_of(y, &sy)]);
     // SAFETY: the plan walks every operand inside its storage with its element size; the

@@ -201,7 +201,7 @@ impl Tensor {
         // SAFETY: `batched` writes every element of `out` (gemm with k == 0 writes zeros).
         let (out, threads) = unsafe { fresh_result(self, &a, &b, compute, &batch, (n, k, m)) }?;
         if out.numel() > 0 {
-            let _g = lock_storages(None, &[a.storage(), b.storage()]);
+            let _g = lock_storages(op, None, &[a.storage(), b.storage()])?;
             let split = Split::new(threads, (n, k, m));
             let run = || match_numeric!(compute, T => batched::<T>(&a, &b, &out, &batch, (n, k, m), split), _ => {});
             if let Split::Gemm(_) = split { crate::tensor::parallel::install(run) } else { run() }
@@ -271,7 +271,7 @@ fn on_tiles(
         unsafe { Tensor::output(op, &[len], DType::BF16, like) }
     };
     let (pack_a, pack_b) = (scratch(plan.packed_a())?, scratch(plan.packed_b())?);
-    let _g = lock_storages(None, &[a.storage(), b.storage()]);
+    let _g = lock_storages(op, None, &[a.storage(), b.storage()])?;
     let (ao, bo) = (batch_offsets(&a, batch), batch_offsets(&b, batch));
     let nb = batch.len();
     let mat = |t: &Tensor| Mat { ptr: t.data_ptr() as *const u16, rs: t.strides()[nb], cs: t.strides()[nb + 1] };
@@ -322,7 +322,7 @@ fn few_rows(
     if out.numel() == 0 {
         return Ok(out);
     }
-    let _g = lock_storages(None, &[a.storage(), b.storage()]);
+    let _g = lock_storages("matmul", None, &[a.storage(), b.storage()])?;
     let (ao, bo) = (batch_offsets(&a, batch), batch_offsets(b, batch));
     let (ars, acs) = (a.strides()[nb], a.strides()[nb + 1]);
     let bm = Mat { ptr: b.data_ptr() as *const u16, rs: b.strides()[nb], cs: b.strides()[nb + 1] };

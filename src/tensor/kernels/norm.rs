@@ -253,7 +253,7 @@ impl Tensor {
         let params = |t: Option<&Tensor>| t.map(|t| t.to_dtype(acc)).transpose();
         let (w, b) = (params(weight)?, params(bias)?);
         x.host_ready(op)?;
-        let _g = lock_storages(None, &[x.storage()]);
+        let _g = lock_storages(op, None, &[x.storage()])?;
         let numel = x.numel();
         match_float!(self.dtype(), T => {
             // SAFETY: `x` is contiguous `T` with `numel` elements, read-locked; `out` is a

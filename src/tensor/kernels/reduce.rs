@@ -196,7 +196,7 @@ where
     O: Element,
 {
     x.host_ready("reduction")?;
-    let _g = lock_storages(None, &[x.storage()]);
+    let _g = lock_storages("reduction", None, &[x.storage()])?;
     let rows = out.numel();
     // SAFETY: `x` is contiguous with `rows * len` elements of `T` (its dtype) inside its
     // materialised storage, read-locked; `out` is a fresh allocation of `rows` elements of

@@ -341,7 +341,7 @@ impl Tensor {
         // SAFETY: every row of `y` is written below.
         let y = unsafe { Tensor::output(op, x.sizes(), self.dtype(), self) }?;
         x.host_ready(op)?;
-        let _g = lock_storages(None, &[x.storage()]);
+        let _g = lock_storages(op, None, &[x.storage()])?;
         let n = x.numel();
         if len > 0 {
             match_float!(self.dtype(), T => {
