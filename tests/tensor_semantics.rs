@@ -222,6 +222,9 @@ fn integer_powers_follow_pytorch() {
         assert!(e.to_string().contains("negative integer powers"), "{e}");
     }
     assert_eq!(x.to_vec::<i32>().unwrap(), [-2, -1, 0, 1, 3]);
+    let b = Tensor::from_vec(vec![true, false], &[2], DType::Bool).unwrap();
+    assert!(b.pow_scalar(-1).unwrap_err().to_string().contains("negative integer powers"));
+    assert_eq!(b.pow_scalar(2).unwrap().to_vec::<i64>().unwrap(), [1, 0]);
     // A float number promotes; a tensor of exponents is not checked (torch gives 1, -1 or 0).
     let f = x.narrow(0, 3, 2).unwrap().pow_scalar(-1.0).unwrap();
     assert_eq!((f.dtype(), f.to_vec::<f32>().unwrap()), (DType::F32, vec![1.0, 1.0 / 3.0]));

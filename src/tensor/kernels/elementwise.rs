@@ -652,15 +652,19 @@ impl Tensor {
         self.binary_(kind, &self.scalar_operand(op, s, kind == Binary::Div)?, 1.0)
     }
 
-    /// PyTorch refuses an integer tensor to a negative integer number's power (the result is
-    /// not an integer); a tensor of exponents is not checked, as in PyTorch.
+    /// PyTorch refuses an integer (or bool) tensor to a negative integer number's power (the
+    /// result is not an integer); a tensor of exponents is not checked, as in PyTorch.
     fn check_scalar_power(&self, op: &'static str, kind: Binary, s: Scalar) -> Result<()> {
         match s {
-            Scalar::Int(e) if kind == Binary::Pow && e < 0 && self.dtype().is_integer() => Err(unsupported(
-                op,
-                self,
-                "integers to negative integer powers are not allowed; use a floating-point exponent (-1.0)",
-            )),
+            Scalar::Int(e)
+                if kind == Binary::Pow && e < 0 && (self.dtype().is_integer() || self.dtype() == DType::Bool) =>
+            {
+                Err(unsupported(
+                    op,
+                    self,
+                    "integers to negative integer powers are not allowed; use a floating-point exponent (-1.0)",
+                ))
+            }
             _ => Ok(()),
         }
     }
