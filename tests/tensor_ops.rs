@@ -550,6 +550,27 @@ fn a_thread_holding_a_slice_gets_an_error_instead_of_waiting_for_itself() {
 }
 
 #[test]
+fn a_slice_is_shared_with_scoped_threads_by_reference() {
+    fn sync<T: Sync>(_: &T) {}
+    let x = Tensor::arange(0.0, 1000.0, 1.0, DType::F32).unwrap();
+    let s = x.as_slice::<f32>().unwrap();
+    sync(&s);
+    let halves: Vec<f32> = std::thread::scope(|scope| {
+        let parts = [scope.spawn(|| s[..500].iter().sum()), scope.spawn(|| s[500..].iter().sum())];
+        parts.map(|h| h.join().unwrap()).to_vec()
+    });
+    assert_eq!(halves, [124_750.0, 374_750.0]);
+    let m = x.as_mut_slice::<f32>();
+    assert!(matches!(m, Err(TensorError::Borrowed { mutable: false, .. })));
+    drop(s);
+    let mut m = x.as_mut_slice::<f32>().unwrap();
+    sync(&m);
+    m[0] = 7.0;
+    drop(m);
+    assert_eq!(x.get::<f32>(&[0]).unwrap(), 7.0);
+}
+
+#[test]
 fn reading_under_a_slice_while_another_thread_waits_to_write_does_not_deadlock() {
     // parking_lot's fair lock parks new readers behind a waiting writer; a thread that holds
     // a slice and runs a kernel reading the same storage would then wait for a writer that

@@ -172,8 +172,8 @@ impl Tensor {
     }
 }
 
-/// A tensor's elements, read-locked: see [`Tensor::as_slice`]. Not `Send`: the lock belongs
-/// to the thread that took it.
+/// A tensor's elements, read-locked: see [`Tensor::as_slice`]. Not `Send` (the lock belongs
+/// to the thread that took it) but `Sync`: scoped threads may read it by reference.
 pub struct TensorSlice<'a, T> {
     _guard: SliceRead<'a>,
     slice: &'a [T],
@@ -192,8 +192,8 @@ impl<T: fmt::Debug> fmt::Debug for TensorSlice<'_, T> {
     }
 }
 
-/// A tensor's elements, write-locked: see [`Tensor::as_mut_slice`]. Not `Send`: the lock
-/// belongs to the thread that took it.
+/// A tensor's elements, write-locked: see [`Tensor::as_mut_slice`]. Not `Send` (the lock
+/// belongs to the thread that took it) but `Sync`.
 pub struct TensorSliceMut<'a, T> {
     _guard: SliceWrite<'a>,
     slice: &'a mut [T],

@@ -386,10 +386,12 @@ fn borrowed(op: &'static str, mutable: bool) -> TensorError {
 }
 
 /// A slice guard's entry in this thread's [`HELD`] list, removed on drop. Not `Send`: it
-/// must be dropped by the thread that holds the lock.
+/// must be dropped by the thread that holds the lock. `Sync` (it has no methods), so a slice
+/// can still be shared with scoped threads by reference.
 struct Held {
     order: usize,
-    _not_send: PhantomData<*const ()>,
+    // `MutexGuard` is `!Send` and `Sync`, as this must be.
+    _not_send: PhantomData<std::sync::MutexGuard<'static, ()>>,
 }
 
 impl Held {
