@@ -380,11 +380,6 @@ fn held(storage: &Storage) -> Option<bool> {
     HELD.with_borrow(|h| h.iter().find(|e| e.0 == order).map(|e| e.1))
 }
 
-/// The error for an access that conflicts with a slice guard this thread holds.
-fn borrowed(op: &'static str, mutable: bool) -> TensorError {
-    TensorError::Borrowed { op, mutable }
-}
-
 /// A slice guard's entry in this thread's [`HELD`] list, removed on drop. Not `Send`: it
 /// must be dropped by the thread that holds the lock. `Sync` (it has no methods), so a slice
 /// can still be shared with scoped threads by reference.
@@ -438,7 +433,7 @@ impl Storage {
     /// [`TensorError::Borrowed`] when this thread holds a mutable slice of it.
     pub(crate) fn slice_read(&self, op: &'static str) -> Result<SliceRead<'_>> {
         match held(self) {
-            Some(true) => Err(borrowed(op, true)),
+            Some(true) => Err(TensorError::Borrowed { op, mutable: true }),
             Some(false) => Ok(SliceRead { _guard: self.inner.access.read_recursive(), _held: Held::new(self, false) }),
             None => Ok(SliceRead { _guard: self.read(), _held: Held::new(self, false) }),
         }
@@ -450,7 +445,7 @@ impl Storage {
     /// [`TensorError::Borrowed`] when this thread holds any slice of it.
     pub(crate) fn slice_write(&self, op: &'static str) -> Result<SliceWrite<'_>> {
         match held(self) {
-            Some(mutable) => Err(borrowed(op, mutable)),
+            Some(mutable) => Err(TensorError::Borrowed { op, mutable }),
             None => Ok(SliceWrite { _guard: self.write(), _held: Held::new(self, true) }),
         }
     }
@@ -501,7 +496,7 @@ pub(crate) fn lock_storages<'a>(
             }
         });
         if let Some(mutable) = conflict {
-            return Err(borrowed(op, mutable));
+            return Err(TensorError::Borrowed { op, mutable });
         }
     }
     let mut guards = AccessGuards { _read: Vec::with_capacity(unique.len()), _write: None };
