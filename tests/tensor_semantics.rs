@@ -816,3 +816,16 @@ fn half_precision_kernels_round_every_value_once_in_every_loop() {
     check(DType::F16, f16::from_bits, f16::to_f32, f16::from_f32);
     check(DType::BF16, bf16::from_bits, bf16::to_f32, bf16::from_f32);
 }
+
+#[test]
+fn a_product_by_a_transposed_column_keeps_the_sign_of_zero() {
+    // [5, 1] x [1, 9], the right one a transposed column (strides [1, 1]): PyTorch gives -0
+    // for 0 x -3, whatever the stride of the size-1 dimension.
+    let a = Tensor::from_slice(&[0.0f32, 1.0, 0.0, -2.0, 0.0], &[5, 1], DType::F32).unwrap();
+    let col = Tensor::from_slice(&[-3.0f32, 0.0, 2.0, -1.0, 0.0, 0.0, 0.0, 0.0, 1.0], &[9, 1], DType::F32).unwrap();
+    for b in [col.t().unwrap(), col.t().unwrap().contiguous().unwrap(), col.view(&[1, 9]).unwrap()] {
+        let c = a.matmul(&b).unwrap().to_vec::<f32>().unwrap();
+        assert!(c[0] == 0.0 && c[0].is_sign_negative() && c[3].is_sign_negative(), "{:?}: {c:?}", b.strides());
+        assert_eq!(c[9..18], [-3.0, 0.0, 2.0, -1.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
+    }
+}

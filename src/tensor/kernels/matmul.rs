@@ -373,7 +373,10 @@ fn batched<T: Element + Num>(
     let nb = batch.len();
     let (ao, bo) = (batch_offsets(a, batch), batch_offsets(b, batch));
     let ptrs = Shared((a.data_ptr() as *const T, b.data_ptr() as *const T, out.data_ptr() as *mut T));
-    let (ars, acs, brs, bcs) = (a.strides()[nb], a.strides()[nb + 1], b.strides()[nb], b.strides()[nb + 1]);
+    let ((ars, acs), (brs, bcs)) = (
+        plain_strides((n, k), (a.strides()[nb], a.strides()[nb + 1])),
+        plain_strides((k, m), (b.strides()[nb], b.strides()[nb + 1])),
+    );
     // Columns `cols` of every batch's result.
     let columns = |cols: core::ops::Range<usize>, par: gemm::Parallelism| {
         if cols.is_empty() {
@@ -407,6 +410,17 @@ fn batched<T: Element + Num>(
             columns(piece_range(m, PIECE_ALIGN, pieces, p), gemm::Parallelism::None);
         }),
     }
+}
+
+/// The strides of a `rows x cols` matrix with the stride of a dimension of size 1 (never
+/// stepped over) replaced by the one that makes the matrix contiguous by rows or by columns,
+/// so that the product does not depend on it: gemm chose another route for a `1 x m` matrix
+/// whose two strides were 1 (a transposed column, or `preserve_format`'s copy of one), one
+/// whose sums start at +0 (`0 x -3` came out +0, not PyTorch's -0).
+fn plain_strides((rows, cols): (usize, usize), (rs, cs): (usize, usize)) -> (usize, usize) {
+    let rs = if rows == 1 { if cs == 1 { cols } else { 1 } } else { rs };
+    let cs = if cols == 1 { if rs == 1 { rows } else { 1 } } else { cs };
+    (rs, cs)
 }
 
 /// `dst (n x m, rows ldd apart) = lhs (n x k) * rhs (k x m)`, for the floating-point types by
