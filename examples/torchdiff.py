@@ -840,6 +840,11 @@ TOL = {"f16": 2e-3, "bf16": 1.6e-2, "f32": 2e-5, "f64": 1e-9}
 EXACT = re.compile(r"^((alias_)?(add|sub|mul|div)(_scalar)?(_|_out)?|st_save|st_load(_copy)?)$")
 
 
+# Ops whose fresh output is laid out as PyTorch lays it out (`TensorIterator`'s rule for the
+# element-wise ones, `preserve_format` for `to`): their strides are compared too.
+LAYOUT = re.compile(r"^((add|sub|mul|div|maximum|minimum|pow|eq|ne|lt|le|gt|ge)(_scalar)?|neg|abs|relu|exp|log|sqrt|gelu|gelu_tanh|sigmoid|silu|tanh|add_scaled|sub_scaled|where|to_dtype)$")
+
+
 def close(a, b, dt, op):
     if math.isnan(a) and math.isnan(b):
         return True
@@ -894,6 +899,8 @@ def compare(case, mine, ref):
                 return f"out {j}: {'a view' if o['shares'] else 'a copy'} vs {'a view' if shares else 'a copy'}"
             if shares and (list(o["strides"]) != list(t.stride()) or o["offset"] != t.storage_offset()):
                 return f"out {j}: strides {o['strides']} offset {o['offset']} vs {list(t.stride())} offset {t.storage_offset()}"
+        if LAYOUT.match(case["op"]) and list(o["layout"]) != list(t.stride()):
+            return f"out {j}: laid out with strides {o['layout']} vs {list(t.stride())}"
         tv = t.to(torch.float64).flatten().tolist() if t.numel() else []
         ov = [float(v) for v in o["values"]]
         for q, (p, w) in enumerate(zip(ov, tv)):

@@ -54,7 +54,7 @@ fn vals(t: &Tensor) -> Result<Vec<String>, String> {
 }
 
 fn desc(t: &Tensor) -> Result<Value, String> {
-    Ok(json!({"dtype": t.dtype().name(), "sizes": t.sizes(), "values": vals(t)?}))
+    Ok(json!({"dtype": t.dtype().name(), "sizes": t.sizes(), "values": vals(t)?, "layout": t.strides()}))
 }
 
 /// A view's description also gives its layout and whether it shares `base`'s storage.

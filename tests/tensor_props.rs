@@ -428,9 +428,12 @@ fn transposed_tensors_gather_every_element() {
                 .collect();
             let t = Tensor::from_slice(&data, &[batch, rows, cols], DType::F64).unwrap().to_dtype(dt).unwrap();
             let tt = t.transpose(1, 2).unwrap();
-            // A cast to a wider type reads through the same tiles.
+            // A cast to a wider type into a contiguous tensor reads through the same tiles
+            // (`to_dtype` keeps the transposed layout, as PyTorch's `to` does).
             let wider = if dt == DType::F32 { DType::F64 } else { DType::F32 };
-            for got in [tt.contiguous().unwrap(), tt.to_dtype(wider).unwrap()] {
+            let widened = Tensor::empty(tt.sizes(), wider).unwrap();
+            widened.copy_(&tt).unwrap();
+            for got in [tt.contiguous().unwrap(), widened] {
                 assert!(got.is_contiguous());
                 let got = got.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
                 for b in 0..batch {

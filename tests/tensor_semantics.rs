@@ -817,6 +817,60 @@ fn half_precision_kernels_round_every_value_once_in_every_loop() {
     check(DType::BF16, bf16::from_bits, bf16::to_f32, bf16::from_f32);
 }
 
+/// Figures from PyTorch 2.15 (`x.stride()` of each result).
+#[test]
+fn outputs_are_laid_out_as_pytorch_lays_them_out() {
+    let a = arange(12).view(&[4, 3]).unwrap(); // a.t(): [3, 4], strides [1, 3]
+    let at = a.t().unwrap();
+    let b = arange(12).view(&[3, 4]).unwrap();
+    let strides = |t: Tensor| t.strides().to_vec();
+    // Element-wise: the first input that tells the dimensions apart decides.
+    assert_eq!(strides(at.exp().unwrap()), [1, 3]);
+    assert_eq!(strides(at.add(&b).unwrap()), [1, 3]);
+    assert_eq!(strides(b.add(&at).unwrap()), [4, 1]);
+    assert_eq!(strides(at.add(&at).unwrap()), [1, 3]);
+    assert_eq!(strides(at.mul_scalar(2.0).unwrap()), [1, 3]);
+    assert_eq!(strides(at.gt(&b).unwrap()), [1, 3]);
+    let pos = at.gt_scalar(0.0).unwrap();
+    assert_eq!(strides(at.where_cond(&pos, &Tensor::scalar(0.0, DType::F32).unwrap()).unwrap()), [1, 3]);
+    // A row broadcast over a transposed matrix: the matrix decides.
+    assert_eq!(strides(arange(4).add(&at).unwrap()), [1, 3]);
+    // `to` and `*_like` keep a dense layout, and a strided one's order, packed.
+    assert_eq!(strides(at.to_dtype(DType::F16).unwrap()), [1, 3]);
+    assert_eq!(strides(Tensor::zeros_like(&at).unwrap()), [1, 3]);
+    let stepped = at.slice(0, 0, 3, 2).unwrap(); // [2, 4], strides [2, 3]
+    assert_eq!(strides(Tensor::zeros_like(&stepped).unwrap()), [1, 2]);
+    assert_eq!(strides(stepped.to_dtype(DType::F64).unwrap()), [1, 2]);
+    assert_eq!(strides(Tensor::full_like(&at.expand(&[2, 3, 4]).unwrap(), 1.0).unwrap()), [12, 1, 3]);
+    // Channels-last 4-d tensors stay channels-last; permuted 3-d ones keep their order.
+    let nhwc = arange(120).view(&[2, 4, 5, 3]).unwrap().permute(&[0, 3, 1, 2]).unwrap();
+    assert_eq!(strides(nhwc.relu().unwrap()), [60, 1, 15, 3]);
+    assert_eq!(strides(nhwc.add(&nhwc).unwrap()), [60, 1, 15, 3]);
+    let p = arange(24).view(&[2, 3, 4]).unwrap().permute(&[2, 0, 1]).unwrap();
+    assert_eq!(strides(p.exp().unwrap()), [1, 12, 4]);
+    // An operand of another dtype counts as PyTorch's converted copy of it (`to`, packed).
+    let f = arange(40).as_strided(&[1, 3, 4], &[36, 0, 1], 0).unwrap();
+    let g = arange(12).to_dtype(DType::F64).unwrap().as_strided(&[1, 3, 4], &[1, 4, 1], 0).unwrap();
+    assert_eq!(strides(f.ge(&g).unwrap()), [12, 4, 1]);
+    // `pow` by a number is a unary op of its tensor in PyTorch; `mul` by one is binary.
+    let odd = arange(100).as_strided(&[4, 1, 1, 2], &[2, 8, 8, 1], 3).unwrap();
+    assert_eq!(strides(odd.pow_scalar(2.0).unwrap()), [2, 2, 2, 1]);
+    assert_eq!(strides(odd.mul_scalar(2.0).unwrap()), [2, 8, 8, 1]);
+    // Contiguous inputs give contiguous outputs; values are PyTorch's whatever the layout.
+    assert_eq!(strides(a.add(&a).unwrap()), [3, 1]);
+    let sum = at.add(&b).unwrap();
+    let want: Vec<f32> = (0..12).map(|i| ((i % 4) * 3 + i / 4 + i) as f32).collect();
+    assert_eq!(sum.to_vec::<f32>().unwrap(), want);
+    assert!(matches!(sum.as_slice::<f32>().unwrap_err(), TensorError::NotContiguous { .. }));
+    assert_eq!(sum.contiguous().unwrap().as_slice::<f32>().unwrap().to_vec(), want);
+    // Every byte of a transposed fresh output is written: its storage holds the values.
+    assert_eq!(sum.storage().nbytes(), 12 * 4);
+    assert_eq!(
+        sum.as_strided(&[12], &[1], 0).unwrap().to_vec::<f32>().unwrap().iter().sum::<f32>(),
+        want.iter().sum::<f32>()
+    );
+}
+
 #[test]
 fn a_product_by_a_transposed_column_keeps_the_sign_of_zero() {
     // [5, 1] x [1, 9], the right one a transposed column (strides [1, 1]): PyTorch gives -0

@@ -85,10 +85,28 @@ impl Tensor {
         dtype: DType,
         allocator: Arc<dyn Allocator>,
     ) -> Result<Tensor> {
+        // SAFETY: forwarded; contiguous strides are dense.
+        unsafe { Tensor::uninit_strided(op, sizes, contiguous_strides(sizes), dtype, allocator) }
+    }
+
+    /// As [`uninit`](Self::uninit), with `strides`: a dense layout (see
+    /// [`layout`](super::layout)), whose elements fill the `numel` elements of the storage.
+    ///
+    /// # Safety
+    /// As [`uninit`](Self::uninit); `strides` is dense for `sizes` (then writing every element
+    /// initialises the whole storage, and the layout stays inside it).
+    pub(crate) unsafe fn uninit_strided(
+        op: &'static str,
+        sizes: &[usize],
+        strides: Vec<usize>,
+        dtype: DType,
+        allocator: Arc<dyn Allocator>,
+    ) -> Result<Tensor> {
+        debug_assert!(strides.len() == sizes.len() && super::layout::is_dense(sizes, &strides));
         let nbytes = nbytes_of(op, sizes, dtype)?;
         // SAFETY: forwarded: the caller fills the tensor before anything reads it.
         let storage = unsafe { Storage::new_uninit(op, nbytes, allocator) }?.described(dtype, sizes);
-        Ok(Tensor::from_parts(storage, sizes.to_vec(), contiguous_strides(sizes), 0, dtype))
+        Ok(Tensor::from_parts(storage, sizes.to_vec(), strides, 0, dtype))
     }
 
     /// A fresh contiguous output for a kernel, allocated where `like`'s storage was.
@@ -96,12 +114,28 @@ impl Tensor {
     /// # Safety
     /// As [`uninit`](Self::uninit): the kernel writes every element before returning it.
     pub(crate) unsafe fn output(op: &'static str, sizes: &[usize], dtype: DType, like: &Tensor) -> Result<Tensor> {
+        // SAFETY: forwarded to the caller; contiguous strides are dense.
+        unsafe { Tensor::output_strided(op, sizes, contiguous_strides(sizes), dtype, like) }
+    }
+
+    /// As [`output`](Self::output), with `strides`, a dense layout for `sizes` (from
+    /// [`layout`](super::layout): an element-wise kernel's output is laid out as PyTorch's).
+    ///
+    /// # Safety
+    /// As [`uninit_strided`](Self::uninit_strided).
+    pub(crate) unsafe fn output_strided(
+        op: &'static str,
+        sizes: &[usize],
+        strides: Vec<usize>,
+        dtype: DType,
+        like: &Tensor,
+    ) -> Result<Tensor> {
         let allocator = match like.storage.allocator() {
             Some(a) => Arc::clone(a),
             None => default_allocator(op)?,
         };
         // SAFETY: forwarded to the caller.
-        unsafe { Tensor::uninit(op, sizes, dtype, allocator) }
+        unsafe { Tensor::uninit_strided(op, sizes, strides, dtype, allocator) }
     }
 
     /// The sizes of the dimensions.

@@ -5,9 +5,18 @@ use core::fmt;
 use core::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
+use super::layout::preserved_strides;
 use super::storage::{SliceRead, SliceWrite};
 
 use super::{Element, Result, Tensor, TensorError, TensorOptions};
+
+/// `fresh` (just made with `like`'s shape, every element the same value) with the strides
+/// PyTorch's `preserve_format` gives a tensor made like `like`.
+fn laid_out_as(like: &Tensor, fresh: Tensor) -> Tensor {
+    let strides = preserved_strides(like.sizes(), like.strides());
+    // The strides are dense (`layout`), so they address the fresh storage's `numel` elements.
+    Tensor::from_parts(fresh.storage().clone(), fresh.sizes().to_vec(), strides, 0, fresh.dtype())
+}
 
 impl Tensor {
     /// The options this tensor was made with: its dtype and its storage's allocator (none for
@@ -37,36 +46,50 @@ impl Tensor {
         }
     }
 
-    /// Zeros of this tensor's shape, dtype and allocator (lazily allocated).
+    /// Zeros of this tensor's shape, dtype and allocator (lazily allocated), laid out as it is
+    /// (PyTorch's `preserve_format`: a dense tensor's strides, transposed for a transposed
+    /// one; else its dimensions' order, packed).
+    ///
+    /// ```
+    /// use tensormem::tensor::{DType, Tensor};
+    ///
+    /// let x = Tensor::ones(&[4, 3], DType::F32)?;
+    /// assert_eq!(Tensor::zeros_like(&x.t()?)?.strides(), [1, 3]);
+    /// assert_eq!(Tensor::zeros_like(&x.narrow(1, 0, 2)?)?.strides(), [2, 1]);
+    /// # Ok::<(), tensormem::tensor::TensorError>(())
+    /// ```
     ///
     /// # Errors
     /// As [`Tensor::zeros`].
     pub fn zeros_like(t: &Tensor) -> Result<Tensor> {
-        Tensor::zeros(t.sizes(), t.options())
+        Ok(laid_out_as(t, Tensor::zeros(t.sizes(), t.options())?))
     }
 
-    /// Ones of this tensor's shape, dtype and allocator.
+    /// Ones of this tensor's shape, dtype and allocator, laid out as
+    /// [`zeros_like`](Self::zeros_like).
     ///
     /// # Errors
     /// As [`Tensor::ones`].
     pub fn ones_like(t: &Tensor) -> Result<Tensor> {
-        Tensor::ones(t.sizes(), t.options())
+        Ok(laid_out_as(t, Tensor::ones(t.sizes(), t.options())?))
     }
 
-    /// An uninitialised (lazily zeroed) tensor of this tensor's shape, dtype and allocator.
+    /// An uninitialised (lazily zeroed) tensor of this tensor's shape, dtype and allocator,
+    /// laid out as [`zeros_like`](Self::zeros_like).
     ///
     /// # Errors
     /// As [`Tensor::empty`].
     pub fn empty_like(t: &Tensor) -> Result<Tensor> {
-        Tensor::empty(t.sizes(), t.options())
+        Ok(laid_out_as(t, Tensor::empty(t.sizes(), t.options())?))
     }
 
-    /// `value` everywhere, in this tensor's shape, dtype and allocator.
+    /// `value` everywhere, in this tensor's shape, dtype and allocator, laid out as
+    /// [`zeros_like`](Self::zeros_like).
     ///
     /// # Errors
     /// As [`Tensor::full`].
     pub fn full_like(t: &Tensor, value: f64) -> Result<Tensor> {
-        Tensor::full(t.sizes(), value, t.options())
+        Ok(laid_out_as(t, Tensor::full(t.sizes(), value, t.options())?))
     }
 
     /// Zeros of `sizes` in this tensor's dtype and allocator (`x.new_zeros` in PyTorch).

@@ -41,6 +41,7 @@ mod error;
 mod halfconv;
 mod iter;
 mod kernels;
+mod layout;
 mod like;
 mod num;
 mod ops;

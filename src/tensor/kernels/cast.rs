@@ -2,6 +2,7 @@
 
 use crate::tensor::core::for_each_offset;
 use crate::tensor::dtype::{cast, match_dtype};
+use crate::tensor::layout::preserved_strides;
 use crate::tensor::quant::{dequantize_into, quantize_into};
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Result, Tensor, TensorError};
@@ -116,8 +117,11 @@ impl Tensor {
         if dtype.is_quantized() {
             return self.quantize(op, dtype);
         }
-        // SAFETY: `cast_into` writes every element of `out` or fails, dropping it unread.
-        let out = unsafe { Tensor::output(op, self.sizes(), dtype, self) }?;
+        // Laid out as this tensor (PyTorch's `preserve_format`).
+        let strides = preserved_strides(self.sizes(), self.strides());
+        // SAFETY: `cast_into` writes every element of `out` or fails, dropping it unread;
+        // `preserved_strides` are dense.
+        let out = unsafe { Tensor::output_strided(op, self.sizes(), strides, dtype, self) }?;
         cast_into(op, &out, self, Dest::Fresh)?;
         Ok(out)
     }

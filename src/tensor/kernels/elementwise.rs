@@ -25,6 +25,7 @@
 use crate::tensor::dtype::{match_dtype, match_float, match_numeric};
 use crate::tensor::halfconv::HalfFloat;
 use crate::tensor::iter::GRAIN;
+use crate::tensor::layout::{Input, elementwise_output};
 use crate::tensor::num::{Float, Num};
 use crate::tensor::shape::broadcast_shapes;
 use crate::tensor::vmath::Func;
@@ -579,17 +580,25 @@ impl Tensor {
     }
 
     fn binary(&self, kind: Binary, other: &Tensor, alpha: f64) -> Result<Tensor> {
+        self.binary_laid_out(kind, other, alpha, false)
+    }
+
+    /// [`binary`](Self::binary), its output laid out by this tensor alone when `by_self`
+    /// (PyTorch's `pow(Tensor, Scalar)` is a unary op of its tensor), else by both operands.
+    fn binary_laid_out(&self, kind: Binary, other: &Tensor, alpha: f64, by_self: bool) -> Result<Tensor> {
         let op = kind.name(Form::Fresh);
         let shape = broadcast_shapes(op, self.sizes(), other.sizes())?;
         let ct = self.binary_type(op, kind, other)?;
+        let both = [Input::of(self, ct), Input::of(other, ct)];
+        let inputs = if by_self { &both[..1] } else { &both[..] };
         if let Some(v) = half_opmath_operand(kind, ct, self, other)? {
             // SAFETY: `launch_half_scalar` writes every element of `out` or fails.
-            let out = unsafe { Tensor::output(op, self.sizes(), ct, self) }?;
+            let out = unsafe { elementwise_output(op, self.sizes(), ct, self, inputs) }?;
             launch_half_scalar(op, kind, v, &out, self, Dest::Fresh)?;
             return Ok(out);
         }
         // SAFETY: `launch_binary` writes every element of `out` or fails, dropping it unread.
-        let out = unsafe { Tensor::output(op, &shape, ct, self) }?;
+        let out = unsafe { elementwise_output(op, &shape, ct, self, inputs) }?;
         launch_binary(op, kind, alpha, ct, &out, self, other, Dest::Fresh)?;
         Ok(out)
     }
@@ -634,12 +643,13 @@ impl Tensor {
         let op = kind.name(Form::Fresh);
         self.check_scalar_power(op, kind, s)?;
         if let Some(v) = half_opmath_scalar(kind, self.dtype(), s) {
+            let inputs = [Input::of(self, self.dtype()), Input::NUMBER];
             // SAFETY: `launch_half_scalar` writes every element of `out` or fails.
-            let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
+            let out = unsafe { elementwise_output(op, self.sizes(), self.dtype(), self, &inputs) }?;
             launch_half_scalar(op, kind, v, &out, self, Dest::Fresh)?;
             return Ok(out);
         }
-        self.binary(kind, &self.scalar_operand(op, s, kind == Binary::Div)?, 1.0)
+        self.binary_laid_out(kind, &self.scalar_operand(op, s, kind == Binary::Div)?, 1.0, kind == Binary::Pow)
     }
 
     fn binary_scalar_(&self, kind: Binary, s: Scalar) -> Result<&Tensor> {
@@ -702,7 +712,8 @@ impl Tensor {
         let shape = broadcast_shapes(op, self.sizes(), other.sizes())?;
         let ct = result_type(op, self, other)?;
         // SAFETY: `launch_compare` writes every element of `out` or fails.
-        let out = unsafe { Tensor::output(op, &shape, DType::Bool, self) }?;
+        let out =
+            unsafe { elementwise_output(op, &shape, DType::Bool, self, &[Input::of(self, ct), Input::of(other, ct)]) }?;
         launch_compare(op, kind, ct, &out, self, other, Dest::Fresh)?;
         Ok(out)
     }
@@ -727,7 +738,7 @@ impl Tensor {
         let op = kind.name(Form::Fresh);
         let ct = self.unary_type(op, kind)?;
         // SAFETY: `launch_unary` writes every element of `out` or fails.
-        let out = unsafe { Tensor::output(op, self.sizes(), ct, self) }?;
+        let out = unsafe { elementwise_output(op, self.sizes(), ct, self, &[Input::of(self, ct)]) }?;
         launch_unary(op, kind, ct, &out, self, Dest::Fresh)?;
         Ok(out)
     }

@@ -37,6 +37,7 @@ use core::slice;
 
 use crate::tensor::dtype::{cast, match_dtype};
 use crate::tensor::iter::{Operand, Plan};
+use crate::tensor::layout::is_dense;
 use crate::tensor::shape::{broadcast_strides_to, extent};
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
@@ -79,25 +80,6 @@ fn elements_distinct(t: &Tensor) -> bool {
     true
 }
 
-/// PyTorch's `is_non_overlapping_and_dense`: the elements fill one range of memory, each
-/// address once (a permutation of a contiguous layout).
-fn dense(sizes: &[usize], strides: &[usize]) -> bool {
-    let mut dims: Vec<(usize, usize)> =
-        sizes.iter().zip(strides).filter(|(s, _)| **s != 1).map(|(&s, &st)| (st, s)).collect();
-    if dims.iter().any(|d| d.1 == 0) {
-        return true;
-    }
-    dims.sort_unstable();
-    let mut expected = 1usize;
-    for (stride, size) in dims {
-        if stride != expected {
-            return false;
-        }
-        expected = expected.saturating_mul(size);
-    }
-    true
-}
-
 /// What [`prepare_into`] found: the inputs to read (copies where they partially overlapped the
 /// output), which of them are exactly the output, and whether runs may go in parallel.
 pub(crate) struct Prepared {
@@ -125,7 +107,7 @@ pub(crate) fn prepare_into(op: &'static str, out: &Tensor, inputs: &[&Tensor]) -
         (out.storage_offset(), extent(out.sizes(), out.strides(), out.storage_offset()).unwrap_or(usize::MAX));
     let mut prepared =
         Prepared { inputs: Vec::with_capacity(inputs.len()), alias: Vec::with_capacity(inputs.len()), parallel };
-    let out_dense = dense(out.sizes(), out.strides());
+    let out_dense = is_dense(out.sizes(), out.strides());
     for (i, t) in inputs.iter().enumerate() {
         if !t.shares_storage(out) || t.numel() == 0 || out.numel() == 0 {
             prepared.inputs.push((*t).clone());
@@ -143,7 +125,7 @@ pub(crate) fn prepare_into(op: &'static str, out: &Tensor, inputs: &[&Tensor]) -
         let r = (t.storage_offset(), extent(t.sizes(), t.strides(), t.storage_offset()).unwrap_or(usize::MAX));
         if r.1 <= out_range.0 || out_range.1 <= r.0 {
             prepared.inputs.push((*t).clone());
-        } else if out_dense && dense(t.sizes(), t.strides()) {
+        } else if out_dense && is_dense(t.sizes(), t.strides()) {
             // Numbered among the inputs that are not the output itself (for `a.add_(b)`, `b` is 0).
             let input = i - prepared.alias.iter().filter(|&&a| a).count();
             return Err(TensorError::PartialOverlap {

@@ -2,6 +2,7 @@
 
 use crate::tensor::dtype::match_dtype;
 use crate::tensor::iter::{Operand, Plan};
+use crate::tensor::layout::{Input, elementwise_output};
 use crate::tensor::shape::broadcast_shapes;
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
@@ -86,8 +87,9 @@ impl Tensor {
             .ok_or(TensorError::NoCommonDType { op, lhs: self.dtype(), rhs: other.dtype() })?;
         let x = self.to_dtype(dt)?;
         let y = other.to_dtype(dt)?;
+        let inputs = [Input::of(condition, DType::Bool), Input::of(&x, dt), Input::of(&y, dt)];
         // SAFETY: `run_where` writes every element or fails, dropping `out` unread.
-        let out = unsafe { Tensor::output(op, &shape, dt, self) }?;
+        let out = unsafe { elementwise_output(op, &shape, dt, self, &inputs) }?;
         match_dtype!(dt, T => run_where::<T>(op, &out, condition, &x, &y, false)?, _ => {});
         Ok(out)
     }
