@@ -549,7 +549,7 @@ def gen():
     s0 = rshape()
     nd = len(s0)
     op = R.choice(["chunk", "split", "narrow", "slice", "select", "transpose", "permute", "movedim", "reshape", "view", "squeeze",
-                   "squeeze_dim", "unsqueeze", "expand", "broadcast_to", "flatten", "t", "contiguous", "size"])
+                   "squeeze_dim", "unsqueeze", "expand", "broadcast_to", "flatten", "t", "contiguous", "size", "zeros_like", "full_like"])
     rd = lambda extra=0: R.randint(-nd - extra, max(nd - 1 + extra, 0)) if nd or extra else R.choice([0, -1])
     args = {}
     if op in ("chunk", "split"):
@@ -817,6 +817,10 @@ def t_run(case):
         return one(x.t())
     if op == "contiguous":
         return one(x.contiguous())
+    if op == "zeros_like":
+        return one(torch.zeros_like(x))
+    if op == "full_like":
+        return one(torch.full_like(x, 2))
     if op == "to_dtype":
         return one(x.to(TD[a["dtype"]]))
     if op == "size":
@@ -842,7 +846,7 @@ EXACT = re.compile(r"^((alias_)?(add|sub|mul|div)(_scalar)?(_|_out)?|st_save|st_
 
 # Ops whose fresh output is laid out as PyTorch lays it out (`TensorIterator`'s rule for the
 # element-wise ones, `preserve_format` for `to`): their strides are compared too.
-LAYOUT = re.compile(r"^((add|sub|mul|div|maximum|minimum|pow|eq|ne|lt|le|gt|ge)(_scalar)?|neg|abs|relu|exp|log|sqrt|gelu|gelu_tanh|sigmoid|silu|tanh|add_scaled|sub_scaled|where|to_dtype)$")
+LAYOUT = re.compile(r"^((add|sub|mul|div|maximum|minimum|pow|eq|ne|lt|le|gt|ge)(_scalar)?|neg|abs|relu|exp|log|sqrt|gelu|gelu_tanh|sigmoid|silu|tanh|add_scaled|sub_scaled|where|to_dtype|zeros_like|full_like)$")
 
 
 def close(a, b, dt, op):

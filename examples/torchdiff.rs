@@ -262,6 +262,8 @@ fn run(case: &Value) -> Result<Value, String> {
         "flatten" => view(x.flatten().map_err(e)?),
         "t" => view(x.t().map_err(e)?),
         "contiguous" => view(x.contiguous().map_err(e)?),
+        "zeros_like" => one(Tensor::zeros_like(x).map_err(e)?),
+        "full_like" => one(Tensor::full_like(x, 2.0).map_err(e)?),
         "to_dtype" => one(x.to_dtype(dtype(a["dtype"].as_str().unwrap())).map_err(e)?),
         "size" => Ok(json!({"size": x.size(i(&a["dim"])).map_err(e)?})),
         "display" => Ok(json!({"text": format!("{x}")})),

@@ -63,22 +63,25 @@ pub(crate) unsafe fn elementwise_output(
 }
 
 /// PyTorch's `is_non_overlapping_and_dense`: the elements fill one range of memory, each
-/// address once (a permutation of a contiguous layout; any empty tensor is).
+/// address once (a permutation of a contiguous layout; any empty tensor is). Each dimension
+/// of size above 1 must step over exactly the elements of those with smaller strides (the
+/// sorted check, without sorting or allocating: tensors have few dimensions).
 pub(crate) fn is_dense(sizes: &[usize], strides: &[usize]) -> bool {
-    let mut dims: Vec<(usize, usize)> =
-        sizes.iter().zip(strides).filter(|(s, _)| **s != 1).map(|(&s, &st)| (st, s)).collect();
-    if dims.iter().any(|d| d.1 == 0) {
+    if sizes.contains(&0) {
         return true;
     }
-    dims.sort_unstable();
-    let mut expected = 1usize;
-    for (stride, size) in dims {
-        if stride != expected {
-            return false;
+    let dims = || sizes.iter().zip(strides).filter(|(s, _)| **s != 1);
+    dims().all(|(_, &stride)| {
+        let mut below = 1usize;
+        for (&s, &st) in dims() {
+            if st < stride {
+                below = below.saturating_mul(s);
+            }
         }
-        expected = expected.saturating_mul(size);
-    }
-    true
+        // Another dimension with the same stride steps over the same places: `below` then
+        // misses its size, and the test fails (as the sorted one does).
+        stride == below && dims().filter(|(_, st)| **st == stride).count() == 1
+    })
 }
 
 /// Whether a 4-d layout is channels-last contiguous (NHWC in memory: dimension 1 innermost,
@@ -232,6 +235,37 @@ mod tests {
         assert_eq!(elementwise_strides(&[], &[at(&[], &[])]), Vec::<usize>::new());
         // PyTorch's figures for empty outputs (`torch.empty(2,3,0) + torch.empty(3,1)`).
         assert_eq!(elementwise_strides(&[2, 3, 0], &[at(&[2, 3, 0], &[3, 1, 1]), at(&[3, 1], &[1, 1])]), [3, 1, 1]);
+    }
+
+    /// The sorted form of the test, as PyTorch writes it.
+    fn dense_by_sorting(sizes: &[usize], strides: &[usize]) -> bool {
+        if sizes.contains(&0) {
+            return true;
+        }
+        let mut dims: Vec<(usize, usize)> =
+            sizes.iter().zip(strides).filter(|(s, _)| **s != 1).map(|(&s, &st)| (st, s)).collect();
+        dims.sort_unstable();
+        let mut expected = 1;
+        dims.iter().all(|&(st, s)| {
+            let ok = st == expected;
+            expected *= s;
+            ok
+        })
+    }
+
+    #[test]
+    fn density_matches_the_sorted_test_on_every_small_layout() {
+        let mut checked = 0;
+        for n in 0..=3u32 {
+            for code in 0..7usize.pow(2 * n) {
+                let digit = |k: u32| (code / 7usize.pow(k)) % 7;
+                let sizes: Vec<usize> = (0..n).map(|d| [0, 1, 2, 3, 1, 2, 4][digit(d)]).collect();
+                let strides: Vec<usize> = (0..n).map(|d| [0, 1, 2, 3, 4, 6, 12][digit(n + d)]).collect();
+                assert_eq!(is_dense(&sizes, &strides), dense_by_sorting(&sizes, &strides), "{sizes:?} {strides:?}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 1 + 49 + 2401 + 117_649);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use super::{Result, TensorError};
 
 /// Row-major strides (in elements) of a contiguous tensor of `sizes`.
+#[inline]
 pub(crate) fn contiguous_strides(sizes: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; sizes.len()];
     let mut acc = 1usize;
@@ -15,6 +16,7 @@ pub(crate) fn contiguous_strides(sizes: &[usize]) -> Vec<usize> {
 
 /// Whether `sizes`/`strides` are row-major contiguous (dimensions of size 1 may have any
 /// stride, as in PyTorch).
+#[inline]
 pub(crate) fn is_contiguous(sizes: &[usize], strides: &[usize]) -> bool {
     if sizes.contains(&0) {
         return true;
