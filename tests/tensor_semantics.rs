@@ -842,6 +842,11 @@ fn outputs_are_laid_out_as_pytorch_lays_them_out() {
     assert_eq!(strides(Tensor::zeros_like(&stepped).unwrap()), [1, 2]);
     assert_eq!(strides(stepped.to_dtype(DType::F64).unwrap()), [1, 2]);
     assert_eq!(strides(Tensor::full_like(&at.expand(&[2, 3, 4]).unwrap(), 1.0).unwrap()), [12, 1, 3]);
+    // A quantised tensor's blocks have one layout: zeros like it are contiguous.
+    let q = Tensor::ones(&[2, 3, 64], DType::F32).unwrap().to_dtype(DType::Q8_0).unwrap();
+    let qz = Tensor::zeros_like(&q.permute(&[1, 0, 2]).unwrap()).unwrap();
+    assert_eq!((qz.dtype(), qz.sizes(), qz.strides()), (DType::Q8_0, &[3, 2, 64][..], &[128, 64, 1][..]));
+    assert_eq!(qz.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(), [0.0; 384]);
     // Channels-last 4-d tensors stay channels-last; permuted 3-d ones keep their order.
     let nhwc = arange(120).view(&[2, 4, 5, 3]).unwrap().permute(&[0, 3, 1, 2]).unwrap();
     assert_eq!(strides(nhwc.relu().unwrap()), [60, 1, 15, 3]);

@@ -13,6 +13,10 @@ use super::{Element, Result, Tensor, TensorError, TensorOptions};
 /// `fresh` (just made with `like`'s shape, every element the same value) with the strides
 /// PyTorch's `preserve_format` gives a tensor made like `like`.
 fn laid_out_as(like: &Tensor, fresh: Tensor) -> Tensor {
+    if fresh.dtype().is_quantized() {
+        // Blocks of 32 along the last dimension: the one layout such a storage holds.
+        return fresh;
+    }
     let strides = preserved_strides(like.sizes(), like.strides());
     // The strides are dense (`layout`), so they address the fresh storage's `numel` elements.
     Tensor::from_parts(fresh.storage().clone(), fresh.sizes().to_vec(), strides, 0, fresh.dtype())
