@@ -19,7 +19,7 @@
 
 use std::borrow::Cow;
 
-use super::shape::{contiguous_strides, is_contiguous};
+use super::shape::{contiguous_strides, is_contiguous, packed_in_order};
 use super::{DType, Result, Tensor};
 
 /// One input of an element-wise kernel, as its output's layout sees it.
@@ -37,7 +37,7 @@ impl<'a> Input<'a> {
     /// [`preserved_strides`]), and lays the output out by the copy; tensormem converts inside
     /// the loop, and lays the output out as PyTorch does.
     pub(crate) fn of(t: &'a Tensor, compute: DType) -> Input<'a> {
-        let strides = if t.dtype() == compute || t.dim() == 0 {
+        let strides = if t.dtype() == compute {
             Cow::Borrowed(t.strides())
         } else {
             Cow::Owned(preserved_strides(t.sizes(), t.strides()))
@@ -87,22 +87,7 @@ pub(crate) fn is_dense(sizes: &[usize], strides: &[usize]) -> bool {
 /// Whether a 4-d layout is channels-last contiguous (NHWC in memory: dimension 1 innermost,
 /// then 3, 2, 0; dimensions of size 1 may have any stride).
 fn is_channels_last(sizes: &[usize], strides: &[usize]) -> bool {
-    if sizes.len() != 4 {
-        return false;
-    }
-    if sizes.contains(&0) {
-        return true;
-    }
-    let mut expected = 1usize;
-    for d in [1, 3, 2, 0] {
-        if sizes[d] != 1 {
-            if strides[d] != expected {
-                return false;
-            }
-            expected = expected.saturating_mul(sizes[d]);
-        }
-    }
-    true
+    sizes.len() == 4 && packed_in_order(sizes, strides, [1, 3, 2, 0])
 }
 
 /// The channels-last strides of a 4-d shape (PyTorch's, with sizes of 0 counted as 1).
@@ -119,12 +104,12 @@ fn channels_last_strides(sizes: &[usize]) -> Vec<usize> {
 /// `TensorIterator::reorder_dimensions` (an insertion sort in which the first input that tells
 /// two dimensions apart decides; equal strides put the smaller dimension inside) and the
 /// output strides it then allocates.
-fn ordered_dense_strides(shape: &[usize], strides: &[Vec<usize>]) -> Vec<usize> {
+fn ordered_dense_strides(shape: &[usize], strides: &[impl AsRef<[usize]>]) -> Vec<usize> {
     let n = shape.len();
     // 1 when `d0` should be inside `d1` is wrong (swap), -1 when right, 0 when no input says.
     let should_swap = |d0: usize, d1: usize| -> i8 {
         for st in strides {
-            let (s0, s1) = (st[d0], st[d1]);
+            let (s0, s1) = (st.as_ref()[d0], st.as_ref()[d1]);
             if s0 == 0 || s1 == 0 {
                 continue;
             }
@@ -202,10 +187,11 @@ pub(crate) fn elementwise_strides(shape: &[usize], inputs: &[Input<'_>]) -> Vec<
 /// The strides PyTorch's `preserve_format` gives a copy of a tensor (`to`, `empty_like`,
 /// `zeros_like`, ...): its own when it is dense, else its dimensions' order packed densely.
 pub(crate) fn preserved_strides(sizes: &[usize], strides: &[usize]) -> Vec<usize> {
-    if is_contiguous(sizes, strides) || is_channels_last(sizes, strides) || is_dense(sizes, strides) {
+    // Contiguous and channels-last layouts are dense too.
+    if is_dense(sizes, strides) {
         return strides.to_vec();
     }
-    ordered_dense_strides(sizes, &[strides.to_vec()])
+    ordered_dense_strides(sizes, &[strides])
 }
 
 #[cfg(test)]

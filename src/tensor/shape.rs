@@ -18,11 +18,19 @@ pub(crate) fn contiguous_strides(sizes: &[usize]) -> Vec<usize> {
 /// stride, as in PyTorch).
 #[inline]
 pub(crate) fn is_contiguous(sizes: &[usize], strides: &[usize]) -> bool {
+    packed_in_order(sizes, strides, (0..sizes.len()).rev())
+}
+
+/// Whether the dimensions, walked innermost first in `order`, are packed one after another
+/// (each stride the product of the sizes before it; dimensions of size 1 may have any stride;
+/// an empty tensor is packed): row-major contiguity, or another memory format's.
+#[inline]
+pub(crate) fn packed_in_order(sizes: &[usize], strides: &[usize], order: impl IntoIterator<Item = usize>) -> bool {
     if sizes.contains(&0) {
         return true;
     }
     let mut expected = 1usize;
-    for d in (0..sizes.len()).rev() {
+    for d in order {
         if sizes[d] == 1 {
             continue;
         }
