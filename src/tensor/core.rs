@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::AllocatorRegistry;
 use crate::allocators::Allocator;
 
-use super::shape::{checked_numel, contiguous_strides, is_contiguous, wrap_dim, wrap_index};
+use super::shape::{Dims, checked_numel, contiguous_strides, is_contiguous, wrap_dim, wrap_index};
 use super::storage::lock_storages;
 use super::{DType, Element, Result, Storage, TensorError};
 
@@ -31,8 +31,8 @@ use super::{DType, Element, Result, Storage, TensorError};
 #[derive(Clone)]
 pub struct Tensor {
     storage: Storage,
-    sizes: Vec<usize>,
-    strides: Vec<usize>,
+    sizes: Dims,
+    strides: Dims,
     offset: usize,
     dtype: DType,
 }
@@ -66,11 +66,12 @@ impl Tensor {
     /// stays inside the storage.
     pub(crate) fn from_parts(
         storage: Storage,
-        sizes: Vec<usize>,
-        strides: Vec<usize>,
+        sizes: impl Into<Dims>,
+        strides: impl Into<Dims>,
         offset: usize,
         dtype: DType,
     ) -> Self {
+        let (sizes, strides) = (sizes.into(), strides.into());
         debug_assert_eq!(sizes.len(), strides.len());
         Tensor { storage, sizes, strides, offset, dtype }
     }
@@ -98,15 +99,16 @@ impl Tensor {
     pub(crate) unsafe fn uninit_strided(
         op: &'static str,
         sizes: &[usize],
-        strides: Vec<usize>,
+        strides: impl Into<Dims>,
         dtype: DType,
         allocator: Arc<dyn Allocator>,
     ) -> Result<Tensor> {
+        let strides = strides.into();
         debug_assert!(strides.len() == sizes.len() && super::layout::is_dense(sizes, &strides));
         let nbytes = nbytes_of(op, sizes, dtype)?;
         // SAFETY: forwarded: the caller fills the tensor before anything reads it.
         let storage = unsafe { Storage::new_uninit(op, nbytes, allocator) }?.described(dtype, sizes);
-        Ok(Tensor::from_parts(storage, sizes.to_vec(), strides, 0, dtype))
+        Ok(Tensor::from_parts(storage, sizes, strides, 0, dtype))
     }
 
     /// A fresh contiguous output for a kernel, allocated where `like`'s storage was.
@@ -126,7 +128,7 @@ impl Tensor {
     pub(crate) unsafe fn output_strided(
         op: &'static str,
         sizes: &[usize],
-        strides: Vec<usize>,
+        strides: impl Into<Dims>,
         dtype: DType,
         like: &Tensor,
     ) -> Result<Tensor> {
@@ -237,7 +239,7 @@ impl Tensor {
                 op,
                 expected: T::DTYPE,
                 actual: self.dtype,
-                shape: self.sizes.clone(),
+                shape: self.sizes.to_vec(),
             });
         }
         Ok(())
@@ -245,7 +247,7 @@ impl Tensor {
 
     pub(crate) fn check_writable(&self, op: &'static str) -> Result<()> {
         if self.storage.is_read_only() {
-            return Err(TensorError::ReadOnly { op, shape: self.sizes.clone() });
+            return Err(TensorError::ReadOnly { op, shape: self.sizes.to_vec() });
         }
         Ok(())
     }
@@ -277,7 +279,7 @@ impl Tensor {
 
     fn element_offset(&self, op: &'static str, index: &[isize]) -> Result<usize> {
         if index.len() != self.sizes.len() {
-            return Err(TensorError::IndexCount { op, given: index.len(), shape: self.sizes.clone() });
+            return Err(TensorError::IndexCount { op, given: index.len(), shape: self.sizes.to_vec() });
         }
         let indices: Vec<usize> =
             index.iter().enumerate().map(|(d, &i)| wrap_index(op, i, d, &self.sizes)).collect::<Result<_>>()?;
@@ -320,7 +322,7 @@ impl Tensor {
     /// [`TensorError::NotAScalar`] unless `numel() == 1`; [`TensorError::WrongType`].
     pub fn item<T: Element>(&self) -> Result<T> {
         if self.numel() != 1 {
-            return Err(TensorError::NotAScalar { op: "item", numel: self.numel(), shape: self.sizes.clone() });
+            return Err(TensorError::NotAScalar { op: "item", numel: self.numel(), shape: self.sizes.to_vec() });
         }
         let zeros = vec![0; self.dim()];
         self.get(&zeros)

@@ -43,7 +43,7 @@ impl Tensor {
         let dtype = opts.get_dtype().unwrap_or(DType::F32);
         let nbytes = nbytes_of("empty", sizes, dtype)?;
         let storage = Storage::new_lazy(nbytes, allocator_of("empty", &opts)?)?.described(dtype, sizes);
-        Ok(Tensor::from_parts(storage, sizes.to_vec(), contiguous_strides(sizes), 0, dtype))
+        Ok(Tensor::from_parts(storage, sizes, contiguous_strides(sizes), 0, dtype))
     }
 
     /// A tensor of zeros (lazily allocated, like [`empty`](Tensor::empty)).
@@ -240,7 +240,7 @@ impl Tensor {
         }
         // SAFETY: forwarded to our caller.
         let storage = unsafe { Storage::map_file(path, offset, len) }?;
-        let t = Tensor::from_parts(storage, sizes.to_vec(), contiguous_strides(sizes), 0, dtype);
+        let t = Tensor::from_parts(storage, sizes, contiguous_strides(sizes), 0, dtype);
         if dtype == DType::Bool && len > 0 {
             // SAFETY: the mapping holds `len` readable bytes, read as bytes.
             let bytes = unsafe { core::slice::from_raw_parts(t.data_ptr() as *const u8, len) };

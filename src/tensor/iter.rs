@@ -16,6 +16,8 @@
 //! both the input and the output are read and written along cache lines. Above [`GRAIN`]
 //! elements the work is split across the kernel threads (see [`parallel`](super::parallel)).
 
+use smallvec::SmallVec;
+
 /// Elements below which a kernel runs on the calling thread only (PyTorch's `GRAIN_SIZE`).
 pub(crate) const GRAIN: usize = 32_768;
 
@@ -24,12 +26,15 @@ const TILE_BYTES: usize = 32 * 1024;
 /// A cache line: a tile is one line of the transposed input tall.
 const LINE: usize = 64;
 
+/// A plan's dimensions: inline up to 6, as a tensor's (see [`Dims`](super::shape::Dims)).
+type PerDim<T> = SmallVec<[T; 6]>;
+
 /// A plan of iteration over `N` operands (operand 0 is the output).
 pub(crate) struct Plan<const N: usize> {
     /// Sizes, innermost first.
-    shape: Vec<usize>,
+    shape: PerDim<usize>,
     /// Byte strides per dimension (innermost first) per operand.
-    strides: Vec<[usize; N]>,
+    strides: PerDim<[usize; N]>,
     /// Element size of each operand.
     elem: [usize; N],
     /// Address of element 0 of each operand.
@@ -50,13 +55,13 @@ impl<const N: usize> Plan<N> {
         let elem = ops.each_ref().map(|o| o.elem);
         let base = ops.each_ref().map(|o| o.ptr as usize);
         // Innermost first, without size-1 dimensions.
-        let mut dims: Vec<(usize, [usize; N])> = (0..shape.len())
+        let mut dims: PerDim<(usize, [usize; N])> = (0..shape.len())
             .rev()
             .filter(|&d| shape[d] != 1)
             .map(|d| (shape[d], ops.each_ref().map(|o| o.strides[d] * o.elem)))
             .collect();
         reorder(&mut dims);
-        let mut out: Vec<(usize, [usize; N])> = Vec::with_capacity(dims.len());
+        let mut out: PerDim<(usize, [usize; N])> = SmallVec::with_capacity(dims.len());
         for (size, st) in dims {
             if let Some((psize, pst)) = out.last_mut()
                 && (0..N).all(|k| st[k] == pst[k] * *psize)
@@ -158,7 +163,7 @@ impl<const N: usize> Plan<N> {
         F: Fn([*mut u8; N], [usize; N], usize),
     {
         let nd = self.shape.len();
-        let mut idx = vec![0usize; nd];
+        let mut idx: PerDim<usize> = smallvec::smallvec![0; nd];
         let mut rem = begin;
         for (i, &size) in idx.iter_mut().zip(&self.shape) {
             *i = rem % size;
@@ -205,10 +210,10 @@ impl<const N: usize> Plan<N> {
         let max_elem = self.elem.iter().copied().max().unwrap_or(1);
         // One scratch tile per tiled operand, u64-backed so every element type is aligned.
         let words = (pitch * th * max_elem).div_ceil(8);
-        let mut scratch: Vec<Vec<u64>> =
+        let mut scratch: SmallVec<[Vec<u64>; N]> =
             (0..N).map(|k| if tiled[k] { vec![0u64; words] } else { Vec::new() }).collect();
         let nd = self.shape.len();
-        let mut idx = vec![0usize; nd];
+        let mut idx: PerDim<usize> = smallvec::smallvec![0; nd];
         for t in begin..end {
             let (c1, c0) = (t % tiles1 * th, t / tiles1 % tiles0 * tw);
             let mut o = t / (tiles0 * tiles1);

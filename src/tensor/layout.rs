@@ -17,20 +17,22 @@
 //! stepped, expanded, `as_strided`, empty; `add`, `exp`, `gt`, `where`, a number operand,
 //! `to`, `zeros_like`, `empty_like`): the same strides in every case.
 
-use std::borrow::Cow;
+use super::shape::{Dims, contiguous_strides, is_contiguous, packed_in_order};
+use smallvec::SmallVec;
 
-use super::shape::{contiguous_strides, is_contiguous, packed_in_order};
 use super::{DType, Result, Tensor};
 
 /// One input of an element-wise kernel, as its output's layout sees it.
 pub(crate) struct Input<'a> {
     sizes: &'a [usize],
-    strides: Cow<'a, [usize]>,
+    strides: Dims,
 }
 
 impl<'a> Input<'a> {
     /// A number operand: a 0-d input, which never decides the layout.
-    pub(crate) const NUMBER: Input<'static> = Input { sizes: &[], strides: Cow::Borrowed(&[]) };
+    pub(crate) fn number() -> Input<'static> {
+        Input { sizes: &[], strides: Dims::new() }
+    }
 
     /// `t`, read by a kernel that computes in `compute`. PyTorch converts an input of another
     /// dtype to `compute` first (`to`, which keeps a dense layout and packs a strided one:
@@ -38,9 +40,9 @@ impl<'a> Input<'a> {
     /// the loop, and lays the output out as PyTorch does.
     pub(crate) fn of(t: &'a Tensor, compute: DType) -> Input<'a> {
         let strides = if t.dtype() == compute {
-            Cow::Borrowed(t.strides())
+            Dims::from_slice(t.strides())
         } else {
-            Cow::Owned(preserved_strides(t.sizes(), t.strides()))
+            preserved_strides(t.sizes(), t.strides())
         };
         Input { sizes: t.sizes(), strides }
     }
@@ -91,12 +93,12 @@ fn is_channels_last(sizes: &[usize], strides: &[usize]) -> bool {
 }
 
 /// The channels-last strides of a 4-d shape (PyTorch's, with sizes of 0 counted as 1).
-fn channels_last_strides(sizes: &[usize]) -> Vec<usize> {
+fn channels_last_strides(sizes: &[usize]) -> Dims {
     let s = |d: usize| sizes[d].max(1);
     let (c, w) = (1, s(1));
     let h = w.saturating_mul(s(3));
     let n = h.saturating_mul(s(2));
-    vec![n, c, h, w]
+    smallvec::smallvec![n, c, h, w]
 }
 
 /// Dense strides for `shape` with the dimensions in the order `strides` (one list per input,
@@ -104,7 +106,7 @@ fn channels_last_strides(sizes: &[usize]) -> Vec<usize> {
 /// `TensorIterator::reorder_dimensions` (an insertion sort in which the first input that tells
 /// two dimensions apart decides; equal strides put the smaller dimension inside) and the
 /// output strides it then allocates.
-fn ordered_dense_strides(shape: &[usize], strides: &[impl AsRef<[usize]>]) -> Vec<usize> {
+fn ordered_dense_strides(shape: &[usize], strides: &[impl AsRef<[usize]>]) -> Dims {
     let n = shape.len();
     // 1 when `d0` should be inside `d1` is wrong (swap), -1 when right, 0 when no input says.
     let should_swap = |d0: usize, d1: usize| -> i8 {
@@ -123,7 +125,7 @@ fn ordered_dense_strides(shape: &[usize], strides: &[impl AsRef<[usize]>]) -> Ve
         0
     };
     // Innermost first.
-    let mut perm: Vec<usize> = (0..n).rev().collect();
+    let mut perm: Dims = (0..n).rev().collect();
     for i in 1..n {
         let mut d1 = i;
         for d0 in (0..i).rev() {
@@ -140,7 +142,7 @@ fn ordered_dense_strides(shape: &[usize], strides: &[impl AsRef<[usize]>]) -> Ve
     if perm.iter().copied().eq((0..n).rev()) {
         return contiguous_strides(shape);
     }
-    let mut out = vec![0; n];
+    let mut out: Dims = smallvec::smallvec![0; n];
     let mut next = 1usize;
     for d in perm {
         out[d] = next;
@@ -154,7 +156,7 @@ fn ordered_dense_strides(shape: &[usize], strides: &[impl AsRef<[usize]>]) -> Ve
 /// The strides of a fresh element-wise output of `shape` computed from `inputs` (each its
 /// sizes and strides, not yet broadcast; a number operand is a 0-d input): PyTorch's
 /// `TensorIterator` rule (see the module doc).
-pub(crate) fn elementwise_strides(shape: &[usize], inputs: &[Input<'_>]) -> Vec<usize> {
+pub(crate) fn elementwise_strides(shape: &[usize], inputs: &[Input<'_>]) -> Dims {
     let n = shape.len();
     if inputs.iter().all(|t| t.sizes == shape) {
         if inputs.iter().all(|t| is_contiguous(t.sizes, &t.strides)) {
@@ -166,10 +168,10 @@ pub(crate) fn elementwise_strides(shape: &[usize], inputs: &[Input<'_>]) -> Vec<
         if let Some(last) = inputs.last()
             && inputs.iter().all(|t| is_dense(t.sizes, &t.strides) && t.strides == last.strides)
         {
-            return last.strides.to_vec();
+            return last.strides.clone();
         }
     }
-    let broadcast: Vec<Vec<usize>> = inputs
+    let broadcast: SmallVec<[Dims; 3]> = inputs
         .iter()
         .map(|&Input { sizes, ref strides }| {
             let lead = n - sizes.len().min(n);
@@ -186,10 +188,10 @@ pub(crate) fn elementwise_strides(shape: &[usize], inputs: &[Input<'_>]) -> Vec<
 
 /// The strides PyTorch's `preserve_format` gives a copy of a tensor (`to`, `empty_like`,
 /// `zeros_like`, ...): its own when it is dense, else its dimensions' order packed densely.
-pub(crate) fn preserved_strides(sizes: &[usize], strides: &[usize]) -> Vec<usize> {
+pub(crate) fn preserved_strides(sizes: &[usize], strides: &[usize]) -> Dims {
     // Contiguous and channels-last layouts are dense too.
     if is_dense(sizes, strides) {
-        return strides.to_vec();
+        return Dims::from_slice(strides);
     }
     ordered_dense_strides(sizes, &[strides])
 }
@@ -199,28 +201,28 @@ mod tests {
     use super::*;
 
     fn at<'a>(sizes: &'a [usize], strides: &'a [usize]) -> Input<'a> {
-        Input { sizes, strides: Cow::Borrowed(strides) }
+        Input { sizes, strides: Dims::from_slice(strides) }
     }
 
     #[test]
     fn elementwise_outputs_follow_the_inputs() {
         // Contiguous inputs, a transposed one, two agreeing transposed ones.
-        assert_eq!(elementwise_strides(&[4, 3], &[at(&[4, 3], &[3, 1]), at(&[4, 3], &[3, 1])]), [3, 1]);
-        assert_eq!(elementwise_strides(&[3, 4], &[at(&[3, 4], &[1, 3]), at(&[3, 4], &[4, 1])]), [1, 3]);
-        assert_eq!(elementwise_strides(&[3, 4], &[at(&[3, 4], &[4, 1]), at(&[3, 4], &[1, 3])]), [4, 1]);
+        assert_eq!(*elementwise_strides(&[4, 3], &[at(&[4, 3], &[3, 1]), at(&[4, 3], &[3, 1])]), [3, 1]);
+        assert_eq!(*elementwise_strides(&[3, 4], &[at(&[3, 4], &[1, 3]), at(&[3, 4], &[4, 1])]), [1, 3]);
+        assert_eq!(*elementwise_strides(&[3, 4], &[at(&[3, 4], &[4, 1]), at(&[3, 4], &[1, 3])]), [4, 1]);
         // A number beside a transposed tensor does not vote.
-        assert_eq!(elementwise_strides(&[3, 4], &[at(&[3, 4], &[1, 3]), at(&[], &[])]), [1, 3]);
+        assert_eq!(*elementwise_strides(&[3, 4], &[at(&[3, 4], &[1, 3]), at(&[], &[])]), [1, 3]);
         // Dense, same strides: kept as they are, size-1 dimensions included.
-        assert_eq!(elementwise_strides(&[3, 1, 4], &[at(&[3, 1, 4], &[1, 7, 3])]), [1, 7, 3]);
+        assert_eq!(*elementwise_strides(&[3, 1, 4], &[at(&[3, 1, 4], &[1, 7, 3])]), [1, 7, 3]);
         // Channels-last, 4-d.
-        assert_eq!(elementwise_strides(&[2, 3, 4, 5], &[at(&[2, 3, 4, 5], &[60, 1, 15, 3])]), [60, 1, 15, 3]);
+        assert_eq!(*elementwise_strides(&[2, 3, 4, 5], &[at(&[2, 3, 4, 5], &[60, 1, 15, 3])]), [60, 1, 15, 3]);
         // A stepped (not dense) permuted input: its order, packed.
-        assert_eq!(elementwise_strides(&[2, 4], &[at(&[2, 4], &[2, 3])]), [1, 2]);
+        assert_eq!(*elementwise_strides(&[2, 4], &[at(&[2, 4], &[2, 3])]), [1, 2]);
         // Broadcast rows over a transposed matrix.
-        assert_eq!(elementwise_strides(&[3, 4], &[at(&[4], &[1]), at(&[3, 4], &[1, 3])]), [1, 3]);
-        assert_eq!(elementwise_strides(&[], &[at(&[], &[])]), Vec::<usize>::new());
+        assert_eq!(*elementwise_strides(&[3, 4], &[at(&[4], &[1]), at(&[3, 4], &[1, 3])]), [1, 3]);
+        assert_eq!(*elementwise_strides(&[], &[at(&[], &[])]), Vec::<usize>::new());
         // PyTorch's figures for empty outputs (`torch.empty(2,3,0) + torch.empty(3,1)`).
-        assert_eq!(elementwise_strides(&[2, 3, 0], &[at(&[2, 3, 0], &[3, 1, 1]), at(&[3, 1], &[1, 1])]), [3, 1, 1]);
+        assert_eq!(*elementwise_strides(&[2, 3, 0], &[at(&[2, 3, 0], &[3, 1, 1]), at(&[3, 1], &[1, 1])]), [3, 1, 1]);
     }
 
     /// The sorted form of the test, as PyTorch writes it.
@@ -256,12 +258,12 @@ mod tests {
 
     #[test]
     fn preserved_layouts() {
-        assert_eq!(preserved_strides(&[3, 4], &[1, 3]), [1, 3]);
-        assert_eq!(preserved_strides(&[2, 4], &[2, 3]), [1, 2]);
-        assert_eq!(preserved_strides(&[1, 1, 1, 3], &[2, 2, 2, 2]), [1, 1, 1, 1]);
-        assert_eq!(preserved_strides(&[0, 4, 1], &[7, 0, 7]), [7, 0, 7]);
-        assert_eq!(preserved_strides(&[4, 2, 1, 3], &[0, 2, 0, 3]), [6, 1, 2, 2]);
+        assert_eq!(*preserved_strides(&[3, 4], &[1, 3]), [1, 3]);
+        assert_eq!(*preserved_strides(&[2, 4], &[2, 3]), [1, 2]);
+        assert_eq!(*preserved_strides(&[1, 1, 1, 3], &[2, 2, 2, 2]), [1, 1, 1, 1]);
+        assert_eq!(*preserved_strides(&[0, 4, 1], &[7, 0, 7]), [7, 0, 7]);
+        assert_eq!(*preserved_strides(&[4, 2, 1, 3], &[0, 2, 0, 3]), [6, 1, 2, 2]);
         // Expanded: not dense; the broadcast dimension goes outside.
-        assert_eq!(preserved_strides(&[3, 4], &[0, 1]), [4, 1]);
+        assert_eq!(*preserved_strides(&[3, 4], &[0, 1]), [4, 1]);
     }
 }

@@ -19,7 +19,7 @@ fn laid_out_as(like: &Tensor, fresh: Tensor) -> Tensor {
     }
     let strides = preserved_strides(like.sizes(), like.strides());
     // The strides are dense (`layout`), so they address the fresh storage's `numel` elements.
-    Tensor::from_parts(fresh.storage().clone(), fresh.sizes().to_vec(), strides, 0, fresh.dtype())
+    Tensor::from_parts(fresh.storage().clone(), fresh.sizes(), strides, 0, fresh.dtype())
 }
 
 impl Tensor {

@@ -200,7 +200,7 @@ impl SafeTensors {
         }
         let strides = contiguous_strides(&info.shape);
         if start.is_multiple_of(elem) {
-            return Ok(Tensor::from_parts(self.storage.clone(), info.shape.clone(), strides, start / elem, dtype));
+            return Ok(Tensor::from_parts(self.storage.clone(), info.shape.as_slice(), strides, start / elem, dtype));
         }
         tracing::warn!(
             path = %self.path.display(), name, start, elem,

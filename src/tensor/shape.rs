@@ -1,11 +1,18 @@
 //! Shape arithmetic: dimension wrapping, broadcasting, strides of views.
 
+use smallvec::SmallVec;
+
 use super::{Result, TensorError};
+
+/// A tensor's sizes or strides: inline up to 6 dimensions (PyTorch keeps them in a
+/// `SmallVector<int64_t, 5>`), so that making, viewing, cloning and iterating over tensors of
+/// up to 6 dimensions allocates nothing for their layout.
+pub(crate) type Dims = SmallVec<[usize; 6]>;
 
 /// Row-major strides (in elements) of a contiguous tensor of `sizes`.
 #[inline]
-pub(crate) fn contiguous_strides(sizes: &[usize]) -> Vec<usize> {
-    let mut strides = vec![0; sizes.len()];
+pub(crate) fn contiguous_strides(sizes: &[usize]) -> Dims {
+    let mut strides: Dims = smallvec::smallvec![0; sizes.len()];
     let mut acc = 1usize;
     for d in (0..sizes.len()).rev() {
         strides[d] = acc;
@@ -101,9 +108,9 @@ pub(crate) fn wrap_index(op: &'static str, index: isize, dim: usize, shape: &[us
 }
 
 /// The broadcast of two shapes (NumPy rules: align on the right; sizes equal or one is 1).
-pub(crate) fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+pub(crate) fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Dims> {
     let n = a.len().max(b.len());
-    let mut out = vec![0; n];
+    let mut out: Dims = smallvec::smallvec![0; n];
     for i in 0..n {
         let sa = if i < a.len() { a[a.len() - 1 - i] } else { 1 };
         let sb = if i < b.len() { b[b.len() - 1 - i] } else { 1 };
@@ -127,12 +134,12 @@ pub(crate) fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Re
 
 /// Strides of `sizes`/`strides` broadcast to `target` (0 on broadcast dimensions), or `None`
 /// when the shape does not broadcast to `target`.
-pub(crate) fn broadcast_strides(sizes: &[usize], strides: &[usize], target: &[usize]) -> Option<Vec<usize>> {
+pub(crate) fn broadcast_strides(sizes: &[usize], strides: &[usize], target: &[usize]) -> Option<Dims> {
     if sizes.len() > target.len() {
         return None;
     }
     let lead = target.len() - sizes.len();
-    let mut out = vec![0; target.len()];
+    let mut out: Dims = smallvec::smallvec![0; target.len()];
     for d in 0..sizes.len() {
         let t = target[lead + d];
         out[lead + d] = if sizes[d] == t {
@@ -152,7 +159,7 @@ pub(crate) fn broadcast_strides_to(
     sizes: &[usize],
     strides: &[usize],
     target: &[usize],
-) -> Result<Vec<usize>> {
+) -> Result<Dims> {
     broadcast_strides(sizes, strides, target).ok_or_else(|| match broadcast_shapes(op, sizes, target) {
         Err(e) => e,
         // The shapes broadcast together, but not one onto the other.
@@ -166,11 +173,11 @@ pub(crate) fn broadcast_strides_to(
 }
 
 /// The target shape of `view`/`reshape` with a `-1` inferred.
-pub(crate) fn infer_size(op: &'static str, target: &[isize], shape: &[usize], numel: usize) -> Result<Vec<usize>> {
+pub(crate) fn infer_size(op: &'static str, target: &[isize], shape: &[usize], numel: usize) -> Result<Dims> {
     let bad = || TensorError::NumelMismatch { op, target: target.to_vec(), shape: shape.to_vec(), numel };
     let mut infer = None;
     let mut known = 1usize;
-    let mut out = Vec::with_capacity(target.len());
+    let mut out = Dims::with_capacity(target.len());
     for (i, &t) in target.iter().enumerate() {
         if t == -1 {
             if infer.replace(i).is_some() {
@@ -200,15 +207,19 @@ pub(crate) fn infer_size(op: &'static str, target: &[isize], shape: &[usize], nu
 /// Strides that view `old_sizes`/`old_strides` as `new_sizes` without copying, if any exist
 /// (PyTorch's `computeStride`): each run of old dimensions that is contiguous in memory may
 /// be split or merged freely; runs may not be mixed.
-pub(crate) fn view_strides(old_sizes: &[usize], old_strides: &[usize], new_sizes: &[usize]) -> Option<Vec<usize>> {
+pub(crate) fn view_strides(old_sizes: &[usize], old_strides: &[usize], new_sizes: &[usize]) -> Option<Dims> {
     let numel = checked_numel(old_sizes)?;
     if numel == 0 {
         // PyTorch's computeStride: an empty tensor viewed as its own shape keeps its strides.
-        return Some(if old_sizes == new_sizes { old_strides.to_vec() } else { contiguous_strides(new_sizes) });
+        return Some(if old_sizes == new_sizes {
+            Dims::from_slice(old_strides)
+        } else {
+            contiguous_strides(new_sizes)
+        });
     }
     let (old_sizes, old_strides): (&[usize], &[usize]) =
         if old_sizes.is_empty() { (&[1], &[1]) } else { (old_sizes, old_strides) };
-    let mut new_strides = vec![0usize; new_sizes.len()];
+    let mut new_strides: Dims = smallvec::smallvec![0; new_sizes.len()];
     let mut view_d = new_sizes.len() as isize - 1;
     let mut chunk_base = *old_strides.last()?;
     let (mut tensor_numel, mut view_numel) = (1usize, 1usize);

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use smallvec::SmallVec;
 
 use crate::allocators::{AllocError, AllocationAttributes, Allocator, MemorySpace, observe, transfer};
 
@@ -454,7 +455,7 @@ impl Storage {
 /// Guards for every storage a kernel touches, taken in address order (so two kernels never
 /// wait for each other) and once per storage (so `a + a` does not read-lock twice).
 pub(crate) struct AccessGuards<'a> {
-    _read: Vec<RwLockReadGuard<'a, ()>>,
+    _read: SmallVec<[RwLockReadGuard<'a, ()>; 3]>,
     _write: Option<RwLockWriteGuard<'a, ()>>,
 }
 
@@ -471,13 +472,13 @@ pub(crate) fn lock_storages<'a>(
     write: Option<&'a Storage>,
     reads: &[&'a Storage],
 ) -> Result<AccessGuards<'a>> {
-    let mut all: Vec<(&'a Storage, bool)> = reads.iter().map(|s| (*s, false)).collect();
+    let mut all: SmallVec<[(&'a Storage, bool); 4]> = reads.iter().map(|s| (*s, false)).collect();
     if let Some(w) = write {
         all.push((w, true));
     }
     // Writers sort after readers of the same storage, so dedup keeps the writer.
     all.sort_by_key(|(s, w)| (s.lock_order(), *w));
-    let mut unique: Vec<(&'a Storage, bool)> = Vec::with_capacity(all.len());
+    let mut unique: SmallVec<[(&'a Storage, bool); 4]> = SmallVec::with_capacity(all.len());
     for (s, w) in all {
         match unique.last_mut() {
             Some(last) if last.0.same(s) => last.1 |= w,
@@ -486,7 +487,7 @@ pub(crate) fn lock_storages<'a>(
     }
     if !HELD.with_borrow(Vec::is_empty) {
         let mut conflict = None;
-        unique.retain(|&(s, w)| match held(s) {
+        unique.retain(|&mut (s, w)| match held(s) {
             None => true,
             Some(mutable) => {
                 if mutable || w {
@@ -499,7 +500,7 @@ pub(crate) fn lock_storages<'a>(
             return Err(TensorError::Borrowed { op, mutable });
         }
     }
-    let mut guards = AccessGuards { _read: Vec::with_capacity(unique.len()), _write: None };
+    let mut guards = AccessGuards { _read: SmallVec::with_capacity(unique.len()), _write: None };
     for (s, w) in unique {
         if w {
             guards._write = Some(s.write());

@@ -69,7 +69,7 @@ impl Tensor {
             unsafe { transfer::fill_zero(storage.data_ptr(), allocator.memory_space(), nbytes) }
         };
         written.map_err(|source| TensorError::Transfer { op, source })?;
-        Ok(Tensor::from_parts(storage, self.sizes().to_vec(), contiguous_strides(self.sizes()), 0, self.dtype()))
+        Ok(Tensor::from_parts(storage, self.sizes(), contiguous_strides(self.sizes()), 0, self.dtype()))
     }
 
     /// The same view over a host copy of this (device) tensor's whole storage.
@@ -99,12 +99,6 @@ impl Tensor {
             // Lazy device zeros: lazy host zeros.
             Storage::new_lazy(nbytes, host)?
         };
-        Ok(Tensor::from_parts(
-            storage,
-            self.sizes().to_vec(),
-            self.strides().to_vec(),
-            self.storage_offset(),
-            self.dtype(),
-        ))
+        Ok(Tensor::from_parts(storage, self.sizes(), self.strides(), self.storage_offset(), self.dtype()))
     }
 }

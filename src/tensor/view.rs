@@ -2,18 +2,27 @@
 
 use super::core::byte_offset;
 use super::shape::{
-    broadcast_strides, broadcast_strides_to, checked_numel, extent, infer_size, view_strides, wrap_dim, wrap_index,
-    wrap_insert_dim,
+    Dims, broadcast_strides, broadcast_strides_to, checked_numel, extent, infer_size, view_strides, wrap_dim,
+    wrap_index, wrap_insert_dim,
 };
+use smallvec::SmallVec;
+
 use super::{QUANT_BLOCK, Result, Tensor, TensorError};
 
 impl Tensor {
     /// A view with the given layout over the same storage: its element count must fit in
     /// `usize`; quantised tensors keep whole blocks (at least one dimension, last stride 1,
     /// everything else a multiple of 32).
-    fn make_view(&self, op: &'static str, sizes: Vec<usize>, strides: Vec<usize>, offset: usize) -> Result<Tensor> {
+    fn make_view(
+        &self,
+        op: &'static str,
+        sizes: impl Into<Dims>,
+        strides: impl Into<Dims>,
+        offset: usize,
+    ) -> Result<Tensor> {
+        let (sizes, strides) = (sizes.into(), strides.into());
         if checked_numel(&sizes).is_none() || byte_offset(offset, self.dtype()).is_none() {
-            return Err(TensorError::SizeOverflow { op, shape: sizes, dtype: self.dtype() });
+            return Err(TensorError::SizeOverflow { op, shape: sizes.to_vec(), dtype: self.dtype() });
         }
         if self.dtype().is_quantized() && sizes.is_empty() {
             return Err(TensorError::UnsupportedDType {
@@ -51,7 +60,7 @@ impl Tensor {
         }
         let d = self.wrap_dim(op, dim)?;
         let i = wrap_index(op, index, d, self.sizes())?;
-        let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
+        let (mut sizes, mut strides) = (Dims::from_slice(self.sizes()), Dims::from_slice(self.strides()));
         let offset = self.offset_at(op, i, strides[d])?;
         sizes.remove(d);
         strides.remove(d);
@@ -77,7 +86,7 @@ impl Tensor {
                 shape: self.sizes().to_vec(),
             });
         };
-        let (mut sizes, strides) = (self.sizes().to_vec(), self.strides().to_vec());
+        let (mut sizes, strides) = (Dims::from_slice(self.sizes()), Dims::from_slice(self.strides()));
         sizes[d] = length;
         let offset = self.offset_at(op, s, strides[d])?;
         self.make_view(op, sizes, strides, offset)
@@ -101,7 +110,7 @@ impl Tensor {
         let (s, e) = (bound(start), bound(end));
         let e = e.max(s);
         let overflow = || TensorError::SizeOverflow { op, shape: self.sizes().to_vec(), dtype: self.dtype() };
-        let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
+        let (mut sizes, mut strides) = (Dims::from_slice(self.sizes()), Dims::from_slice(self.strides()));
         sizes[d] = (e - s).div_ceil(step);
         let offset = self.offset_at(op, s, strides[d])?;
         // The stride is `stride * step` as in PyTorch, also when one element or none is taken;
@@ -126,7 +135,7 @@ impl Tensor {
             return Ok(self.clone());
         }
         let (a, b) = (self.wrap_dim(op, dim0)?, self.wrap_dim(op, dim1)?);
-        let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
+        let (mut sizes, mut strides) = (Dims::from_slice(self.sizes()), Dims::from_slice(self.strides()));
         sizes.swap(a, b);
         strides.swap(a, b);
         self.make_view(op, sizes, strides, self.storage_offset())
@@ -164,8 +173,8 @@ impl Tensor {
                 reason: "permute needs exactly one dimension index per dimension",
             });
         }
-        let mut seen = vec![false; self.dim()];
-        let (mut sizes, mut strides) = (Vec::with_capacity(dims.len()), Vec::with_capacity(dims.len()));
+        let mut seen: SmallVec<[bool; 6]> = smallvec::smallvec![false; self.dim()];
+        let (mut sizes, mut strides) = (Dims::with_capacity(dims.len()), Dims::with_capacity(dims.len()));
         for &dim in dims {
             let d = self.wrap_dim(op, dim)?;
             if std::mem::replace(&mut seen[d], true) {
@@ -190,7 +199,7 @@ impl Tensor {
             return Ok(self.clone());
         }
         let (s, d) = (self.wrap_dim(op, source)?, self.wrap_dim(op, destination)?);
-        let mut perm: Vec<isize> = (0..self.dim() as isize).filter(|&i| i != s as isize).collect();
+        let mut perm: SmallVec<[isize; 6]> = (0..self.dim() as isize).filter(|&i| i != s as isize).collect();
         perm.insert(d, s as isize);
         self.permute(&perm)
     }
@@ -201,7 +210,7 @@ impl Tensor {
     /// [`TensorError::DimOutOfRange`].
     pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
         let d = wrap_insert_dim("unsqueeze", dim, self.sizes())?;
-        let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
+        let (mut sizes, mut strides) = (Dims::from_slice(self.sizes()), Dims::from_slice(self.strides()));
         let stride = if d < sizes.len() { sizes[d] * strides[d] } else { 1 };
         sizes.insert(d, 1);
         strides.insert(d, stride);
@@ -210,9 +219,9 @@ impl Tensor {
 
     /// Removes every dimension of size 1.
     pub fn squeeze(&self) -> Result<Tensor> {
-        let keep: Vec<usize> = (0..self.dim()).filter(|&d| self.sizes()[d] != 1).collect();
-        let sizes = keep.iter().map(|&d| self.sizes()[d]).collect();
-        let strides = keep.iter().map(|&d| self.strides()[d]).collect();
+        let keep = (0..self.dim()).filter(|&d| self.sizes()[d] != 1);
+        let sizes: Dims = keep.clone().map(|d| self.sizes()[d]).collect();
+        let strides: Dims = keep.map(|d| self.strides()[d]).collect();
         self.make_view("squeeze", sizes, strides, self.storage_offset())
     }
 
@@ -225,7 +234,7 @@ impl Tensor {
         if self.dim() == 0 || self.sizes()[d] != 1 {
             return Ok(self.clone());
         }
-        let (mut sizes, mut strides) = (self.sizes().to_vec(), self.strides().to_vec());
+        let (mut sizes, mut strides) = (Dims::from_slice(self.sizes()), Dims::from_slice(self.strides()));
         sizes.remove(d);
         strides.remove(d);
         self.make_view("squeeze", sizes, strides, self.storage_offset())
@@ -248,7 +257,7 @@ impl Tensor {
             return Err(bad("the target has fewer dimensions than the tensor"));
         }
         let lead = sizes.len() - self.dim();
-        let mut target = Vec::with_capacity(sizes.len());
+        let mut target = Dims::with_capacity(sizes.len());
         for (i, &s) in sizes.iter().enumerate() {
             target.push(match s {
                 -1 if i >= lead => self.sizes()[i - lead],
@@ -258,7 +267,8 @@ impl Tensor {
         }
         let strides = broadcast_strides(self.sizes(), self.strides(), &target)
             .ok_or_else(|| bad("only dimensions of size 1 can be expanded"))?;
-        self.make_view(op, target.clone(), lead_strides(&target, strides, lead), self.storage_offset())
+        let strides = lead_strides(&target, strides, lead);
+        self.make_view(op, target, strides, self.storage_offset())
     }
 
     /// Broadcasts to `sizes` ([`expand`](Self::expand) without `-1`).
@@ -270,7 +280,7 @@ impl Tensor {
         let op = "broadcast_to";
         let strides = broadcast_strides_to(op, self.sizes(), self.strides(), sizes)?;
         let lead = sizes.len() - self.dim();
-        self.make_view(op, sizes.to_vec(), lead_strides(sizes, strides, lead), self.storage_offset())
+        self.make_view(op, sizes, lead_strides(sizes, strides, lead), self.storage_offset())
     }
 
     /// The same elements with a new shape, without copying (`-1` infers one size).
@@ -285,7 +295,7 @@ impl Tensor {
             op,
             shape: self.sizes().to_vec(),
             strides: self.strides().to_vec(),
-            target: target.clone(),
+            target: target.to_vec(),
         })?;
         self.make_view(op, target, strides, self.storage_offset())
     }
@@ -403,7 +413,7 @@ impl Tensor {
                 available,
             });
         }
-        self.make_view(op, sizes.to_vec(), strides.to_vec(), offset)
+        self.make_view(op, sizes, strides, offset)
     }
 
     /// The offset of index `i` along a dimension of stride `stride`. It lies inside the
@@ -429,7 +439,7 @@ impl Tensor {
 /// dimension of size 1 gets the stride a contiguous layout would give it over the dimensions
 /// after it (`[3]` to `[1, 3]` has strides `[3, 1]`), an expanded one 0. Only a size-1
 /// dimension's stride changes, which no element's address depends on.
-fn lead_strides(target: &[usize], mut strides: Vec<usize>, lead: usize) -> Vec<usize> {
+fn lead_strides(target: &[usize], mut strides: Dims, lead: usize) -> Dims {
     for d in (0..lead).rev() {
         if target[d] == 1 {
             let next = target.get(d + 1).zip(strides.get(d + 1)).map_or(Some(0), |(s, t)| s.checked_mul(*t));

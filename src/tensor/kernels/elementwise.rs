@@ -606,7 +606,7 @@ impl Tensor {
     fn binary_(&self, kind: Binary, other: &Tensor, alpha: f64) -> Result<&Tensor> {
         let op = kind.name(Form::InPlace);
         let shape = broadcast_shapes(op, self.sizes(), other.sizes())?;
-        if shape != self.sizes() {
+        if *shape != *self.sizes() {
             return Err(TensorError::BadShape {
                 op,
                 shape: self.sizes().to_vec(),
@@ -643,7 +643,7 @@ impl Tensor {
         let op = kind.name(Form::Fresh);
         self.check_scalar_power(op, kind, s)?;
         if let Some(v) = half_opmath_scalar(kind, self.dtype(), s) {
-            let inputs = [Input::of(self, self.dtype()), Input::NUMBER];
+            let inputs = [Input::of(self, self.dtype()), Input::number()];
             // SAFETY: `launch_half_scalar` writes every element of `out` or fails.
             let out = unsafe { elementwise_output(op, self.sizes(), self.dtype(), self, &inputs) }?;
             launch_half_scalar(op, kind, v, &out, self, Dest::Fresh)?;

@@ -7,7 +7,7 @@ use core::mem::MaybeUninit;
 
 use crate::tensor::core::for_each_offset;
 use crate::tensor::parallel::{for_each_part, threads_for};
-use crate::tensor::shape::{is_contiguous, wrap_dim};
+use crate::tensor::shape::{Dims, is_contiguous, wrap_dim};
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
@@ -86,7 +86,7 @@ impl Tensor {
             });
         }
         let values = self.index_values(op, index, d)?;
-        let mut shape = self.sizes().to_vec();
+        let mut shape = Dims::from_slice(self.sizes());
         shape[d] = values.len();
         // SAFETY: the loop below writes every element (every outer position, every index, the
         // whole inner block), or nothing is returned.
@@ -242,7 +242,7 @@ impl Tensor {
         let unit = self.elem_size();
         let (src, dst) = (self.data_ptr() as *const u8, out.data_ptr());
         let shape = index.sizes();
-        let mut pos = vec![0usize; shape.len()];
+        let mut pos: Dims = smallvec::smallvec![0; shape.len()];
         for (k, &v) in values.iter().enumerate() {
             let mut off = 0;
             for (a, (&p, &st)) in pos.iter().zip(self.strides()).enumerate() {

@@ -1,6 +1,8 @@
 //! `cat` and `stack`: joining tensors along a dimension (a KV cache grows by them).
 
-use crate::tensor::shape::{wrap_dim, wrap_insert_dim};
+use smallvec::SmallVec;
+
+use crate::tensor::shape::{Dims, wrap_dim, wrap_insert_dim};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
 use super::cast::cast_into;
@@ -37,7 +39,7 @@ impl Tensor {
                 reason: "cat needs at least one tensor",
             });
         };
-        let parts: Vec<(usize, &Tensor)> =
+        let parts: SmallVec<[(usize, &Tensor); 4]> =
             tensors.iter().copied().enumerate().filter(|(_, t)| !(t.dim() == 1 && t.sizes()[0] == 0)).collect();
         let mut dtype = first.dtype();
         for t in tensors {
@@ -74,7 +76,7 @@ impl Tensor {
                 dtype,
             })?;
         }
-        let mut shape = reference.sizes().to_vec();
+        let mut shape = Dims::from_slice(reference.sizes());
         shape[d] = total;
         // SAFETY: the copies below write every element: the narrows are consecutive along `d`
         // and their sizes sum to `total`. On an error, `out` is dropped unread.

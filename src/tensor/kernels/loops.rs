@@ -38,11 +38,12 @@ use core::slice;
 use crate::tensor::dtype::{cast, match_dtype};
 use crate::tensor::iter::{Operand, Plan};
 use crate::tensor::layout::is_dense;
-use crate::tensor::shape::{broadcast_strides_to, extent};
+use crate::tensor::shape::{Dims, broadcast_strides_to, extent};
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
 use half::f16;
+use smallvec::SmallVec;
 
 use super::f16c;
 use super::isa::{Isa, for_types, is_half, vectorised};
@@ -60,14 +61,14 @@ pub(crate) enum Dest {
 }
 
 /// `t`'s strides broadcast to `shape`.
-pub(crate) fn strides_to(op: &'static str, t: &Tensor, shape: &[usize]) -> Result<Vec<usize>> {
+pub(crate) fn strides_to(op: &'static str, t: &Tensor, shape: &[usize]) -> Result<Dims> {
     broadcast_strides_to(op, t.sizes(), t.strides(), shape)
 }
 
 /// Whether the layout's elements are all at different addresses (a sufficient test: sorted by
 /// stride, each dimension steps over everything the smaller ones reach).
 fn elements_distinct(t: &Tensor) -> bool {
-    let mut dims: Vec<(usize, usize)> =
+    let mut dims: SmallVec<[(usize, usize); 6]> =
         t.sizes().iter().zip(t.strides()).filter(|(s, _)| **s > 1).map(|(&s, &st)| (st, s)).collect();
     dims.sort_unstable();
     let mut reach = 0usize;
@@ -83,8 +84,8 @@ fn elements_distinct(t: &Tensor) -> bool {
 /// What [`prepare_into`] found: the inputs to read (copies where they partially overlapped the
 /// output), which of them are exactly the output, and whether runs may go in parallel.
 pub(crate) struct Prepared {
-    pub(crate) inputs: Vec<Tensor>,
-    pub(crate) alias: Vec<bool>,
+    pub(crate) inputs: SmallVec<[Tensor; 2]>,
+    pub(crate) alias: SmallVec<[bool; 2]>,
     pub(crate) parallel: bool,
 }
 
@@ -105,8 +106,11 @@ pub(crate) fn prepare_into(op: &'static str, out: &Tensor, inputs: &[&Tensor]) -
     let parallel = elements_distinct(out);
     let out_range =
         (out.storage_offset(), extent(out.sizes(), out.strides(), out.storage_offset()).unwrap_or(usize::MAX));
-    let mut prepared =
-        Prepared { inputs: Vec::with_capacity(inputs.len()), alias: Vec::with_capacity(inputs.len()), parallel };
+    let mut prepared = Prepared {
+        inputs: SmallVec::with_capacity(inputs.len()),
+        alias: SmallVec::with_capacity(inputs.len()),
+        parallel,
+    };
     let out_dense = is_dense(out.sizes(), out.strides());
     for (i, t) in inputs.iter().enumerate() {
         if !t.shares_storage(out) || t.numel() == 0 || out.numel() == 0 {
@@ -274,14 +278,15 @@ pub(crate) fn run_binary<T: Element, O: Element>(
     dest: Dest,
     f: impl Fn(T, T) -> O + Sync + Send + Copy,
 ) -> Result<()> {
-    let (inputs, alias, parallel) = match dest {
-        Dest::Fresh => (vec![a.clone(), b.clone()], vec![false, false], true),
+    let prepared;
+    let (a, b, alias, parallel) = match dest {
+        Dest::Fresh => (a, b, [false, false], true),
         Dest::Into => {
-            let p = prepare_into(op, out, &[a, b])?;
-            (p.inputs, p.alias, p.parallel)
+            prepared = prepare_into(op, out, &[a, b])?;
+            let p = &prepared;
+            (&p.inputs[0], &p.inputs[1], [p.alias[0], p.alias[1]], p.parallel)
         }
     };
-    let (a, b) = (&inputs[0], &inputs[1]);
     let (sa, sb) = (strides_to(op, a, out.sizes())?, strides_to(op, b, out.sizes())?);
     if out.numel() == 0 {
         // Nothing to do, whatever the sizes of the other dimensions: O(1).
@@ -476,14 +481,14 @@ fn unary_in<T: Element, O: Element, F: UnaryFn<T, O>>(
     f: F,
 ) -> Result<()> {
     let isa = if wide { super::isa::detected() } else { for_types::<T, O>() };
-    let (inputs, alias, parallel) = match dest {
-        Dest::Fresh => (vec![a.clone()], vec![false], true),
+    let prepared;
+    let (a, alias, parallel) = match dest {
+        Dest::Fresh => (a, [false], true),
         Dest::Into => {
-            let p = prepare_into(op, out, &[a])?;
-            (p.inputs, p.alias, p.parallel)
+            prepared = prepare_into(op, out, &[a])?;
+            (&prepared.inputs[0], [prepared.alias[0]], prepared.parallel)
         }
     };
-    let a = &inputs[0];
     let sa = strides_to(op, a, out.sizes())?;
     if out.numel() == 0 {
         return Ok(());

@@ -134,7 +134,7 @@ impl Tensor {
         let op = "masked_fill_";
         let v = self.fill_value(op, mask, value.into())?;
         let shape = broadcast_shapes(op, mask.sizes(), self.sizes())?;
-        if shape != self.sizes() {
+        if *shape != *self.sizes() {
             return Err(TensorError::BadShape {
                 op,
                 shape: self.sizes().to_vec(),

@@ -15,11 +15,13 @@
 //! single-threaded gemm call per piece ([`Split`]), where each piece gets at least
 //! [`PIECE_COLUMNS`] columns; gemm's own parallelism takes the rest.
 
+use smallvec::SmallVec;
+
 use super::{Shared, piece_range};
 use crate::tensor::core::for_each_offset;
 use crate::tensor::dtype::match_numeric;
 use crate::tensor::num::Num;
-use crate::tensor::shape::broadcast_shapes;
+use crate::tensor::shape::{Dims, broadcast_shapes};
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
@@ -161,7 +163,7 @@ impl Tensor {
         }
         let batch = broadcast_shapes(op, &a.sizes()[..an - 2], &b.sizes()[..bn - 2])?;
         let expand = |t: &Tensor, rows: usize, cols: usize| -> Result<Tensor> {
-            let mut s: Vec<isize> = batch.iter().map(|&x| x as isize).collect();
+            let mut s: SmallVec<[isize; 6]> = batch.iter().map(|&x| x as isize).collect();
             s.extend([rows as isize, cols as isize]);
             t.expand(&s)
         };
@@ -211,8 +213,8 @@ impl Tensor {
 }
 
 /// The element offsets of each matrix of `t` (expanded to `batch + [rows, cols]`).
-fn batch_offsets(t: &Tensor, batch: &[usize]) -> Vec<usize> {
-    let mut v = Vec::new();
+fn batch_offsets(t: &Tensor, batch: &[usize]) -> SmallVec<[usize; 4]> {
+    let mut v = SmallVec::new();
     for_each_offset(batch, &t.strides()[..batch.len()], |o| v.push(o));
     v
 }
@@ -231,7 +233,7 @@ unsafe fn fresh_result(
     (n, k, m): (usize, usize, usize),
 ) -> Result<(Tensor, usize)> {
     let op = "matmul";
-    let mut shape = batch.to_vec();
+    let mut shape = Dims::from_slice(batch);
     shape.extend([n, m]);
     // SAFETY: our contract.
     let out = unsafe { Tensor::output(op, &shape, dt, like) }?;
@@ -263,10 +265,10 @@ fn on_tiles(
     if out.numel() == 0 {
         return Ok(Some(out));
     }
-    let out_shape = out.sizes().to_vec();
+    let out_shape = Dims::from_slice(out.sizes());
     let plan = Plan::new(out.numel() / (n * m), n, k, m, threads, dt == DType::F16, route);
     let scratch = |len: Option<usize>| {
-        let len = len.ok_or_else(|| TensorError::SizeOverflow { op, shape: out_shape.clone(), dtype: dt })?;
+        let len = len.ok_or_else(|| TensorError::SizeOverflow { op, shape: out_shape.to_vec(), dtype: dt })?;
         // SAFETY: `product` writes all of its scratch before reading it.
         unsafe { Tensor::output(op, &[len], DType::BF16, like) }
     };

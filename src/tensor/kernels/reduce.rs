@@ -16,6 +16,7 @@ use crate::tensor::dtype::{match_float, match_numeric};
 use crate::tensor::halfconv::HalfFloat;
 use crate::tensor::iter::GRAIN;
 use crate::tensor::num::{Num, Opmath};
+use crate::tensor::shape::Dims;
 use crate::tensor::storage::lock_storages;
 use crate::tensor::{DType, Element, Result, Tensor, TensorError};
 
@@ -149,7 +150,7 @@ impl Lines {
 /// The tensor to read (contiguous), how to read it, and the output's shape. A dimension that
 /// is not innermost is reduced in place where [`Columns::of`] takes it, else moved innermost
 /// (a view, then `contiguous()`, which copies).
-fn lines_of(t: &Tensor, op: &'static str, dim: Option<isize>, keepdim: bool) -> Result<(Tensor, Lines, Vec<usize>)> {
+fn lines_of(t: &Tensor, op: &'static str, dim: Option<isize>, keepdim: bool) -> Result<(Tensor, Lines, Dims)> {
     if t.dtype().is_quantized() {
         return Err(TensorError::UnsupportedDType {
             op,
@@ -159,13 +160,13 @@ fn lines_of(t: &Tensor, op: &'static str, dim: Option<isize>, keepdim: bool) -> 
         });
     }
     match dim {
-        None => Ok((t.contiguous()?, Lines::Rows(t.numel()), vec![])),
+        None => Ok((t.contiguous()?, Lines::Rows(t.numel()), Dims::new())),
         Some(dim) => {
             let d = t.wrap_dim(op, dim)?;
             if t.dim() == 0 {
-                return Ok((t.clone(), Lines::Rows(1), vec![]));
+                return Ok((t.clone(), Lines::Rows(1), Dims::new()));
             }
-            let mut out = t.sizes().to_vec();
+            let mut out = Dims::from_slice(t.sizes());
             if keepdim {
                 out[d] = 1;
             } else {
