@@ -247,7 +247,7 @@ unsafe fn gather_avx2(table: &[u16; ENTRIES], x: *const u16, o: *mut u16, n: usi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::{Result, Tensor, set_half_tables};
+    use crate::tensor::{Result, Tensor, half_tables_enabled, set_half_tables};
 
     type Fresh = fn(&Tensor) -> Result<Tensor>;
     type InPlace = for<'a> fn(&'a Tensor) -> Result<&'a Tensor>;
@@ -340,7 +340,9 @@ mod tests {
                 square.copy_(&x.reshape(&[256, 256]).unwrap()).unwrap();
                 in_place(&square.t().unwrap()).unwrap();
                 assert_eq!(bits(&square), looked_up, "{func:?} {dt:?} transposed in place");
-                let previous = set_half_tables(false);
+                // (`set_half_tables` returns the new state, not the previous one.)
+                let previous = half_tables_enabled();
+                set_half_tables(false);
                 let computed = bits(&fresh(&x).unwrap());
                 set_half_tables(previous);
                 assert_eq!(computed, looked_up, "{func:?} {dt:?} computed");
