@@ -38,15 +38,18 @@ fn small_ops_allocate_only_their_storage() {
     let at = a.permute(&[3, 1, 2, 0]).unwrap();
     let out = Tensor::zeros_like(&a).unwrap();
 
-    // Views: no heap at all.
+    // Views and element access: no heap at all.
+    let total = a.sum().unwrap();
     let views = allocs_per_call(1000, || {
+        assert_eq!(total.item::<f32>().unwrap(), 7140.0);
+        assert_eq!(a.get::<f32>(&[1, 2, -1, 4]).unwrap(), 119.0);
         let v = a.permute(&[0, 2, 1, 3]).unwrap().slice(1, 1, 3, 1).unwrap().unsqueeze(0).unwrap();
         let v = v.expand(&[3, -1, -1, -1, -1]).unwrap().select(0, 1).unwrap().narrow(-1, 1, 3).unwrap();
         assert_eq!(v.sizes(), [2, 2, 3, 3]);
         let w = a.view(&[6, -1]).unwrap().t().unwrap().squeeze().unwrap();
         assert_eq!(w.sizes(), [20, 6]);
     });
-    assert_eq!(views, 0.0, "heap allocations per chain of views");
+    assert_eq!(views, 0.0, "heap allocations per chain of views and reads");
 
     // Fresh outputs: the storage's header only (element-wise: contiguous, broadcast, permuted;
     // reductions, products, joins, conversions, `*_like`); a number operand is a 0-d tensor,

@@ -5,6 +5,8 @@ use std::sync::Arc;
 use crate::AllocatorRegistry;
 use crate::allocators::Allocator;
 
+use smallvec::SmallVec;
+
 use super::shape::{Dims, checked_numel, contiguous_strides, is_contiguous, wrap_dim, wrap_index};
 use super::storage::lock_storages;
 use super::{DType, Element, Result, Storage, TensorError};
@@ -281,10 +283,11 @@ impl Tensor {
         if index.len() != self.sizes.len() {
             return Err(TensorError::IndexCount { op, given: index.len(), shape: self.sizes.to_vec() });
         }
-        let indices: Vec<usize> =
+        let indices: SmallVec<[usize; 6]> =
             index.iter().enumerate().map(|(d, &i)| wrap_index(op, i, d, &self.sizes)).collect::<Result<_>>()?;
-        // Every index is in range, so the element exists and its offset lies inside the
-        // storage: the sum cannot overflow.
+        // Every index is in range (checked first: an empty dimension anywhere refuses them
+        // all), so the element exists and its offset lies inside the storage: the sum cannot
+        // overflow.
         Ok(indices.iter().zip(&self.strides).map(|(i, s)| i * s).sum())
     }
 
@@ -324,7 +327,7 @@ impl Tensor {
         if self.numel() != 1 {
             return Err(TensorError::NotAScalar { op: "item", numel: self.numel(), shape: self.sizes.to_vec() });
         }
-        let zeros = vec![0; self.dim()];
+        let zeros: SmallVec<[isize; 6]> = smallvec::smallvec![0; self.dim()];
         self.get(&zeros)
     }
 

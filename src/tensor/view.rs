@@ -1,12 +1,12 @@
 //! Views: new sizes/strides/offset over the same storage, no copy.
 
+use smallvec::SmallVec;
+
 use super::core::byte_offset;
 use super::shape::{
     Dims, broadcast_strides, broadcast_strides_to, checked_numel, extent, infer_size, view_strides, wrap_dim,
     wrap_index, wrap_insert_dim,
 };
-use smallvec::SmallVec;
-
 use super::{QUANT_BLOCK, Result, Tensor, TensorError};
 
 impl Tensor {
