@@ -15,7 +15,7 @@
 //! ```
 use serde_json::{Value, json};
 use std::io::{BufRead, Write};
-use tensormem::tensor::{DType, SafeTensors, Scalar, Tensor, save_safetensors};
+use tensormem::tensor::{DType, SafeTensors, Scalar, Tensor, TensorOptions, save_safetensors};
 
 fn dtype(s: &str) -> DType {
     match s {
@@ -312,7 +312,7 @@ fn files(op: &str, a: &Value, ins: &[Tensor]) -> Option<Result<Value, String>> {
                 .collect()
         })(),
         "st_load_copy" => {
-            names.iter().map(|n| desc(&Tensor::load_safetensors(path, n, DType::F32).map_err(e)?)).collect()
+            names.iter().map(|n| desc(&Tensor::load_safetensors(path, n, TensorOptions::new()).map_err(e)?)).collect()
         }
         _ => return None,
     };

@@ -690,6 +690,22 @@ fn safetensors_round_trip_is_zero_copy_and_accounted() {
     let copy = Tensor::load_safetensors(&path, "ids", DType::I64).unwrap();
     copy.add_scalar_(1i64).unwrap();
     assert_eq!(copy.to_vec::<i64>().unwrap(), (1..=10).collect::<Vec<i64>>());
+    // In the options' dtype when they name one (converted), else in the file's.
+    let as_f32 = Tensor::load_safetensors(&path, "ids", DType::F32).unwrap();
+    assert_eq!(as_f32.to_vec::<f32>().unwrap(), (0..10).map(|i| i as f32).collect::<Vec<f32>>());
+    let flags_copy = Tensor::load_safetensors(&path, "flags", TensorOptions::new()).unwrap();
+    assert_eq!(flags_copy.to_vec::<bool>().unwrap(), [true, false, true]);
+    let emb_f32 = Tensor::load_safetensors(&path, "emb", DType::F32).unwrap();
+    assert_eq!(emb_f32.to_vec::<f32>().unwrap(), emb.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap());
+    let q = Tensor::load_safetensors(&path, "wq", DType::Q8_0).unwrap();
+    assert_eq!((q.dtype(), q.sizes()), (DType::Q8_0, &[64, 32][..]));
+    assert_eq!(
+        q.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(),
+        wq.to_dtype(DType::Q8_0).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap()
+    );
+    // A quantised dtype needs whole blocks of 32 along the last dimension: `emb`'s is 16.
+    let err = Tensor::load_safetensors(&path, "emb", DType::Q8_0).unwrap_err().to_string();
+    assert!(err.contains("multiple of 32"), "{err}");
 }
 
 #[test]

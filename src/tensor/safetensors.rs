@@ -311,16 +311,37 @@ pub fn save_safetensors(
 
 impl Tensor {
     /// Loads tensor `name` of the safetensors file at `path` into memory from `opts`'
-    /// allocator (a copy, writable; for zero-copy loading keep a [`SafeTensors`] open).
+    /// allocator (a copy, writable; for zero-copy loading keep a [`SafeTensors`] open), in
+    /// `opts`' dtype when it names one (converted as [`to_dtype`](Self::to_dtype) converts:
+    /// `torch.load(...).to(dtype)`), else in the file's.
+    ///
+    /// ```
+    /// use tensormem::tensor::{DType, Tensor, TensorOptions, save_safetensors};
+    ///
+    /// let path = std::env::temp_dir().join(format!("tm-doc-load-{}.safetensors", std::process::id()));
+    /// let w = Tensor::from_slice(&[1.5f32, -2.0], &[2], DType::F32)?;
+    /// save_safetensors(&path, &[("w", &w)], None)?;
+    /// let same = Tensor::load_safetensors(&path, "w", TensorOptions::new())?;
+    /// let half = Tensor::load_safetensors(&path, "w", DType::BF16)?;
+    /// assert_eq!((same.dtype(), half.dtype()), (DType::F32, DType::BF16));
+    /// assert_eq!(half.to_dtype(DType::F32)?.to_vec::<f32>()?, [1.5, -2.0]);
+    /// # std::fs::remove_file(&path).unwrap();
+    /// # Ok::<(), tensormem::tensor::TensorError>(())
+    /// ```
     ///
     /// # Errors
-    /// As [`SafeTensors::open`] and [`SafeTensors::tensor`].
+    /// As [`SafeTensors::open`] and [`SafeTensors::tensor`]; as [`to_dtype`](Self::to_dtype)
+    /// for a dtype the file's cannot be converted to (a quantised one needs a last dimension
+    /// that is a multiple of 32).
     pub fn load_safetensors(path: impl AsRef<Path>, name: &str, opts: impl Into<TensorOptions>) -> Result<Tensor> {
         // SAFETY: the mapping lives only inside this call, while the tensor is copied out.
         let file = unsafe { SafeTensors::open(path) }?;
         let t = file.tensor(name)?;
-        let out = Tensor::empty(t.sizes(), opts.into().dtype(t.dtype()))?;
+        let opts = opts.into();
+        let dtype = opts.get_dtype().unwrap_or(t.dtype());
+        // A quantised dtype is made from f32 values, in blocks (`to_dtype`).
+        let out = Tensor::empty(t.sizes(), opts.dtype(if dtype.is_quantized() { DType::F32 } else { dtype }))?;
         out.copy_(&t)?;
-        Ok(out)
+        if dtype.is_quantized() { out.to_dtype(dtype) } else { Ok(out) }
     }
 }
