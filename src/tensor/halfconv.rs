@@ -6,7 +6,8 @@
 //! element for bf16 to f32 and 5 ns per element for an f16 add, against 0.17 for an f32 add,
 //! on the 2-vCPU VM). These give the same results: widening is exact, narrowing rounds to
 //! nearest, ties to even, overflowing to infinity; NaN stays NaN (quiet; f16 keeps the top 10
-//! bits of its payload and bf16 the top 7, as F16C and the `half` crate do). Every kernel computes half-precision values in f32 through them, as PyTorch does.
+//! bits of its payload and bf16 the top 7, as F16C and the `half` crate do). Every kernel
+//! computes half-precision values in f32 through them, as PyTorch does.
 
 use half::{bf16, f16};
 

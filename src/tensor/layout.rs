@@ -17,9 +17,9 @@
 //! stepped, expanded, `as_strided`, empty; `add`, `exp`, `gt`, `where`, a number operand,
 //! `to`, `zeros_like`, `empty_like`): the same strides in every case.
 
-use super::shape::{Dims, contiguous_strides, is_contiguous, packed_in_order};
 use smallvec::SmallVec;
 
+use super::shape::{Dims, contiguous_strides, is_contiguous, packed_in_order};
 use super::{DType, Result, Tensor};
 
 /// One input of an element-wise kernel, as its output's layout sees it.
