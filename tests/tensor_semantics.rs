@@ -174,6 +174,22 @@ fn views_of_empty_tensors_with_huge_dimensions_compute_their_offsets_checked() {
 }
 
 #[test]
+fn reductions_and_norms_of_empty_tensors_whose_other_sizes_overflow_are_empty() {
+    // Found by torchdiff's huge cases against a debug build: the column reduction multiplied
+    // the sizes around the reduced dimension (2 * 2^32 * 2^40 * 0 past 2^64) and the norms
+    // the normalized shape's, before seeing that the tensor is empty.
+    let e = Tensor::zeros(&[2, 1 << 32, 1 << 40, 0], DType::I16).unwrap();
+    assert_eq!(e.max_dim(0, true).unwrap().sizes(), [1, 1 << 32, 1 << 40, 0]);
+    assert_eq!(e.min_dim(-2, false).unwrap().sizes(), [2, 1 << 32, 0]);
+    let f = Tensor::zeros(&[isize::MAX as usize, 1 << 62, isize::MAX as usize, 0], DType::F32).unwrap();
+    assert_eq!(f.argmax_dim(0, true).unwrap().sizes(), [1, 1 << 62, isize::MAX as usize, 0]);
+    assert_eq!(f.sum_dim(1, false).unwrap().sizes(), [isize::MAX as usize, isize::MAX as usize, 0]);
+    let rows = Tensor::zeros(&[0, 1 << 40, 1 << 40], DType::F32).unwrap();
+    assert_eq!(rows.layer_norm(&[1 << 40, 1 << 40], None, None, 1e-5).unwrap().sizes(), rows.sizes());
+    assert_eq!(rows.rms_norm(&[1 << 40, 1 << 40], None, None).unwrap().sizes(), rows.sizes());
+}
+
+#[test]
 fn work_on_empty_tensors_does_not_depend_on_their_other_dimensions() {
     let start = Instant::now();
     let wide = Tensor::zeros(&[1 << 31, 0], DType::F32).unwrap();

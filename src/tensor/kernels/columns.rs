@@ -53,12 +53,13 @@ impl Columns {
     /// with at least [`MIN_INNER`] elements after `d`, rows that fit a `u32` index (argmax's).
     pub(super) fn of(t: &Tensor, d: usize) -> Option<Columns> {
         let s = t.sizes();
+        // Empty tensors first: the other sizes of an empty one may multiply past `usize`.
+        if t.numel() == 0 || !t.is_contiguous() || t.dtype() == DType::Bool {
+            return None;
+        }
+        // Each product is a part of `numel`'s, so neither overflows.
         let inner: usize = s[d + 1..].iter().product();
-        let ok = t.is_contiguous()
-            && t.dtype() != DType::Bool
-            && inner >= MIN_INNER
-            && t.numel() > 0
-            && u32::try_from(s[d]).is_ok();
+        let ok = inner >= MIN_INNER && u32::try_from(s[d]).is_ok();
         ok.then(|| Columns { outer: s[..d].iter().product(), len: s[d], inner })
     }
 }

@@ -242,13 +242,14 @@ impl Tensor {
                 reason: "eps must be a number >= 0",
             });
         }
-        let n: usize = normalized_shape.iter().product();
         let x = self.contiguous()?;
         // SAFETY: `normalize_rows` writes every row of `out`.
         let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
-        if out.numel() == 0 || n == 0 {
-            return if out.numel() == 0 { Ok(out) } else { Tensor::zeros(self.sizes(), self.options()) };
+        if out.numel() == 0 {
+            return Ok(out);
         }
+        // A part of `numel`'s product (not 0, it fits), so it fits too and is not 0.
+        let n: usize = normalized_shape.iter().product();
         let acc = if self.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
         let params = |t: Option<&Tensor>| t.map(|t| t.to_dtype(acc)).transpose();
         let (w, b) = (params(weight)?, params(bias)?);
