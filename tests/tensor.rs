@@ -263,7 +263,7 @@ fn views_select_the_right_elements_without_copying() {
     check(&s, &[3., 15., 4., 16.]);
     assert_eq!(
         t.t().unwrap_err().to_string(),
-        "t: cannot use shape [] with a tensor of shape [2, 3, 4]: t() expects at most 2 dimensions; use transpose(dim0, dim1)"
+        "t: a tensor of shape [2, 3, 4]: t() expects at most 2 dimensions; use transpose(dim0, dim1)"
     );
     // contiguous() of a contiguous tensor is the same storage; of a view, a copy.
     assert!(t.contiguous().unwrap().shares_storage(&t));

@@ -51,7 +51,10 @@ fn dims_and_indices_out_of_range() {
     );
     assert_eq!(msg(x.get::<f32>(&[0])), "get: 1 indices given for a tensor of shape [2, 3]");
     assert!(msg(x.permute(&[0, 0])).starts_with("permute: dimension 0 appears more than once in [0, 0]"));
-    assert!(msg(x.permute(&[0])).starts_with("permute: cannot use shape [0] with a tensor of shape [2, 3]"));
+    assert!(msg(x.permute(&[0])).starts_with("permute: [0] cannot be used with a tensor of shape [2, 3]"));
+    assert!(
+        msg(x.permute(&[-1, 0, 1])).starts_with("permute: [-1, 0, 1] cannot be used with a tensor of shape [2, 3]")
+    );
 }
 
 #[test]
@@ -156,8 +159,18 @@ fn wrong_rust_types_and_shapes_of_data() {
     );
     assert!(
         msg(Tensor::zeros(&[0], DType::F32).unwrap().max())
-            .starts_with("max: cannot use shape [] with a tensor of shape [0]")
+            .starts_with("max: a tensor of shape [0]: cannot reduce over zero elements")
     );
+    // expand names the sizes as given, -1 and negatives included.
+    let four = Tensor::zeros(&[4], DType::F32).unwrap();
+    assert_eq!(
+        msg(four.expand(&[-2])),
+        "expand: [-2] cannot be used with a tensor of shape [4]: sizes must be >= 0, or -1 to keep an existing dimension"
+    );
+    assert!(msg(four.expand(&[-1, 4])).starts_with("expand: [-1, 4] cannot be used with a tensor of shape [4]"));
+    assert!(matches!(four.expand(&[3]), Err(TensorError::InvalidArguments { op: "expand", .. })));
+    assert_eq!(msg(Tensor::cat(&[], 0)), "cat: no tensors given (it needs at least one)");
+    assert_eq!(msg(Tensor::stack(&[], 1)), "stack: no tensors given (it needs at least one)");
     assert!(msg(Tensor::zeros(&[usize::MAX, 4], DType::F32)).contains("needs more bytes than fit in memory"));
 }
 

@@ -134,8 +134,10 @@ pub enum TensorError {
         /// The shape asked for.
         target: Vec<usize>,
     },
-    /// A size that does not match what the operation needs (`expand`, `from_vec`, `squeeze`...).
-    #[error("{op}: cannot use shape {target:?} with a tensor of shape {shape:?}: {reason}")]
+    /// A size that does not match what the operation needs (`from_vec`, `cat`, `t`...). The
+    /// message names `target` unless it is empty (no shape was asked for), and `shape` unless
+    /// both are (no tensor was given).
+    #[error("{op}: {}{reason}", asked(target, shape))]
     BadShape {
         /// The operation.
         op: &'static str,
@@ -144,6 +146,20 @@ pub enum TensorError {
         /// The shape asked for.
         target: Vec<usize>,
         /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// Signed sizes or dimension indices that the operation cannot take: `expand` (a negative
+    /// size other than `-1`, `-1` for a new dimension, fewer sizes than dimensions, a
+    /// dimension of size other than 1 changed), `permute` (not one index per dimension).
+    #[error("{op}: {args:?} cannot be used with a tensor of shape {shape:?}: {reason}")]
+    InvalidArguments {
+        /// The operation.
+        op: &'static str,
+        /// The sizes or dimensions given, as given.
+        args: Vec<isize>,
+        /// The tensor's shape.
+        shape: Vec<usize>,
+        /// What is wrong with them.
         reason: &'static str,
     },
     /// A layout that reaches outside its storage (`as_strided`).
@@ -443,5 +459,15 @@ fn dim_range(positions: usize) -> String {
     match positions {
         0 => "it needs a tensor with at least one dimension".to_string(),
         n => format!("expected {} to {}", -(n as isize), n - 1),
+    }
+}
+
+/// "cannot use shape T with a tensor of shape S: " where a shape was asked for, else "a tensor
+/// of shape S: ", else nothing (`cat` of no tensors: the reason says it all).
+fn asked(target: &[usize], shape: &[usize]) -> String {
+    match (target.is_empty(), shape.is_empty()) {
+        (false, _) => format!("cannot use shape {target:?} with a tensor of shape {shape:?}: "),
+        (true, false) => format!("a tensor of shape {shape:?}: "),
+        (true, true) => String::new(),
     }
 }

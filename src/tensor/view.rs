@@ -161,15 +161,15 @@ impl Tensor {
     /// Reorders the dimensions: dimension `i` of the result is dimension `dims[i]` of `self`.
     ///
     /// # Errors
-    /// [`TensorError::BadShape`] unless `dims` has one entry per dimension;
+    /// [`TensorError::InvalidArguments`] unless `dims` has one entry per dimension;
     /// [`TensorError::DimOutOfRange`]; [`TensorError::RepeatedDim`].
     pub fn permute(&self, dims: &[isize]) -> Result<Tensor> {
         let op = "permute";
         if dims.len() != self.dim() {
-            return Err(TensorError::BadShape {
+            return Err(TensorError::InvalidArguments {
                 op,
+                args: dims.to_vec(),
                 shape: self.sizes().to_vec(),
-                target: dims.iter().map(|&d| d.unsigned_abs()).collect(),
                 reason: "permute needs exactly one dimension index per dimension",
             });
         }
@@ -244,15 +244,13 @@ impl Tensor {
     /// dimensions may be added on the left).
     ///
     /// # Errors
-    /// [`TensorError::BadShape`] when a dimension of size other than 1 would change.
+    /// [`TensorError::InvalidArguments`] when a dimension of size other than 1 would change, for
+    /// fewer sizes than dimensions, and for a negative size other than `-1` on an existing
+    /// dimension.
     pub fn expand(&self, sizes: &[isize]) -> Result<Tensor> {
         let op = "expand";
-        let bad = |reason| TensorError::BadShape {
-            op,
-            shape: self.sizes().to_vec(),
-            target: sizes.iter().map(|&s| s.unsigned_abs()).collect(),
-            reason,
-        };
+        let bad =
+            |reason| TensorError::InvalidArguments { op, args: sizes.to_vec(), shape: self.sizes().to_vec(), reason };
         if sizes.len() < self.dim() {
             return Err(bad("the target has fewer dimensions than the tensor"));
         }

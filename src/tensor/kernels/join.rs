@@ -36,7 +36,7 @@ impl Tensor {
                 op,
                 shape: vec![],
                 target: vec![],
-                reason: "cat needs at least one tensor",
+                reason: "no tensors given (it needs at least one)",
             });
         };
         let parts: SmallVec<[(usize, &Tensor); 4]> =
@@ -106,7 +106,7 @@ impl Tensor {
                 op,
                 shape: vec![],
                 target: vec![],
-                reason: "stack needs at least one tensor",
+                reason: "no tensors given (it needs at least one)",
             });
         };
         let d = wrap_insert_dim(op, dim, first.sizes())?;
