@@ -170,6 +170,12 @@ fn wrong_rust_types_and_shapes_of_data() {
     assert!(msg(four.expand(&[-1, 4])).starts_with("expand: [-1, 4] cannot be used with a tensor of shape [4]"));
     assert!(matches!(four.expand(&[3]), Err(TensorError::InvalidArguments { op: "expand", .. })));
     assert_eq!(msg(Tensor::cat(&[], 0)), "cat: no tensors given (it needs at least one)");
+    let q = Tensor::zeros(&[2, 32], DType::Q8_0).unwrap();
+    assert_eq!(
+        msg(q.add(&q)),
+        "add: no common dtype for q8_0 and q8_0; quantised tensors are not computed on directly: dequantize with to_dtype(DType::F32) first"
+    );
+    assert!(msg(Tensor::cat(&[&q, &q], 0)).ends_with("dequantize with to_dtype(DType::F32) first"));
     assert_eq!(msg(Tensor::stack(&[], 1)), "stack: no tensors given (it needs at least one)");
     assert!(msg(Tensor::zeros(&[usize::MAX, 4], DType::F32)).contains("needs more bytes than fit in memory"));
 }

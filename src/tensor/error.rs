@@ -204,8 +204,13 @@ pub enum TensorError {
         /// What to do instead (may be empty).
         hint: &'static str,
     },
-    /// Two dtypes with no common type (a quantised dtype with anything else).
-    #[error("{op}: no common dtype for {lhs} and {rhs}")]
+    /// Two dtypes with no common type: a quantised dtype with any dtype, itself included
+    /// (quantised blocks are stored and converted, not computed on).
+    #[error("{op}: no common dtype for {lhs} and {rhs}{}", if lhs.is_quantized() || rhs.is_quantized() {
+        "; quantised tensors are not computed on directly: dequantize with to_dtype(DType::F32) first"
+    } else {
+        ""
+    })]
     NoCommonDType {
         /// The operation.
         op: &'static str,
