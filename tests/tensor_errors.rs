@@ -175,7 +175,7 @@ fn wrong_rust_types_and_shapes_of_data() {
         msg(q.add(&q)),
         "add: no common dtype for q8_0 and q8_0; quantised tensors are not computed on directly: dequantize with to_dtype(DType::F32) first"
     );
-    assert!(msg(Tensor::cat(&[&q, &q], 0)).ends_with("dequantize with to_dtype(DType::F32) first"));
+    assert!(msg(Tensor::cat(&[&q, &four], 0)).ends_with("dequantize with to_dtype(DType::F32) first"));
     assert_eq!(msg(Tensor::stack(&[], 1)), "stack: no tensors given (it needs at least one)");
     assert!(msg(Tensor::zeros(&[usize::MAX, 4], DType::F32)).contains("needs more bytes than fit in memory"));
 }

@@ -91,6 +91,57 @@ fn cat_and_stack_refuse_what_does_not_fit() {
 }
 
 #[test]
+fn cat_and_stack_join_quantised_tensors_block_by_block() {
+    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+    let a = Tensor::randn(&[2, 3, 64], TensorOptions::new().seed(21)).unwrap();
+    let b = Tensor::randn(&[2, 1, 64], TensorOptions::new().seed(22)).unwrap();
+    let c = Tensor::randn(&[2, 3, 32], TensorOptions::new().seed(23)).unwrap();
+    for dt in [DType::Q8_0, DType::Q4_0] {
+        let (qa, qb, qc) = (a.to_dtype(dt).unwrap(), b.to_dtype(dt).unwrap(), c.to_dtype(dt).unwrap());
+        let qb1 = qb.narrow(0, 1, 1).unwrap();
+        // The blocks are copied as they are: the dequantised result is the dequantised inputs
+        // joined, bit for bit.
+        let cases: [(Vec<&Tensor>, isize, &[usize]); 3] = [
+            (vec![&qa, &qb, &qa], 1, &[2, 7, 64]),
+            (vec![&qa, &qc], 2, &[2, 3, 96]),
+            (vec![&qb, &qb1], 0, &[3, 1, 64]),
+        ];
+        for (parts, dim, shape) in cases {
+            let joined = Tensor::cat(&parts, dim);
+            let joined = joined.unwrap_or_else(|e| panic!("{dt} cat along {dim}: {e}"));
+            assert_eq!((joined.dtype(), joined.sizes()), (dt, shape));
+            let wide: Vec<Tensor> = parts.iter().map(|t| t.to_dtype(DType::F32).unwrap()).collect();
+            let expected = Tensor::cat(&wide.iter().collect::<Vec<_>>(), dim).unwrap().to_vec::<f32>().unwrap();
+            assert_eq!(f(&joined), expected, "{dt} along {dim}");
+        }
+        // Views (whole blocks along the last dimension) are read where they lie.
+        let (rows, blocks) = (qa.narrow(1, 1, 2).unwrap(), qa.narrow(2, 32, 32).unwrap());
+        assert!(!rows.is_contiguous() && !blocks.is_contiguous());
+        let joined = Tensor::cat(&[&rows, &qb], 1).unwrap();
+        let expected = Tensor::cat(
+            &[
+                &a.to_dtype(dt).unwrap().to_dtype(DType::F32).unwrap().narrow(1, 1, 2).unwrap(),
+                &qb.to_dtype(DType::F32).unwrap(),
+            ],
+            1,
+        );
+        assert_eq!(f(&joined), expected.unwrap().to_vec::<f32>().unwrap());
+        let joined = Tensor::cat(&[&blocks, &qc], 2).unwrap();
+        assert_eq!(joined.sizes(), [2, 3, 64]);
+        assert_eq!(f(&joined.narrow(2, 0, 32).unwrap()), f(&blocks));
+        assert_eq!(f(&joined.narrow(2, 32, 32).unwrap()), f(&qc));
+        let stacked = Tensor::stack(&[&qa, &qa], 1).unwrap();
+        assert_eq!((stacked.dtype(), stacked.sizes()), (dt, &[2, 2, 3, 64][..]));
+        assert_eq!(f(&stacked.select(1, 1).unwrap()), f(&qa));
+        // Another dtype beside a quantised one has no common dtype.
+        let e = Tensor::cat(&[&qa, &a], 1).unwrap_err();
+        assert!(matches!(e, TensorError::NoCommonDType { op: "cat", .. }), "{e}");
+    }
+    let e = Tensor::cat(&[&a.to_dtype(DType::Q8_0).unwrap(), &a.to_dtype(DType::Q4_0).unwrap()], 0).unwrap_err();
+    assert!(matches!(e, TensorError::NoCommonDType { lhs: DType::Q8_0, rhs: DType::Q4_0, .. }), "{e}");
+}
+
+#[test]
 fn stack_inserts_a_dimension_anywhere() {
     let a = t32(&[1., 2., 3.], &[3]);
     let b = t32(&[4., 5., 6.], &[3]);
