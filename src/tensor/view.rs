@@ -245,7 +245,7 @@ impl Tensor {
     ///
     /// # Errors
     /// [`TensorError::InvalidArguments`] when a dimension of size other than 1 would change, for
-    /// fewer sizes than dimensions, and for a negative size other than `-1` on an existing
+    /// fewer sizes than dimensions, for a negative size other than `-1`, and for `-1` on a new
     /// dimension.
     pub fn expand(&self, sizes: &[isize]) -> Result<Tensor> {
         let op = "expand";
