@@ -78,6 +78,23 @@ impl Tensor {
         Tensor { storage, sizes, strides, offset, dtype }
     }
 
+    /// A quantised view's blocks as a `u8` view of the same storage, for copies: its last
+    /// dimension counts the bytes of its blocks (views keep whole blocks along it, in order),
+    /// the others step by the bytes of the blocks they step over. Sizes and strides of empty
+    /// views saturate (they address nothing).
+    pub(crate) fn block_bytes(&self) -> Tensor {
+        let dt = self.dtype;
+        debug_assert!(dt.is_quantized());
+        let bytes = |elements: usize| (elements / dt.block_len()).saturating_mul(dt.block_bytes());
+        let mut sizes = self.sizes.clone();
+        let mut strides: Dims = self.strides.iter().map(|&s| bytes(s)).collect();
+        if let (Some(size), Some(stride)) = (sizes.last_mut(), strides.last_mut()) {
+            *size = bytes(*size);
+            *stride = 1;
+        }
+        Tensor::from_parts(self.storage.clone(), sizes, strides, bytes(self.offset), DType::U8)
+    }
+
     /// A contiguous tensor whose storage is allocated now and *not initialised*.
     ///
     /// # Safety

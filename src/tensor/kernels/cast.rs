@@ -1,6 +1,5 @@
 //! `contiguous()` and `to_dtype()`, including quantisation to and from Q8_0/Q4_0.
 
-use crate::tensor::core::for_each_offset;
 use crate::tensor::dtype::{cast, match_dtype};
 use crate::tensor::layout::preserved_strides;
 use crate::tensor::quant::{dequantize_into, quantize_into};
@@ -10,8 +9,8 @@ use crate::tensor::{DType, Result, Tensor, TensorError};
 use super::loops::{Dest, run_unary};
 
 /// Writes `src` (broadcast to `out`'s shape), converted to `out`'s dtype, into `out`: the one
-/// copy kernel behind `contiguous`, `to_dtype` and `copy_` (a plain copy loop when the dtypes
-/// match).
+/// copy kernel behind `contiguous`, `to_dtype`, `copy_` and `cat` (a plain copy loop when the
+/// dtypes match; blocks of one quantised format are copied as their bytes).
 pub(crate) fn cast_into(op: &'static str, out: &Tensor, src: &Tensor, dest: Dest) -> Result<()> {
     let unsupported = |t: &Tensor| TensorError::UnsupportedDType {
         op,
@@ -20,6 +19,10 @@ pub(crate) fn cast_into(op: &'static str, out: &Tensor, src: &Tensor, dest: Dest
         hint: "dequantize with to_dtype(DType::F32) first",
     };
     if out.dtype() == src.dtype() {
+        if src.dtype().is_quantized() {
+            // Whole blocks, copied as the bytes they are.
+            return cast_into(op, &out.block_bytes(), &src.block_bytes(), dest);
+        }
         return match_dtype!(src.dtype(), T => run_unary(op, out, src, dest, |x: T| x), _ => Err(unsupported(src)));
     }
     match_dtype!(out.dtype(), D => match_dtype!(src.dtype(), S => {
@@ -31,9 +34,6 @@ impl Tensor {
     /// A contiguous copy of this tensor's elements in the same allocator that shares nothing
     /// with it (even when it is contiguous already).
     pub(crate) fn fresh_copy(&self, op: &'static str) -> Result<Tensor> {
-        if self.dtype().is_quantized() {
-            return self.copy_quantized(op);
-        }
         // SAFETY: `cast_into` writes every element of `out` or fails, dropping it unread.
         let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
         cast_into(op, &out, self, Dest::Fresh)?;
@@ -54,33 +54,9 @@ impl Tensor {
             return Ok(self.clone());
         }
         let op = "contiguous";
-        if self.dtype().is_quantized() {
-            return self.copy_quantized(op);
-        }
         // SAFETY: `cast_into` writes every element of `out` or fails, dropping it unread.
         let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
         cast_into(op, &out, self, Dest::Fresh)?;
-        Ok(out)
-    }
-
-    /// A contiguous copy of a quantised view (whole blocks along the last dimension).
-    fn copy_quantized(&self, op: &'static str) -> Result<Tensor> {
-        // SAFETY: the row copies below write every block of `out`.
-        let out = unsafe { Tensor::output(op, self.sizes(), self.dtype(), self) }?;
-        self.host_ready(op)?;
-        let _g = lock_storages(op, None, &[self.storage()])?;
-        let n = self.dim();
-        let row_bytes = self.dtype().size_of(self.sizes()[n - 1]).unwrap_or(0);
-        let (src, dst) = (self.data_ptr() as *const u8, out.data_ptr());
-        let bpe = self.dtype().block_bytes();
-        let mut row = 0;
-        for_each_offset(&self.sizes()[..n - 1], &self.strides()[..n - 1], |off| {
-            // SAFETY: `off` is a multiple of 32 (views of quantised tensors keep whole blocks),
-            // so `off / 32 * bpe` is the byte offset of the row's first block inside the
-            // storage; `out` is a fresh, separate allocation of `rows * row_bytes` bytes.
-            unsafe { core::ptr::copy_nonoverlapping(src.add(off / 32 * bpe), dst.add(row * row_bytes), row_bytes) };
-            row += 1;
-        });
         Ok(out)
     }
 

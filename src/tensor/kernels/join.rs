@@ -3,7 +3,6 @@
 use smallvec::SmallVec;
 
 use crate::tensor::shape::{Dims, wrap_dim, wrap_insert_dim};
-use crate::tensor::storage::{Storage, lock_storages};
 use crate::tensor::{DType, Result, Tensor, TensorError};
 
 use super::cast::cast_into;
@@ -93,9 +92,6 @@ impl Tensor {
         if out.numel() == 0 {
             return Ok(out); // nothing to copy, whatever the sizes
         }
-        if dtype.is_quantized() {
-            return cat_quantized(op, &parts, d, out);
-        }
         let mut at = 0;
         for &(_, t) in &parts {
             let n = t.sizes()[d];
@@ -138,42 +134,4 @@ impl Tensor {
         let refs: Vec<&Tensor> = unsqueezed.iter().collect();
         Tensor::cat(&refs, d as isize)
     }
-}
-
-/// `cat` of tensors of one quantised dtype into `out` (fresh, contiguous, not empty): for each
-/// index before `d`, each source's run of blocks in turn, as bytes.
-fn cat_quantized(op: &'static str, parts: &[(usize, &Tensor)], d: usize, out: Tensor) -> Result<Tensor> {
-    let dtype = out.dtype();
-    // Views are copied first (whole blocks along the last dimension, so a block-wise copy).
-    let mut sources: SmallVec<[Tensor; 4]> = SmallVec::with_capacity(parts.len());
-    for &(_, t) in parts {
-        if t.numel() > 0 {
-            t.host_ready(op)?;
-            sources.push(t.contiguous()?);
-        }
-    }
-    let storages: SmallVec<[&Storage; 4]> = sources.iter().map(|s| s.storage()).collect();
-    let _g = lock_storages(op, None, &storages)?;
-    // Parts of `out`'s element count (not 0), so no product overflows. Every size after `d`
-    // (or the size along `d` itself, when `d` is last) holds whole blocks, so every run below
-    // is a whole number of blocks.
-    let outer: usize = out.sizes()[..d].iter().product();
-    let inner: usize = out.sizes()[d + 1..].iter().product();
-    let bytes = |n: usize| dtype.size_of(n * inner).unwrap_or(0);
-    let row = bytes(out.sizes()[d]);
-    let dst = out.data_ptr();
-    let mut at = 0;
-    for s in &sources {
-        let run = bytes(s.sizes()[d]);
-        let src = s.data_ptr() as *const u8;
-        for o in 0..outer {
-            // SAFETY: `s` is contiguous with `out`'s sizes except along `d`, so it holds
-            // `outer` runs of `run` bytes from `src`, read-locked above; `out` is a fresh
-            // allocation of `outer` rows of `row` bytes that nothing else refers to, and the
-            // runs of the sources before this one end at `at`, with `at + run <= row`.
-            unsafe { core::ptr::copy_nonoverlapping(src.add(o * run), dst.add(o * row + at), run) };
-        }
-        at += run;
-    }
-    Ok(out)
 }
