@@ -43,7 +43,7 @@ fn dims_and_indices_out_of_range() {
     assert!(msg(x.select(1, -4)).starts_with("select: index -4 is out of range"));
     assert!(msg(x.transpose(0, 5)).starts_with("transpose: dimension 5"));
     assert!(msg(x.unsqueeze(4)).starts_with("unsqueeze: dimension 4"));
-    assert!(msg(x.sum_dim(-3, false)).starts_with("sum: dimension -3"));
+    assert!(msg(x.sum_dim(-3, false)).starts_with("sum_dim: dimension -3"));
     assert!(msg(x.softmax(2)).starts_with("softmax: dimension 2"));
     assert_eq!(
         msg(x.get::<f32>(&[0, 3])),
@@ -74,7 +74,7 @@ fn the_range_a_dimension_error_gives_is_the_range_the_op_accepts() {
     );
     assert_eq!(
         msg(s.sum_dim(1, false)),
-        "sum: dimension 1 is out of range for a tensor of shape [] (expected -1 to 0)"
+        "sum_dim: dimension 1 is out of range for a tensor of shape [] (expected -1 to 0)"
     );
     let none = "is out of range for a tensor of shape [] (it needs a tensor with at least one dimension)";
     assert_eq!(msg(s.size(0)), format!("size: dimension 0 {none}"));
@@ -150,7 +150,7 @@ fn wrong_rust_types_and_shapes_of_data() {
     );
     assert!(msg(Tensor::rand(&[2], DType::I32)).starts_with("rand: not supported for dtype i32"));
     assert!(msg(Tensor::zeros(&[3, 31], DType::Q8_0)).contains("last dimension must be a multiple of 32"));
-    assert!(msg(Tensor::ones(&[3, 32], DType::Q8_0)).starts_with("full: not supported for dtype q8_0"));
+    assert!(msg(Tensor::ones(&[3, 32], DType::Q8_0)).starts_with("ones: not supported for dtype q8_0"));
     assert!(msg(x.to_dtype(DType::Q4_0)).contains("multiple of 32"));
     assert!(msg(Tensor::ones(&[2], DType::I32).unwrap().mean()).starts_with("mean: not supported for dtype i32"));
     assert!(
@@ -233,4 +233,69 @@ fn mmap_offset_or_length_past_the_end_of_the_file() {
     let e = unsafe { Tensor::from_file(&missing, 0, DType::U8, &[1]) }.unwrap_err();
     assert!(e.to_string().starts_with("map_file: "), "{e}");
     std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn errors_name_the_method_called_also_where_it_works_through_another() {
+    let x = t(&[2, 32]);
+    let q = x.to_dtype(DType::Q8_0).unwrap();
+    let bool_mask = Tensor::zeros(&[2, 32], DType::Bool).unwrap();
+    // Each of these ran another public method and reported that one's name ("sum", "narrow",
+    // "permute", "unsqueeze", "add", "full", "where").
+    let cases = [
+        ("sum_dim", msg(x.sum_dim(2, false))),
+        ("mean_dim", msg(q.mean_dim(0, false))),
+        ("max_dim", msg(t(&[0, 3]).max_dim(0, false))),
+        ("min_dim", msg(x.min_dim(-3, true))),
+        ("argmax_dim", msg(x.argmax_dim(2, false))),
+        ("squeeze_dim", msg(x.squeeze_dim(3))),
+        ("chunk", msg(q.chunk(3, 1))),
+        ("split", msg(q.split(5, 1))),
+        ("movedim", msg(q.movedim(0, 1))),
+        ("stack", msg(Tensor::stack(&[&q, &x], 0))),
+        ("add_scalar", msg(q.add_scalar(1.0))),
+        ("mul_scalar_", msg(t(&[2]).to_dtype(DType::I32).unwrap().mul_scalar_(0.5))),
+        ("add_scaled", msg(x.add_scaled(&t(&[3]), 2.0))),
+        ("add_scaled_", msg(t(&[1, 32]).add_scaled_(&x, 2.0))),
+        ("sub_scaled", msg(q.sub_scaled(&x, 2.0))),
+        ("gt_scalar", msg(q.gt_scalar(0.5))),
+        ("where_cond", msg(x.where_cond(&x, &x))),
+        ("ones", msg(Tensor::ones(&[32], DType::Q8_0))),
+        ("ones_like", msg(Tensor::ones_like(&q))),
+        ("full_like", msg(Tensor::full_like(&x, f64::NAN).and_then(|_| Tensor::full_like(&q, 1.0)))),
+        ("new_ones", msg(q.new_ones(&[32]))),
+        ("new_full", msg(x.new_full(&[2], 1e39))),
+        ("scalar", msg(Tensor::scalar(300.0, DType::U8))),
+        ("zeros", msg(Tensor::zeros(&[1 << 62, 4], DType::F32))),
+        ("new_zeros", msg(x.new_zeros(&[1 << 62, 4]))),
+        ("masked_fill", msg(q.masked_fill(&bool_mask, 0.0))),
+    ];
+    for (op, m) in cases {
+        assert!(m.starts_with(&format!("{op}: ")), "{op}: {m}");
+    }
+    // The quantised refusals say what to do.
+    assert!(msg(q.masked_fill(&bool_mask, 0.0)).ends_with("dequantize with to_dtype(DType::F32) first"));
+    assert!(msg(Tensor::ones(&[32], DType::Q8_0)).ends_with("create the values in f32 and convert with to_dtype"));
+    assert!(msg(Tensor::rand(&[3], DType::I64)).contains("random values are made in floating-point dtypes"));
+    let e = msg(Tensor::stack(&[&q, &q], 2));
+    assert!(e.starts_with("stack: not supported for dtype q8_0") && e.contains("would split the blocks of 32"), "{e}");
+    assert_eq!(Tensor::stack(&[&q, &q], 1).unwrap().sizes(), [2, 2, 32]);
+}
+
+#[test]
+fn empty_views_of_quantised_tensors_keep_no_block_alignment() {
+    let q = t(&[2, 32]).to_dtype(DType::Q8_0).unwrap();
+    // Empty views: no block is split, whatever the offset and strides (PyTorch takes them all).
+    let e = q.narrow(1, 5, 0).unwrap();
+    assert_eq!((e.sizes(), e.dtype()), (&[2, 0][..], DType::Q8_0));
+    assert_eq!(e.to_dtype(DType::F32).unwrap().sizes(), [2, 0]);
+    assert_eq!(q.slice(1, 3, 3, 2).unwrap().sizes(), [2, 0]);
+    // An embedding table of empty rows: the lookup was refused by its own reshape ("view").
+    let table = Tensor::zeros(&[3, 0], DType::Q8_0).unwrap();
+    let ids = Tensor::from_vec(vec![0i64, 2], &[2], DType::I64).unwrap();
+    let rows = table.embedding(&ids).unwrap();
+    assert_eq!((rows.sizes(), rows.dtype()), (&[2, 0][..], DType::Q8_0));
+    // Non-empty views still keep whole blocks, and the last size of an empty one counts them.
+    assert!(matches!(q.narrow(1, 5, 1), Err(TensorError::UnsupportedDType { op: "narrow", .. })));
+    assert!(matches!(e.view(&[0, 5]), Err(TensorError::UnsupportedDType { op: "view", .. })));
 }

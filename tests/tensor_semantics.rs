@@ -157,7 +157,7 @@ fn views_of_empty_tensors_with_huge_dimensions_compute_their_offsets_checked() {
     let e = Tensor::zeros(&[1 << 62, 0, 1 << 62, 1 << 40], DType::F64).unwrap();
     let e = e.as_strided(&[1 << 62, 0, 1 << 62, 1 << 40], &[2, 2, 0, 1], 0).unwrap();
     // The second chunk starts 2^62 elements in: 2^65 bytes.
-    assert!(matches!(e.chunk(2, 0), Err(TensorError::SizeOverflow { op: "narrow", .. })));
+    assert!(matches!(e.chunk(2, 0), Err(TensorError::SizeOverflow { op: "chunk", .. })));
     assert!(matches!(e.narrow(0, 1 << 61, 1), Err(TensorError::SizeOverflow { .. })));
     assert!(matches!(e.select(0, (1 << 62) - 1), Err(TensorError::SizeOverflow { .. })));
     assert!(matches!(e.narrow(0, isize::MIN, 1), Err(TensorError::RangeOutOfBounds { .. })));

@@ -39,10 +39,14 @@ impl Tensor {
     /// # Ok::<(), tensormem::tensor::TensorError>(())
     /// ```
     pub fn empty(sizes: &[usize], opts: impl Into<TensorOptions>) -> Result<Tensor> {
-        let opts = opts.into();
+        Tensor::empty_as("empty", sizes, opts.into())
+    }
+
+    /// [`empty`](Self::empty), its errors naming `op` (`zeros`, `empty_like`, ...).
+    pub(crate) fn empty_as(op: &'static str, sizes: &[usize], opts: TensorOptions) -> Result<Tensor> {
         let dtype = opts.get_dtype().unwrap_or(DType::F32);
-        let nbytes = nbytes_of("empty", sizes, dtype)?;
-        let storage = Storage::new_lazy(nbytes, allocator_of("empty", &opts)?)?.described(dtype, sizes);
+        let nbytes = nbytes_of(op, sizes, dtype)?;
+        let storage = Storage::new_lazy(nbytes, allocator_of(op, &opts)?)?.described(dtype, sizes);
         Ok(Tensor::from_parts(storage, sizes, contiguous_strides(sizes), 0, dtype))
     }
 
@@ -51,7 +55,7 @@ impl Tensor {
     /// # Errors
     /// As [`empty`](Tensor::empty).
     pub fn zeros(sizes: &[usize], opts: impl Into<TensorOptions>) -> Result<Tensor> {
-        Tensor::empty(sizes, opts)
+        Tensor::empty_as("zeros", sizes, opts.into())
     }
 
     /// A tensor of ones.
@@ -59,7 +63,7 @@ impl Tensor {
     /// # Errors
     /// As [`full`](Tensor::full).
     pub fn ones(sizes: &[usize], opts: impl Into<TensorOptions>) -> Result<Tensor> {
-        Tensor::full(sizes, 1.0, opts)
+        Tensor::full_as("ones", sizes, 1.0, opts.into())
     }
 
     /// A tensor with every element `value` (converted as `to_dtype` converts).
@@ -70,15 +74,19 @@ impl Tensor {
     /// an integer dtype, -1.0 into `u8`, 128.0 into `i8` (127.9 is 127), 1e39 into `f32`,
     /// 70000.0 into `f16`.
     pub fn full(sizes: &[usize], value: f64, opts: impl Into<TensorOptions>) -> Result<Tensor> {
-        let opts = opts.into();
+        Tensor::full_as("full", sizes, value, opts.into())
+    }
+
+    /// [`full`](Self::full), its errors naming `op` (`ones`, `full_like`, ...).
+    pub(crate) fn full_as(op: &'static str, sizes: &[usize], value: f64, opts: TensorOptions) -> Result<Tensor> {
         let dtype = opts.get_dtype().unwrap_or(DType::F32);
         if !dtype.is_quantized() && !Scalar::Float(value).fits(dtype) {
-            return Err(TensorError::UnsupportedDType { op: "full", dtype, shape: sizes.to_vec(), hint: FILL_HINT });
+            return Err(TensorError::UnsupportedDType { op, dtype, shape: sizes.to_vec(), hint: FILL_HINT });
         }
         match_dtype!(dtype, T => {
             let v = T::from_f64(value);
-            Tensor::filled("full", sizes, &opts, |_| v)
-        }, _ => Err(unsupported("full", dtype, sizes)))
+            Tensor::filled(op, sizes, &opts, |_| v)
+        }, _ => Err(unsupported(op, dtype, sizes)))
     }
 
     /// A 0-dimensional tensor holding `value`.
@@ -86,7 +94,7 @@ impl Tensor {
     /// # Errors
     /// As [`full`](Tensor::full).
     pub fn scalar(value: f64, opts: impl Into<TensorOptions>) -> Result<Tensor> {
-        Tensor::full(&[], value, opts)
+        Tensor::full_as("scalar", &[], value, opts.into())
     }
 
     /// `start, start + step, ...` up to but excluding `end`: `ceil((end - start) / step)`
@@ -278,6 +286,13 @@ impl Tensor {
     }
 }
 
+/// A dtype the creation `op` cannot fill: a quantised one (any op), or a non-float one
+/// (`rand`, `randn`).
 fn unsupported(op: &'static str, dtype: DType, sizes: &[usize]) -> TensorError {
-    TensorError::UnsupportedDType { op, dtype, shape: sizes.to_vec(), hint: "" }
+    let hint = if dtype.is_quantized() {
+        "quantised tensors are made by quantising: create the values in f32 and convert with to_dtype"
+    } else {
+        "random values are made in floating-point dtypes; convert with to_dtype"
+    };
+    TensorError::UnsupportedDType { op, dtype, shape: sizes.to_vec(), hint }
 }

@@ -6,7 +6,8 @@ use crate::allocators::AllocError;
 
 use super::DType;
 
-/// Why a tensor operation failed. Every variant names the operation (`op`) and the shapes
+/// Why a tensor operation failed. Every variant names the operation (`op`: the method that
+/// was called, `sum_dim` or `add_scalar`, also where it works through another) and the shapes
 /// involved, so the message alone says what to fix.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -66,7 +66,7 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::zeros`].
     pub fn zeros_like(t: &Tensor) -> Result<Tensor> {
-        Ok(laid_out_as(t, Tensor::zeros(t.sizes(), t.options())?))
+        Ok(laid_out_as(t, Tensor::empty_as("zeros_like", t.sizes(), t.options())?))
     }
 
     /// Ones of this tensor's shape, dtype and allocator, laid out as
@@ -75,7 +75,7 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::ones`].
     pub fn ones_like(t: &Tensor) -> Result<Tensor> {
-        Ok(laid_out_as(t, Tensor::ones(t.sizes(), t.options())?))
+        Ok(laid_out_as(t, Tensor::full_as("ones_like", t.sizes(), 1.0, t.options())?))
     }
 
     /// An uninitialised (lazily zeroed) tensor of this tensor's shape, dtype and allocator,
@@ -84,7 +84,7 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::empty`].
     pub fn empty_like(t: &Tensor) -> Result<Tensor> {
-        Ok(laid_out_as(t, Tensor::empty(t.sizes(), t.options())?))
+        Ok(laid_out_as(t, Tensor::empty_as("empty_like", t.sizes(), t.options())?))
     }
 
     /// `value` everywhere, in this tensor's shape, dtype and allocator, laid out as
@@ -93,7 +93,7 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::full`].
     pub fn full_like(t: &Tensor, value: f64) -> Result<Tensor> {
-        Ok(laid_out_as(t, Tensor::full(t.sizes(), value, t.options())?))
+        Ok(laid_out_as(t, Tensor::full_as("full_like", t.sizes(), value, t.options())?))
     }
 
     /// Zeros of `sizes` in this tensor's dtype and allocator (`x.new_zeros` in PyTorch).
@@ -101,7 +101,7 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::zeros`].
     pub fn new_zeros(&self, sizes: &[usize]) -> Result<Tensor> {
-        Tensor::zeros(sizes, self.options())
+        Tensor::empty_as("new_zeros", sizes, self.options())
     }
 
     /// Ones of `sizes` in this tensor's dtype and allocator.
@@ -109,7 +109,7 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::ones`].
     pub fn new_ones(&self, sizes: &[usize]) -> Result<Tensor> {
-        Tensor::ones(sizes, self.options())
+        Tensor::full_as("new_ones", sizes, 1.0, self.options())
     }
 
     /// A lazily allocated tensor of `sizes` in this tensor's dtype and allocator.
@@ -117,7 +117,7 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::empty`].
     pub fn new_empty(&self, sizes: &[usize]) -> Result<Tensor> {
-        Tensor::empty(sizes, self.options())
+        Tensor::empty_as("new_empty", sizes, self.options())
     }
 
     /// `value` everywhere in a tensor of `sizes`, in this tensor's dtype and allocator.
@@ -125,7 +125,7 @@ impl Tensor {
     /// # Errors
     /// As [`Tensor::full`].
     pub fn new_full(&self, sizes: &[usize], value: f64) -> Result<Tensor> {
-        Tensor::full(sizes, value, self.options())
+        Tensor::full_as("new_full", sizes, value, self.options())
     }
 
     fn check_slice<T: Element>(&self, op: &'static str) -> Result<()> {

@@ -33,10 +33,14 @@ impl Tensor {
             });
         }
         if self.dtype().is_quantized() {
+            // An empty view holds no block to split, whatever its strides and offset (the
+            // contiguous strides of `[2, 0]` are `[1, 1]`); its last size still counts blocks.
+            let empty = sizes.contains(&0);
             let ok = sizes.last().is_none_or(|&l| l % QUANT_BLOCK == 0)
-                && strides.last().is_none_or(|&s| s == 1)
-                && offset.is_multiple_of(QUANT_BLOCK)
-                && strides.iter().rev().skip(1).all(|s| s % QUANT_BLOCK == 0);
+                && (empty
+                    || strides.last().is_none_or(|&s| s == 1)
+                        && offset.is_multiple_of(QUANT_BLOCK)
+                        && strides.iter().rev().skip(1).all(|s| s % QUANT_BLOCK == 0));
             if !ok {
                 return Err(TensorError::UnsupportedDType {
                     op,
@@ -72,7 +76,11 @@ impl Tensor {
     /// # Errors
     /// [`TensorError::RangeOutOfBounds`] when the range does not fit.
     pub fn narrow(&self, dim: isize, start: isize, length: usize) -> Result<Tensor> {
-        let op = "narrow";
+        self.narrow_as("narrow", dim, start, length)
+    }
+
+    /// [`narrow`](Self::narrow), its errors naming `op` (`chunk` and `split` are narrows).
+    fn narrow_as(&self, op: &'static str, dim: isize, start: isize, length: usize) -> Result<Tensor> {
         let d = self.nonscalar_dim(op, dim)?;
         let size = self.sizes()[d];
         let s = if start < 0 { size.checked_sub(start.unsigned_abs()) } else { Some(start.unsigned_abs()) };
@@ -164,7 +172,11 @@ impl Tensor {
     /// [`TensorError::InvalidArguments`] unless `dims` has one entry per dimension;
     /// [`TensorError::DimOutOfRange`]; [`TensorError::RepeatedDim`].
     pub fn permute(&self, dims: &[isize]) -> Result<Tensor> {
-        let op = "permute";
+        self.permute_as("permute", dims)
+    }
+
+    /// [`permute`](Self::permute), its errors naming `op`.
+    fn permute_as(&self, op: &'static str, dims: &[isize]) -> Result<Tensor> {
         if dims.len() != self.dim() {
             return Err(TensorError::InvalidArguments {
                 op,
@@ -201,7 +213,7 @@ impl Tensor {
         let (s, d) = (self.wrap_dim(op, source)?, self.wrap_dim(op, destination)?);
         let mut perm: SmallVec<[isize; 6]> = (0..self.dim() as isize).filter(|&i| i != s as isize).collect();
         perm.insert(d, s as isize);
-        self.permute(&perm)
+        self.permute_as(op, &perm)
     }
 
     /// Inserts a dimension of size 1 at `dim` (in `-(ndim+1)..=ndim`).
@@ -209,12 +221,17 @@ impl Tensor {
     /// # Errors
     /// [`TensorError::DimOutOfRange`].
     pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
-        let d = wrap_insert_dim("unsqueeze", dim, self.sizes())?;
+        self.unsqueeze_as("unsqueeze", dim)
+    }
+
+    /// [`unsqueeze`](Self::unsqueeze), its errors naming `op` (`stack` unsqueezes its tensors).
+    pub(crate) fn unsqueeze_as(&self, op: &'static str, dim: isize) -> Result<Tensor> {
+        let d = wrap_insert_dim(op, dim, self.sizes())?;
         let (mut sizes, mut strides) = (Dims::from_slice(self.sizes()), Dims::from_slice(self.strides()));
         let stride = if d < sizes.len() { sizes[d] * strides[d] } else { 1 };
         sizes.insert(d, 1);
         strides.insert(d, stride);
-        self.make_view("unsqueeze", sizes, strides, self.storage_offset())
+        self.make_view(op, sizes, strides, self.storage_offset())
     }
 
     /// Removes every dimension of size 1.
@@ -230,14 +247,15 @@ impl Tensor {
     /// # Errors
     /// [`TensorError::DimOutOfRange`].
     pub fn squeeze_dim(&self, dim: isize) -> Result<Tensor> {
-        let d = self.wrap_dim("squeeze", dim)?;
+        let op = "squeeze_dim";
+        let d = self.wrap_dim(op, dim)?;
         if self.dim() == 0 || self.sizes()[d] != 1 {
             return Ok(self.clone());
         }
         let (mut sizes, mut strides) = (Dims::from_slice(self.sizes()), Dims::from_slice(self.strides()));
         sizes.remove(d);
         strides.remove(d);
-        self.make_view("squeeze", sizes, strides, self.storage_offset())
+        self.make_view(op, sizes, strides, self.storage_offset())
     }
 
     /// Broadcasts to `sizes` (stride 0 on the broadcast dimensions; `-1` keeps a size; new
@@ -341,7 +359,7 @@ impl Tensor {
             self.check_empty_pieces(op, chunks)?;
             return Ok(vec![self.clone(); chunks]);
         }
-        self.split(size.div_ceil(chunks), dim)
+        self.split_as(op, size.div_ceil(chunks), dim)
     }
 
     /// The most views `chunk` and `split` make of a tensor with no elements: views of nothing
@@ -368,18 +386,23 @@ impl Tensor {
     /// [`TensorError::ZeroArgument`] for `split_size == 0` on a non-empty dimension;
     /// [`TensorError::DimOutOfRange`].
     pub fn split(&self, split_size: usize, dim: isize) -> Result<Vec<Tensor>> {
-        let d = self.nonscalar_dim("split", dim)?;
+        self.split_as("split", split_size, dim)
+    }
+
+    /// [`split`](Self::split), its errors naming `op`.
+    fn split_as(&self, op: &'static str, split_size: usize, dim: isize) -> Result<Vec<Tensor>> {
+        let d = self.nonscalar_dim(op, dim)?;
         let size = self.sizes()[d];
         if size == 0 {
             return Ok(vec![self.clone()]);
         }
         if split_size == 0 {
-            return Err(TensorError::ZeroArgument { op: "split", what: "split_size", shape: self.sizes().to_vec() });
+            return Err(TensorError::ZeroArgument { op, what: "split_size", shape: self.sizes().to_vec() });
         }
-        self.check_empty_pieces("split", size.div_ceil(split_size))?;
+        self.check_empty_pieces(op, size.div_ceil(split_size))?;
         (0..size)
             .step_by(split_size)
-            .map(|start| self.narrow(d as isize, start as isize, split_size.min(size - start)))
+            .map(|start| self.narrow_as(op, d as isize, start as isize, split_size.min(size - start)))
             .collect()
     }
 

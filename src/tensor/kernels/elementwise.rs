@@ -93,16 +93,16 @@ pub(crate) enum Compare {
 }
 
 impl Compare {
-    fn name(self, form: Form) -> &'static str {
-        let names = match self {
-            Compare::Eq => ["eq", "eq_", "eq_out"],
-            Compare::Ne => ["ne", "ne_", "ne_out"],
-            Compare::Lt => ["lt", "lt_", "lt_out"],
-            Compare::Le => ["le", "le_", "le_out"],
-            Compare::Gt => ["gt", "gt_", "gt_out"],
-            Compare::Ge => ["ge", "ge_", "ge_out"],
-        };
-        names[form as usize]
+    /// The name of the `out=` form (the others are named by their methods).
+    fn out_name(self) -> &'static str {
+        match self {
+            Compare::Eq => "eq_out",
+            Compare::Ne => "ne_out",
+            Compare::Lt => "lt_out",
+            Compare::Le => "le_out",
+            Compare::Gt => "gt_out",
+            Compare::Ge => "ge_out",
+        }
     }
 }
 
@@ -579,14 +579,22 @@ impl Tensor {
         Ok(ct)
     }
 
-    fn binary(&self, kind: Binary, other: &Tensor, alpha: f64) -> Result<Tensor> {
-        self.binary_laid_out(kind, other, alpha, false)
+    /// `self kind alpha * other` into a fresh tensor, its errors naming `op` (the method called:
+    /// `add`, `add_scalar`, `add_scaled`).
+    fn binary(&self, op: &'static str, kind: Binary, other: &Tensor, alpha: f64) -> Result<Tensor> {
+        self.binary_laid_out(op, kind, other, alpha, false)
     }
 
     /// [`binary`](Self::binary), its output laid out by this tensor alone when `by_self`
     /// (PyTorch's `pow(Tensor, Scalar)` is a unary op of its tensor), else by both operands.
-    fn binary_laid_out(&self, kind: Binary, other: &Tensor, alpha: f64, by_self: bool) -> Result<Tensor> {
-        let op = kind.name(Form::Fresh);
+    fn binary_laid_out(
+        &self,
+        op: &'static str,
+        kind: Binary,
+        other: &Tensor,
+        alpha: f64,
+        by_self: bool,
+    ) -> Result<Tensor> {
         let shape = broadcast_shapes(op, self.sizes(), other.sizes())?;
         let ct = self.binary_type(op, kind, other)?;
         let both = [Input::of(self, ct), Input::of(other, ct)];
@@ -603,8 +611,8 @@ impl Tensor {
         Ok(out)
     }
 
-    fn binary_(&self, kind: Binary, other: &Tensor, alpha: f64) -> Result<&Tensor> {
-        let op = kind.name(Form::InPlace);
+    /// In-place [`binary`](Self::binary), its errors naming `op`.
+    fn binary_(&self, op: &'static str, kind: Binary, other: &Tensor, alpha: f64) -> Result<&Tensor> {
         let shape = broadcast_shapes(op, self.sizes(), other.sizes())?;
         if *shape != *self.sizes() {
             return Err(TensorError::BadShape {
@@ -639,8 +647,8 @@ impl Tensor {
         Ok(out)
     }
 
-    fn binary_scalar(&self, kind: Binary, s: Scalar) -> Result<Tensor> {
-        let op = kind.name(Form::Fresh);
+    /// `self kind s` (`add_scalar`), its errors naming `op`.
+    fn binary_scalar(&self, op: &'static str, kind: Binary, s: Scalar) -> Result<Tensor> {
         self.check_scalar_power(op, kind, s)?;
         if let Some(v) = half_opmath_scalar(kind, self.dtype(), s) {
             let inputs = [Input::of(self, self.dtype()), Input::number()];
@@ -649,17 +657,17 @@ impl Tensor {
             launch_half_scalar(op, kind, v, &out, self, Dest::Fresh)?;
             return Ok(out);
         }
-        self.binary_laid_out(kind, &self.scalar_operand(op, s, kind == Binary::Div)?, 1.0, kind == Binary::Pow)
+        self.binary_laid_out(op, kind, &self.scalar_operand(op, s, kind == Binary::Div)?, 1.0, kind == Binary::Pow)
     }
 
-    fn binary_scalar_(&self, kind: Binary, s: Scalar) -> Result<&Tensor> {
-        let op = kind.name(Form::InPlace);
+    /// In-place [`binary_scalar`](Self::binary_scalar).
+    fn binary_scalar_(&self, op: &'static str, kind: Binary, s: Scalar) -> Result<&Tensor> {
         self.check_scalar_power(op, kind, s)?;
         if let Some(v) = half_opmath_scalar(kind, self.dtype(), s) {
             launch_half_scalar(op, kind, v, self, self, Dest::Into)?;
             return Ok(self);
         }
-        self.binary_(kind, &self.scalar_operand(op, s, kind == Binary::Div)?, 1.0)
+        self.binary_(op, kind, &self.scalar_operand(op, s, kind == Binary::Div)?, 1.0)
     }
 
     /// PyTorch refuses an integer (or bool) tensor to a negative integer number's power (the
@@ -703,12 +711,13 @@ impl Tensor {
             BinaryOp::Mul => Binary::Mul,
             BinaryOp::Div => Binary::Div,
         };
-        let s = self.scalar_operand(kind.name(Form::Fresh), Scalar::Float(value), kind == Binary::Div)?;
-        s.binary(kind, self, 1.0)
+        let op = kind.name(Form::Fresh);
+        let s = self.scalar_operand(op, Scalar::Float(value), kind == Binary::Div)?;
+        s.binary(op, kind, self, 1.0)
     }
 
-    fn compare(&self, kind: Compare, other: &Tensor) -> Result<Tensor> {
-        let op = kind.name(Form::Fresh);
+    /// `self kind other` as a bool tensor, its errors naming `op` (`eq` or `eq_scalar`).
+    fn compare(&self, op: &'static str, kind: Compare, other: &Tensor) -> Result<Tensor> {
         let shape = broadcast_shapes(op, self.sizes(), other.sizes())?;
         let ct = result_type(op, self, other)?;
         // SAFETY: `launch_compare` writes every element of `out` or fails.
@@ -719,7 +728,7 @@ impl Tensor {
     }
 
     fn compare_out<'o>(&self, kind: Compare, other: &Tensor, out: &'o Tensor) -> Result<&'o Tensor> {
-        let op = kind.name(Form::Out);
+        let op = kind.out_name();
         let shape = broadcast_shapes(op, self.sizes(), other.sizes())?;
         let ct = result_type(op, self, other)?;
         check_out(op, out, &shape, DType::Bool)?;
@@ -784,7 +793,7 @@ macro_rules! binary_methods {
                 /// [`TensorError::UnsupportedDType`]/[`TensorError::NoCommonDType`] for dtypes
                 /// the operation does not take (see the module docs on promotion).
                 pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
-                    self.binary(Binary::$kind, other, 1.0)
+                    self.binary(stringify!($name), Binary::$kind, other, 1.0)
                 }
 
                 #[doc = concat!("In-place [`", stringify!($name), "`](Self::", stringify!($name), "): writes the result into `self` (and every view of its storage), computed in the result type and converted once.")]
@@ -795,7 +804,7 @@ macro_rules! binary_methods {
                 /// result's dtype cannot be cast to `self`'s; [`TensorError::InternalOverlap`];
                 /// [`TensorError::ReadOnly`].
                 pub fn $name_(&self, other: &Tensor) -> Result<&Tensor> {
-                    self.binary_(Binary::$kind, other, 1.0)
+                    self.binary_(stringify!($name_), Binary::$kind, other, 1.0)
                 }
 
                 #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ") into an existing tensor (PyTorch's `out=`): `out` must have the broadcast shape and a dtype the result casts to; it may be one of the inputs. Returns `out`.")]
@@ -813,7 +822,7 @@ macro_rules! binary_methods {
                 /// # Errors
                 /// As the tensor form.
                 pub fn $scalar(&self, value: impl Into<Scalar>) -> Result<Tensor> {
-                    self.binary_scalar(Binary::$kind, value.into())
+                    self.binary_scalar(stringify!($scalar), Binary::$kind, value.into())
                 }
 
                 #[doc = concat!("In-place [`", stringify!($scalar), "`](Self::", stringify!($scalar), ").")]
@@ -821,7 +830,7 @@ macro_rules! binary_methods {
                 /// # Errors
                 /// As the in-place tensor form.
                 pub fn $scalar_(&self, value: impl Into<Scalar>) -> Result<&Tensor> {
-                    self.binary_scalar_(Binary::$kind, value.into())
+                    self.binary_scalar_(stringify!($scalar_), Binary::$kind, value.into())
                 }
             )*
         }
@@ -852,7 +861,7 @@ impl Tensor {
     /// As [`add`](Self::add); [`TensorError::UnsupportedDType`] for a fractional `alpha` with
     /// integer tensors.
     pub fn add_scaled(&self, other: &Tensor, alpha: f64) -> Result<Tensor> {
-        self.binary(Binary::Add, other, alpha)
+        self.binary("add_scaled", Binary::Add, other, alpha)
     }
 
     /// In-place [`add_scaled`](Self::add_scaled).
@@ -860,7 +869,7 @@ impl Tensor {
     /// # Errors
     /// As [`add_`](Self::add_).
     pub fn add_scaled_(&self, other: &Tensor, alpha: f64) -> Result<&Tensor> {
-        self.binary_(Binary::Add, other, alpha)
+        self.binary_("add_scaled_", Binary::Add, other, alpha)
     }
 
     /// `self - alpha * other`.
@@ -868,7 +877,7 @@ impl Tensor {
     /// # Errors
     /// As [`add_scaled`](Self::add_scaled).
     pub fn sub_scaled(&self, other: &Tensor, alpha: f64) -> Result<Tensor> {
-        self.binary(Binary::Sub, other, alpha)
+        self.binary("sub_scaled", Binary::Sub, other, alpha)
     }
 }
 
@@ -882,7 +891,7 @@ macro_rules! compare_methods {
                 /// [`TensorError::Broadcast`]; [`TensorError::NoCommonDType`] with a quantised
                 /// operand.
                 pub fn $name(&self, other: &Tensor) -> Result<Tensor> {
-                    self.compare(Compare::$kind, other)
+                    self.compare(stringify!($name), Compare::$kind, other)
                 }
 
                 #[doc = concat!("[`", stringify!($name), "`](Self::", stringify!($name), ") into an existing bool tensor of the broadcast shape (`out=`).")]
@@ -899,8 +908,9 @@ macro_rules! compare_methods {
                 /// # Errors
                 /// As the tensor form.
                 pub fn $scalar(&self, value: impl Into<Scalar>) -> Result<Tensor> {
-                    let s = self.scalar_operand(Compare::$kind.name(Form::Fresh), value.into(), false)?;
-                    self.compare(Compare::$kind, &s)
+                    let op = stringify!($scalar);
+                    let s = self.scalar_operand(op, value.into(), false)?;
+                    self.compare(op, Compare::$kind, &s)
                 }
             )*
         }

@@ -35,7 +35,11 @@ impl Tensor {
     /// (a quantised dtype beside another dtype); [`TensorError::SizeOverflow`];
     /// [`TensorError::Alloc`].
     pub fn cat(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
-        let op = "cat";
+        Tensor::cat_as("cat", tensors, dim)
+    }
+
+    /// [`cat`](Self::cat), its errors naming `op` (`stack` is a cat).
+    fn cat_as(op: &'static str, tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
         let Some(first) = tensors.first() else {
             return Err(TensorError::BadShape {
                 op,
@@ -106,7 +110,9 @@ impl Tensor {
     /// The tensors stacked along a new dimension `dim` (`torch.stack`): all of the same shape.
     ///
     /// # Errors
-    /// As [`cat`](Self::cat); [`TensorError::Mismatch`] when shapes differ.
+    /// As [`cat`](Self::cat); [`TensorError::Mismatch`] when shapes differ;
+    /// [`TensorError::UnsupportedDType`] for quantised tensors stacked along a new last
+    /// dimension.
     pub fn stack(tensors: &[&Tensor], dim: isize) -> Result<Tensor> {
         let op = "stack";
         let Some(first) = tensors.first() else {
@@ -118,6 +124,14 @@ impl Tensor {
             });
         };
         let d = wrap_insert_dim(op, dim, first.sizes())?;
+        if first.dtype().is_quantized() && d == first.dim() {
+            return Err(TensorError::UnsupportedDType {
+                op,
+                dtype: first.dtype(),
+                shape: first.sizes().to_vec(),
+                hint: "a new last dimension would split the blocks of 32: stack along an earlier one, or dequantize first",
+            });
+        }
         let mut unsqueezed = Vec::with_capacity(tensors.len());
         for (index, t) in tensors.iter().enumerate() {
             if t.sizes() != first.sizes() {
@@ -129,9 +143,9 @@ impl Tensor {
                     reason: "(stack needs tensors of equal shape)",
                 });
             }
-            unsqueezed.push(t.unsqueeze(d as isize)?);
+            unsqueezed.push(t.unsqueeze_as(op, d as isize)?);
         }
         let refs: Vec<&Tensor> = unsqueezed.iter().collect();
-        Tensor::cat(&refs, d as isize)
+        Tensor::cat_as(op, &refs, d as isize)
     }
 }

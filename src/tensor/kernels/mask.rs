@@ -80,7 +80,7 @@ impl Tensor {
     /// [`TensorError::UnsupportedDType`] for a non-bool condition; [`TensorError::Broadcast`];
     /// [`TensorError::NoCommonDType`].
     pub fn where_cond(&self, condition: &Tensor, other: &Tensor) -> Result<Tensor> {
-        let op = "where";
+        let op = "where_cond";
         bool_condition(op, condition)?;
         let shape = broadcast_shapes(op, &broadcast_shapes(op, condition.sizes(), self.sizes())?, other.sizes())?;
         let dt = DType::result_type(self.dtype(), self.dim() == 0, other.dtype(), other.dim() == 0)
@@ -150,6 +150,14 @@ impl Tensor {
     /// Checks a fill's mask and makes the value a 0-d tensor of `self`'s dtype.
     fn fill_value(&self, op: &'static str, mask: &Tensor, value: Scalar) -> Result<Tensor> {
         bool_condition(op, mask)?;
+        if self.dtype().is_quantized() {
+            return Err(TensorError::UnsupportedDType {
+                op,
+                dtype: self.dtype(),
+                shape: self.sizes().to_vec(),
+                hint: "dequantize with to_dtype(DType::F32) first",
+            });
+        }
         // As PyTorch, the value is converted to the tensor's dtype; one the dtype cannot hold
         // is refused.
         if !value.fits(self.dtype()) {

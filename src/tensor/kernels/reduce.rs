@@ -422,8 +422,7 @@ impl Tensor {
         Ok(out)
     }
 
-    fn argmax_impl(&self, dim: Option<isize>, keepdim: bool) -> Result<Tensor> {
-        let op = "argmax";
+    fn argmax_impl(&self, op: &'static str, dim: Option<isize>, keepdim: bool) -> Result<Tensor> {
         let (x, lines, shape) = lines_of(self, op, dim, keepdim)?;
         check_nonempty(self, op, lines.len())?;
         // SAFETY: `reduce_rows` and `reduce_columns` write every output element.
@@ -477,7 +476,7 @@ impl Tensor {
     /// # Errors
     /// As [`sum`](Self::sum); [`TensorError::DimOutOfRange`].
     pub fn sum_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
-        self.sum_impl("sum", Some(dim), keepdim, false)
+        self.sum_impl("sum_dim", Some(dim), keepdim, false)
     }
 
     /// The mean of all elements (floating-point tensors; NaN when empty).
@@ -493,7 +492,7 @@ impl Tensor {
     /// # Errors
     /// As [`mean`](Self::mean); [`TensorError::DimOutOfRange`].
     pub fn mean_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
-        self.sum_impl("mean", Some(dim), keepdim, true)
+        self.sum_impl("mean_dim", Some(dim), keepdim, true)
     }
 
     /// The largest element (NaN if any is NaN).
@@ -509,7 +508,7 @@ impl Tensor {
     /// # Errors
     /// As [`max`](Self::max); [`TensorError::DimOutOfRange`].
     pub fn max_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
-        self.extreme("max", Some(dim), keepdim, true)
+        self.extreme("max_dim", Some(dim), keepdim, true)
     }
 
     /// The smallest element (NaN if any is NaN).
@@ -525,7 +524,7 @@ impl Tensor {
     /// # Errors
     /// As [`max_dim`](Self::max_dim).
     pub fn min_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
-        self.extreme("min", Some(dim), keepdim, false)
+        self.extreme("min_dim", Some(dim), keepdim, false)
     }
 
     /// The index (row-major, into the flattened tensor) of the first largest element, as a
@@ -534,7 +533,7 @@ impl Tensor {
     /// # Errors
     /// As [`max`](Self::max); bool tensors are refused.
     pub fn argmax(&self) -> Result<Tensor> {
-        self.argmax_impl(None, false)
+        self.argmax_impl("argmax", None, false)
     }
 
     /// The indices of the first largest elements along `dim`.
@@ -542,6 +541,6 @@ impl Tensor {
     /// # Errors
     /// As [`argmax`](Self::argmax); [`TensorError::DimOutOfRange`].
     pub fn argmax_dim(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
-        self.argmax_impl(Some(dim), keepdim)
+        self.argmax_impl("argmax_dim", Some(dim), keepdim)
     }
 }
