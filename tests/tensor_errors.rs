@@ -252,6 +252,7 @@ fn errors_name_the_method_called_also_where_it_works_through_another() {
         ("chunk", msg(q.chunk(3, 1))),
         ("split", msg(q.split(5, 1))),
         ("movedim", msg(q.movedim(0, 1))),
+        ("t", msg(q.t())),
         ("stack", msg(Tensor::stack(&[&q, &x], 0))),
         ("add_scalar", msg(q.add_scalar(1.0))),
         ("mul_scalar_", msg(t(&[2]).to_dtype(DType::I32).unwrap().mul_scalar_(0.5))),

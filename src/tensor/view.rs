@@ -136,7 +136,11 @@ impl Tensor {
     /// # Errors
     /// [`TensorError::DimOutOfRange`].
     pub fn transpose(&self, dim0: isize, dim1: isize) -> Result<Tensor> {
-        let op = "transpose";
+        self.transpose_as("transpose", dim0, dim1)
+    }
+
+    /// [`transpose`](Self::transpose), its errors naming `op` (`t` is a transpose).
+    fn transpose_as(&self, op: &'static str, dim0: isize, dim1: isize) -> Result<Tensor> {
         if self.dim() == 0 {
             wrap_dim(op, dim0, &[])?;
             wrap_dim(op, dim1, &[])?;
@@ -152,11 +156,12 @@ impl Tensor {
     /// The transpose of a tensor of at most 2 dimensions (`transpose(0, 1)`).
     ///
     /// # Errors
-    /// [`TensorError::BadShape`] for more than 2 dimensions.
+    /// [`TensorError::BadShape`] for more than 2 dimensions; as
+    /// [`transpose`](Self::transpose) otherwise.
     pub fn t(&self) -> Result<Tensor> {
         match self.dim() {
             0 | 1 => Ok(self.clone()),
-            2 => self.transpose(0, 1),
+            2 => self.transpose_as("t", 0, 1),
             _ => Err(TensorError::BadShape {
                 op: "t",
                 shape: self.sizes().to_vec(),
@@ -321,13 +326,18 @@ impl Tensor {
     /// # Errors
     /// [`TensorError::NumelMismatch`].
     pub fn reshape(&self, sizes: &[isize]) -> Result<Tensor> {
-        let target = infer_size("reshape", sizes, self.sizes(), self.numel())?;
+        self.reshape_as("reshape", sizes)
+    }
+
+    /// [`reshape`](Self::reshape), its errors naming `op` (`flatten` is a reshape).
+    fn reshape_as(&self, op: &'static str, sizes: &[isize]) -> Result<Tensor> {
+        let target = infer_size(op, sizes, self.sizes(), self.numel())?;
         match view_strides(self.sizes(), self.strides(), &target) {
-            Some(strides) => self.make_view("reshape", target, strides, self.storage_offset()),
+            Some(strides) => self.make_view(op, target, strides, self.storage_offset()),
             None => {
                 let c = self.contiguous()?;
                 let strides = super::shape::contiguous_strides(&target);
-                c.make_view("reshape", target, strides, 0)
+                c.make_view(op, target, strides, 0)
             }
         }
     }
@@ -337,7 +347,7 @@ impl Tensor {
     /// # Errors
     /// As [`reshape`](Self::reshape).
     pub fn flatten(&self) -> Result<Tensor> {
-        self.reshape(&[-1])
+        self.reshape_as("flatten", &[-1])
     }
 
     /// `chunks` views along `dim` of `ceil(size / chunks)` elements each (the last may be
