@@ -434,6 +434,14 @@ def gen():
         if math.prod(sizes) != 0 or R.random() < 0.2:
             sizes[R.randrange(nd)] = 0
         x = {"dtype": R.choice(ALL), "base": [1.0, 2.0], "sizes": sizes, "strides": [R.choice([0, 1, 2]) for _ in sizes], "offset": R.choice([0, 1])}
+        if R.random() < 0.3:
+            # contiguous strides (products of the sizes, capped at 2^63 - 1), as zeros(sizes) has
+            # them: unsqueeze's size * stride overflowed with these
+            st, acc = [], 1
+            for sz in reversed(sizes):
+                st.append(min(acc, 2**63 - 1))
+                acc *= max(sz, 1)
+            x["strides"] = st[::-1]
         ext = lambda: R.choice(big + [-(2**63), -(2**62), 2**63 - 1, -1, 0, 1, 5])
         rd = lambda: R.randint(-nd, nd - 1)
         op = R.choice(["slice", "narrow", "chunk", "split", "select", "expand", "broadcast_to", "reshape", "view", "flatten", "unsqueeze",

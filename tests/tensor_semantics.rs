@@ -171,6 +171,14 @@ fn views_of_empty_tensors_with_huge_dimensions_compute_their_offsets_checked() {
     let q = Tensor::zeros(&[1 << 40, 1 << 32, 0, 1 << 31], DType::BF16).unwrap();
     assert_eq!(Tensor::cat(&[&q, &q], 0).unwrap().sizes(), [1 << 41, 1 << 32, 0, 1 << 31]);
     assert_eq!(Tensor::stack(&[&q, &q], 1).unwrap().sizes(), [1 << 40, 2, 1 << 32, 0, 1 << 31]);
+    // unsqueeze's new stride is size * stride of the dimension it goes before: 2^40 * 2^40
+    // here (a debug build panicked, stack at dimension 0 with it).
+    let h = Tensor::zeros(&[1 << 40, 1 << 40, 0], DType::F32).unwrap();
+    assert_eq!(h.strides(), [1 << 40, 1, 1]);
+    let u = h.unsqueeze(0).unwrap();
+    assert_eq!((u.sizes(), u.strides()[1..].to_vec()), (&[1, 1 << 40, 1 << 40, 0][..], vec![1 << 40, 1, 1]));
+    assert_eq!(u.squeeze_dim(0).unwrap().sizes(), h.sizes());
+    assert_eq!(Tensor::stack(&[&h, &h], 0).unwrap().sizes(), [2, 1 << 40, 1 << 40, 0]);
 }
 
 #[test]

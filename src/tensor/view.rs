@@ -233,7 +233,10 @@ impl Tensor {
     pub(crate) fn unsqueeze_as(&self, op: &'static str, dim: isize) -> Result<Tensor> {
         let d = wrap_insert_dim(op, dim, self.sizes())?;
         let (mut sizes, mut strides) = (Dims::from_slice(self.sizes()), Dims::from_slice(self.strides()));
-        let stride = if d < sizes.len() { sizes[d] * strides[d] } else { 1 };
+        // PyTorch's stride for the new dimension. The product fits for a tensor with elements
+        // (it is within the extent, or one size step past it); an empty tensor's may not, and
+        // saturates as contiguous strides do (a dimension of size 1 never steps by it).
+        let stride = if d < sizes.len() { sizes[d].saturating_mul(strides[d]) } else { 1 };
         sizes.insert(d, 1);
         strides.insert(d, stride);
         self.make_view(op, sizes, strides, self.storage_offset())
