@@ -71,6 +71,7 @@ KNOWN = [
     (r"we refused \((select|narrow|chunk|slice): shape .* needs more bytes than fit in memory", "an empty view starting more than isize::MAX bytes into its storage is refused; PyTorch keeps the offset"),
     (r"we refused \((split|chunk): cutting an empty tensor .* views of nothing", "splitting an empty tensor into more than 65536 views is refused (issue 11: chunk built 2^32 views); PyTorch builds them"),
     (r"^--- case \d+ div_?(_out)? .*inputs (f16|bf16)\[[^;]*; (u8|i8|i16|i32|i64)\[[1, ]*\].*value \[\d+\] nan vs -?inf", "f16/bf16 divided by a one-element integer tensor: PyTorch takes that divisor in f32 from the integer (-inf / 2147483647 is -inf); tensormem casts it to the common dtype first, as PyTorch does for every longer divisor (f16(2147483647) is inf, and -inf / inf NaN)"),
+    (r"^--- case \d+ (slice|unsqueeze) .*inputs \w+\[([^\]]*, )?0(, [^\]]*)?\] .*out 0: strides .* vs ", "a view's stride that is a product past 2^64 (slice's stride * step, unsqueeze's size * stride), only in an empty view: PyTorch's wraps; tensormem keeps the stride (slice, as for a single step) or saturates it (unsqueeze, as contiguous strides)"),
     (r"pow_scalar_? .*\"v\": (0.5|2.0|-1.0|-2.0|3.0|-0.5)\b.*value \[\d+\] \S+ vs ", "pow with these exponents: PyTorch takes sqrt/x*x/1/x shortcuts, which differ from powf at -inf and -0"),
 ]
 
