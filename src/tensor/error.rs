@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use crate::allocators::AllocError;
 
-use super::DType;
+use super::{DType, Tensor};
 
 /// Why a tensor operation failed. Every variant names the operation (`op`: the method that
 /// was called, `sum_dim` or `add_scalar`, also where it works through another) and the shapes
@@ -455,6 +455,18 @@ pub enum TensorError {
         /// The allocator's error.
         source: AllocError,
     },
+}
+
+impl TensorError {
+    /// `op` refusing the quantised tensor `t`: it computes on plain values only.
+    pub(crate) fn quantized(op: &'static str, t: &Tensor) -> TensorError {
+        TensorError::UnsupportedDType {
+            op,
+            dtype: t.dtype(),
+            shape: t.sizes().to_vec(),
+            hint: "dequantize with to_dtype(DType::F32) first",
+        }
+    }
 }
 
 /// Shorthand for results of tensor operations.

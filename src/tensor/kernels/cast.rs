@@ -12,22 +12,16 @@ use super::loops::{Dest, run_unary};
 /// copy kernel behind `contiguous`, `to_dtype`, `copy_` and `cat` (a plain copy loop when the
 /// dtypes match; blocks of one quantised format are copied as their bytes).
 pub(crate) fn cast_into(op: &'static str, out: &Tensor, src: &Tensor, dest: Dest) -> Result<()> {
-    let unsupported = |t: &Tensor| TensorError::UnsupportedDType {
-        op,
-        dtype: t.dtype(),
-        shape: t.sizes().to_vec(),
-        hint: "dequantize with to_dtype(DType::F32) first",
-    };
     if out.dtype() == src.dtype() {
         if src.dtype().is_quantized() {
             // Whole blocks, copied as the bytes they are.
             return cast_into(op, &out.block_bytes(), &src.block_bytes(), dest);
         }
-        return match_dtype!(src.dtype(), T => run_unary(op, out, src, dest, |x: T| x), _ => Err(unsupported(src)));
+        return match_dtype!(src.dtype(), T => run_unary(op, out, src, dest, |x: T| x), _ => Err(TensorError::quantized(op, src)));
     }
     match_dtype!(out.dtype(), D => match_dtype!(src.dtype(), S => {
         run_unary(op, out, src, dest, |x: S| cast::<S, D>(x))
-    }, _ => Err(unsupported(src))), _ => Err(unsupported(out)))
+    }, _ => Err(TensorError::quantized(op, src))), _ => Err(TensorError::quantized(op, out)))
 }
 
 impl Tensor {

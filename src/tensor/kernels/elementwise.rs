@@ -738,7 +738,7 @@ impl Tensor {
 
     fn unary_type(&self, op: &'static str, kind: Unary) -> Result<DType> {
         if self.dtype().is_quantized() {
-            return Err(unsupported(op, self, "dequantize with to_dtype(DType::F32) first"));
+            return Err(TensorError::quantized(op, self));
         }
         Ok(if kind.is_float_only() && !self.dtype().is_floating_point() { DType::F32 } else { self.dtype() })
     }

@@ -211,12 +211,7 @@ impl Tensor {
         let op = "gather";
         let d = wrap_dim(op, dim, self.sizes())?;
         if self.dtype().is_quantized() {
-            return Err(TensorError::UnsupportedDType {
-                op,
-                dtype: self.dtype(),
-                shape: self.sizes().to_vec(),
-                hint: "dequantize with to_dtype(DType::F32) first",
-            });
+            return Err(TensorError::quantized(op, self));
         }
         let fits = index.dim() == self.dim()
             && index.sizes().iter().zip(self.sizes()).enumerate().all(|(i, (a, b))| i == d || a <= b);

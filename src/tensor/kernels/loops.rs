@@ -259,15 +259,6 @@ fn storer<O: Element>(dtype: DType) -> Option<StoreFn<O>> {
     match_dtype!(dtype, D => Some(store::<O, D> as StoreFn<O>), _ => None)
 }
 
-fn unsupported(op: &'static str, t: &Tensor) -> TensorError {
-    TensorError::UnsupportedDType {
-        op,
-        dtype: t.dtype(),
-        shape: t.sizes().to_vec(),
-        hint: "dequantize with to_dtype(DType::F32) first",
-    }
-}
-
 /// `out[i] = f(a[i], b[i])` over `out`'s shape, `a` and `b` broadcast to it, computed in `T`
 /// and written as `O` (both converted from and to the tensors' dtypes as needed).
 pub(crate) fn run_binary<T: Element, O: Element>(
@@ -296,10 +287,10 @@ pub(crate) fn run_binary<T: Element, O: Element>(
     b.host_ready(op)?;
     out.host_ready(op)?;
     let (la, lb) = (
-        loader::<T>(a.dtype()).ok_or_else(|| unsupported(op, a))?,
-        loader::<T>(b.dtype()).ok_or_else(|| unsupported(op, b))?,
+        loader::<T>(a.dtype()).ok_or_else(|| TensorError::quantized(op, a))?,
+        loader::<T>(b.dtype()).ok_or_else(|| TensorError::quantized(op, b))?,
     );
-    let so = storer::<O>(out.dtype()).ok_or_else(|| unsupported(op, out))?;
+    let so = storer::<O>(out.dtype()).ok_or_else(|| TensorError::quantized(op, out))?;
     let _g = lock_storages(op, (dest == Dest::Into).then(|| out.storage()), &[a.storage(), b.storage()])?;
     let plan = Plan::new(out.sizes(), [operand(out, out.strides()), operand(a, &sa), operand(b, &sb)]);
     let typed = a.dtype() == T::DTYPE && b.dtype() == T::DTYPE && out.dtype() == O::DTYPE;
@@ -495,8 +486,8 @@ fn unary_in<T: Element, O: Element, F: UnaryFn<T, O>>(
     }
     a.host_ready(op)?;
     out.host_ready(op)?;
-    let la = loader::<T>(a.dtype()).ok_or_else(|| unsupported(op, a))?;
-    let so = storer::<O>(out.dtype()).ok_or_else(|| unsupported(op, out))?;
+    let la = loader::<T>(a.dtype()).ok_or_else(|| TensorError::quantized(op, a))?;
+    let so = storer::<O>(out.dtype()).ok_or_else(|| TensorError::quantized(op, out))?;
     let _g = lock_storages(op, (dest == Dest::Into).then(|| out.storage()), &[a.storage()])?;
     let plan = Plan::new(out.sizes(), [operand(out, out.strides()), operand(a, &sa)]);
     let grain = parallel.then_some(F::GRAIN);

@@ -151,12 +151,7 @@ impl Tensor {
     fn fill_value(&self, op: &'static str, mask: &Tensor, value: Scalar) -> Result<Tensor> {
         bool_condition(op, mask)?;
         if self.dtype().is_quantized() {
-            return Err(TensorError::UnsupportedDType {
-                op,
-                dtype: self.dtype(),
-                shape: self.sizes().to_vec(),
-                hint: "dequantize with to_dtype(DType::F32) first",
-            });
+            return Err(TensorError::quantized(op, self));
         }
         // As PyTorch, the value is converted to the tensor's dtype; one the dtype cannot hold
         // is refused.

@@ -152,12 +152,7 @@ impl Lines {
 /// (a view, then `contiguous()`, which copies).
 fn lines_of(t: &Tensor, op: &'static str, dim: Option<isize>, keepdim: bool) -> Result<(Tensor, Lines, Dims)> {
     if t.dtype().is_quantized() {
-        return Err(TensorError::UnsupportedDType {
-            op,
-            dtype: t.dtype(),
-            shape: t.sizes().to_vec(),
-            hint: "dequantize with to_dtype(DType::F32) first",
-        });
+        return Err(TensorError::quantized(op, t));
     }
     match dim {
         None => Ok((t.contiguous()?, Lines::Rows(t.numel()), Dims::new())),
