@@ -179,6 +179,19 @@ fn views_of_empty_tensors_with_huge_dimensions_compute_their_offsets_checked() {
     assert_eq!((u.sizes(), u.strides()[1..].to_vec()), (&[1, 1 << 40, 1 << 40, 0][..], vec![1 << 40, 1, 1]));
     assert_eq!(u.squeeze_dim(0).unwrap().sizes(), h.sizes());
     assert_eq!(Tensor::stack(&[&h, &h], 0).unwrap().sizes(), [2, 1 << 40, 1 << 40, 0]);
+    // cat of two empty tensors makes a dimension of 2^63, past isize::MAX: select's negative
+    // index wrapped as `index + size as isize` and overflowed (a debug build panicked).
+    let half = Tensor::zeros(&[0, 1 << 62], DType::F32).unwrap();
+    let whole = Tensor::cat(&[&half, &half], -1).unwrap();
+    assert_eq!(whole.sizes(), [0, 1 << 63]);
+    assert_eq!(whole.select(1, 0).unwrap().sizes(), [0]);
+    // -2^63 is the first of 2^63; the last starts (2^63 - 1) * 4 bytes in, past isize::MAX.
+    assert_eq!(whole.select(1, isize::MIN).unwrap().storage_offset(), 0);
+    assert!(matches!(whole.select(1, -1), Err(TensorError::SizeOverflow { op: "select", .. })));
+    assert!(matches!(
+        whole.select(0, -1),
+        Err(TensorError::IndexOutOfRange { op: "select", index: -1, dim: 0, size: 0, .. })
+    ));
 }
 
 #[test]

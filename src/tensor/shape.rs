@@ -100,11 +100,10 @@ fn wrap(op: &'static str, dim: isize, n: usize, shape: &[usize]) -> Result<usize
 /// `index` in `-size..size` as an index into a dimension of `size`.
 pub(crate) fn wrap_index(op: &'static str, index: isize, dim: usize, shape: &[usize]) -> Result<usize> {
     let size = shape[dim];
-    let i = if index < 0 { index + size as isize } else { index };
-    if i < 0 || i as usize >= size {
-        return Err(TensorError::IndexOutOfRange { op, index, dim, size, shape: shape.to_vec() });
-    }
-    Ok(i as usize)
+    // In `usize`: the size of an empty tensor's dimension may pass `isize::MAX` (`cat` of two
+    // of 2^62), where `index + size as isize` overflowed.
+    let i = if index < 0 { size.checked_sub(index.unsigned_abs()) } else { Some(index.unsigned_abs()) };
+    i.filter(|&i| i < size).ok_or_else(|| TensorError::IndexOutOfRange { op, index, dim, size, shape: shape.to_vec() })
 }
 
 /// The broadcast of two shapes (NumPy rules: align on the right; sizes equal or one is 1).
