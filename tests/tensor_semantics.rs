@@ -195,6 +195,23 @@ fn views_of_empty_tensors_with_huge_dimensions_compute_their_offsets_checked() {
 }
 
 #[test]
+fn outputs_whose_element_count_overflows_are_size_overflow_errors() {
+    // Found by a fuzzer of op chains built with debug assertions: the output's layout was
+    // checked before its size, and the saturated strides of an overflowing shape failed it.
+    let a = Tensor::zeros(&[isize::MAX as usize, 4, 1 << 20, 0], DType::F32).unwrap();
+    let b = Tensor::zeros(&[0, isize::MAX as usize], DType::F32).unwrap();
+    let overflow = |r: Result<Tensor, TensorError>| match r {
+        Err(TensorError::SizeOverflow { op, shape, .. }) => (op, shape),
+        other => panic!("{:?}", other.map(|t| t.sizes().to_vec())),
+    };
+    // A sum over k = 0 is a full output of zeros: [2^63 - 1, 4, 2^20, 2^63 - 1].
+    assert_eq!(overflow(a.matmul(&b)), ("matmul", vec![isize::MAX as usize, 4, 1 << 20, isize::MAX as usize]));
+    let c = Tensor::zeros(&[0, 2, 3, usize::MAX], DType::F64).unwrap();
+    assert_eq!(overflow(c.mean_dim(0, false)), ("mean_dim", vec![2, 3, usize::MAX]));
+    assert_eq!(overflow(c.sum_dim(0, true)), ("sum_dim", vec![1, 2, 3, usize::MAX]));
+}
+
+#[test]
 fn reductions_and_norms_of_empty_tensors_whose_other_sizes_overflow_are_empty() {
     // Found by torchdiff's huge cases against a debug build: the column reduction multiplied
     // the sizes around the reduced dimension (2 * 2^32 * 2^40 * 0 past 2^64) and the norms
