@@ -195,6 +195,23 @@ fn views_of_empty_tensors_with_huge_dimensions_compute_their_offsets_checked() {
 }
 
 #[test]
+fn embedding_and_matmul_keep_dimensions_past_isize_max_of_empty_tensors() {
+    // Both went through an `isize` shape (a view, an expand): 2^63 became negative and was
+    // refused with an error about the shape's sign.
+    let table = Tensor::zeros(&[3, 4], DType::F32).unwrap();
+    let ids = Tensor::zeros(&[0, 1 << 63], DType::I64).unwrap();
+    assert_eq!(table.embedding(&ids).unwrap().sizes(), [0, 1 << 63, 4]);
+    let batch = Tensor::zeros(&[1 << 63, 0, 2, 3], DType::F32).unwrap();
+    let w = Tensor::zeros(&[3, 5], DType::F32).unwrap();
+    assert_eq!(batch.matmul(&w).unwrap().sizes(), [1 << 63, 0, 2, 5]);
+    let rows = Tensor::zeros(&[0, usize::MAX, 1, 3], DType::F32).unwrap();
+    assert_eq!(rows.matmul(&w).unwrap().sizes(), [0, usize::MAX, 1, 5]);
+    // A batch that does not broadcast still names matmul.
+    let other = Tensor::zeros(&[2, 3, 5], DType::F32).unwrap();
+    assert!(matches!(batch.matmul(&other), Err(TensorError::Broadcast { op: "matmul", .. })));
+}
+
+#[test]
 fn outputs_whose_element_count_overflows_are_size_overflow_errors() {
     // Found by a fuzzer of op chains built with debug assertions: the output's layout was
     // checked before its size, and the saturated strides of an overflowing shape failed it.

@@ -94,9 +94,15 @@ impl Tensor {
                 shape: self.sizes().to_vec(),
             });
         };
+        self.narrow_at(op, d, s, length)
+    }
+
+    /// Elements `start..start + length` of dimension `d`, a range already checked to fit (in
+    /// `usize`: `split` of a dimension past `isize::MAX` starts pieces there).
+    fn narrow_at(&self, op: &'static str, d: usize, start: usize, length: usize) -> Result<Tensor> {
         let (mut sizes, strides) = (Dims::from_slice(self.sizes()), Dims::from_slice(self.strides()));
         sizes[d] = length;
-        let offset = self.offset_at(op, s, strides[d])?;
+        let offset = self.offset_at(op, start, strides[d])?;
         self.make_view(op, sizes, strides, offset)
     }
 
@@ -301,7 +307,12 @@ impl Tensor {
     /// [`TensorError::Broadcast`] when the shapes are not compatible; [`TensorError::BadShape`]
     /// when they are only compatible the other way round (`[3]` to `[1]`).
     pub fn broadcast_to(&self, sizes: &[usize]) -> Result<Tensor> {
-        let op = "broadcast_to";
+        self.broadcast_to_as("broadcast_to", sizes)
+    }
+
+    /// [`broadcast_to`](Self::broadcast_to), its errors naming `op` (`matmul` broadcasts its
+    /// batch dimensions).
+    pub(crate) fn broadcast_to_as(&self, op: &'static str, sizes: &[usize]) -> Result<Tensor> {
         let strides = broadcast_strides_to(op, self.sizes(), self.strides(), sizes)?;
         let lead = sizes.len() - self.dim();
         self.make_view(op, sizes, lead_strides(sizes, strides, lead), self.storage_offset())
@@ -315,7 +326,21 @@ impl Tensor {
     pub fn view(&self, sizes: &[isize]) -> Result<Tensor> {
         let op = "view";
         let target = infer_size(op, sizes, self.sizes(), self.numel())?;
-        let strides = view_strides(self.sizes(), self.strides(), &target).ok_or_else(|| TensorError::NotViewable {
+        self.view_as(op, &target)
+    }
+
+    /// [`view`](Self::view) to sizes given in full, its errors naming `op` (`embedding` views
+    /// its rows in the indices' shape, whose sizes may pass `isize::MAX` when it is empty).
+    pub(crate) fn view_as(&self, op: &'static str, target: &[usize]) -> Result<Tensor> {
+        if checked_numel(target) != Some(self.numel()) {
+            return Err(TensorError::NumelMismatch {
+                op,
+                target: target.iter().map(|&s| isize::try_from(s).unwrap_or(isize::MAX)).collect(),
+                shape: self.sizes().to_vec(),
+                numel: self.numel(),
+            });
+        }
+        let strides = view_strides(self.sizes(), self.strides(), target).ok_or_else(|| TensorError::NotViewable {
             op,
             shape: self.sizes().to_vec(),
             strides: self.strides().to_vec(),
@@ -413,10 +438,7 @@ impl Tensor {
             return Err(TensorError::ZeroArgument { op, what: "split_size", shape: self.sizes().to_vec() });
         }
         self.check_empty_pieces(op, size.div_ceil(split_size))?;
-        (0..size)
-            .step_by(split_size)
-            .map(|start| self.narrow_as(op, d as isize, start as isize, split_size.min(size - start)))
-            .collect()
+        (0..size).step_by(split_size).map(|start| self.narrow_at(op, d, start, split_size.min(size - start))).collect()
     }
 
     /// A view with any sizes, strides and offset over this tensor's storage, checked to stay

@@ -185,9 +185,9 @@ impl Tensor {
         }
         let flat = indices.reshape(&[-1])?;
         let rows = self.index_select_as(op, 0, &flat)?;
-        let mut shape: Vec<isize> = indices.sizes().iter().map(|&s| s as isize).collect();
-        shape.push(self.sizes()[1] as isize);
-        rows.view(&shape)
+        let mut shape = indices.sizes().to_vec();
+        shape.push(self.sizes()[1]);
+        rows.view_as(op, &shape)
     }
 
     /// `out[p] = self[p with p[dim] replaced by index[p]]` for every position `p` of `index`

@@ -163,9 +163,9 @@ impl Tensor {
         }
         let batch = broadcast_shapes(op, &a.sizes()[..an - 2], &b.sizes()[..bn - 2])?;
         let expand = |t: &Tensor, rows: usize, cols: usize| -> Result<Tensor> {
-            let mut s: SmallVec<[isize; 6]> = batch.iter().map(|&x| x as isize).collect();
-            s.extend([rows as isize, cols as isize]);
-            t.expand(&s)
+            let mut s = batch.clone();
+            s.extend([rows, cols]);
+            t.broadcast_to_as(op, &s)
         };
         let (a, b) = (expand(&a, n, k)?, expand(&b, k, m)?);
         let squeeze = |mut out: Tensor| -> Result<Tensor> {
