@@ -505,6 +505,24 @@ fn scalar_operands_on_both_sides() {
     assert!(i.add_scalar_(0.5).is_err(), "an in-place int op cannot take a float result");
 }
 
+#[test]
+fn usize_operands_past_i64_max_keep_their_sign() {
+    use tensormem::tensor::Scalar;
+    assert_eq!(Scalar::from(7usize), Scalar::Int(7));
+    assert_eq!(Scalar::from(i64::MAX as usize), Scalar::Int(i64::MAX));
+    // `as i64` made usize::MAX a -1: x + usize::MAX was x - 1, and x < usize::MAX false.
+    assert_eq!(Scalar::from(usize::MAX), Scalar::Float(18_446_744_073_709_551_615.0));
+    let x = Tensor::from_slice(&[1.0f64, 2.0], &[2], DType::F64).unwrap();
+    assert_eq!(x.add_scalar(usize::MAX).unwrap().to_vec::<f64>().unwrap(), [1.8446744073709552e19; 2]);
+    let i = Tensor::from_slice(&[5i64, -3], &[2], DType::I64).unwrap();
+    assert_eq!(i.lt_scalar(usize::MAX).unwrap().to_vec::<bool>().unwrap(), [true, true]);
+    assert_eq!(i.lt_scalar(1usize << 62).unwrap().to_vec::<bool>().unwrap(), [true, true]);
+    // A fill that does not fit is refused instead of filling with -1.
+    let mask = Tensor::from_slice(&[true, false], &[2], DType::Bool).unwrap();
+    assert!(matches!(i.masked_fill(&mask, usize::MAX), Err(TensorError::UnsupportedDType { op: "masked_fill", .. })));
+    assert_eq!(i.masked_fill(&mask, 9usize).unwrap().to_vec::<i64>().unwrap(), [9, -3]);
+}
+
 // ---- options, *_like, new_* ----
 
 #[test]

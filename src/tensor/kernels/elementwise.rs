@@ -202,7 +202,15 @@ macro_rules! scalar_from {
         }
     )*};
 }
-scalar_from!(f64 => Float as f64, f32 => Float as f64, i64 => Int as i64, i32 => Int as i64, u8 => Int as i64, usize => Int as i64);
+scalar_from!(f64 => Float as f64, f32 => Float as f64, i64 => Int as i64, i32 => Int as i64, u8 => Int as i64);
+
+impl From<usize> for Scalar {
+    /// An integer; past `i64::MAX` (where `as i64` would turn `usize::MAX` into `-1`), the
+    /// nearest float, as NumPy promotes an int64 array with a uint64 number to float.
+    fn from(v: usize) -> Self {
+        i64::try_from(v).map_or(Scalar::Float(v as f64), Scalar::Int)
+    }
+}
 
 impl From<bool> for Scalar {
     fn from(v: bool) -> Self {
