@@ -195,7 +195,7 @@ fn views_of_empty_tensors_with_huge_dimensions_compute_their_offsets_checked() {
 }
 
 #[test]
-fn embedding_and_matmul_keep_dimensions_past_isize_max_of_empty_tensors() {
+fn embedding_matmul_and_slice_keep_dimensions_past_isize_max_of_empty_tensors() {
     // Both went through an `isize` shape (a view, an expand): 2^63 became negative and was
     // refused with an error about the shape's sign.
     let table = Tensor::zeros(&[3, 4], DType::F32).unwrap();
@@ -206,6 +206,11 @@ fn embedding_and_matmul_keep_dimensions_past_isize_max_of_empty_tensors() {
     assert_eq!(batch.matmul(&w).unwrap().sizes(), [1 << 63, 0, 2, 5]);
     let rows = Tensor::zeros(&[0, usize::MAX, 1, 3], DType::F32).unwrap();
     assert_eq!(rows.matmul(&w).unwrap().sizes(), [0, usize::MAX, 1, 5]);
+    // slice's negative bounds count from the whole size (it was clamped to isize::MAX).
+    let wide = Tensor::zeros(&[0, usize::MAX], DType::U8).unwrap();
+    assert_eq!(wide.slice(1, 0, -1, 1).unwrap().sizes(), [0, usize::MAX - 1]);
+    let tail = wide.slice(1, isize::MIN, -1, 1).unwrap();
+    assert_eq!((tail.sizes(), tail.storage_offset()), (&[0, (1 << 63) - 1][..], (1 << 63) - 1));
     // A batch that does not broadcast still names matmul.
     let other = Tensor::zeros(&[2, 3, 5], DType::F32).unwrap();
     assert!(matches!(batch.matmul(&other), Err(TensorError::Broadcast { op: "matmul", .. })));

@@ -119,8 +119,10 @@ impl Tensor {
             return Err(TensorError::ZeroArgument { op, what: "step", shape: self.sizes().to_vec() });
         }
         let d = self.nonscalar_dim(op, dim)?;
-        let size = isize::try_from(self.sizes()[d]).unwrap_or(isize::MAX);
-        let bound = |i: isize| (if i < 0 { i.saturating_add(size) } else { i }).clamp(0, size) as usize;
+        // In `i128`: a negative bound counts from a size that may pass `isize::MAX` (an empty
+        // tensor's), and `-1` of a size of `usize::MAX` is `usize::MAX - 1`.
+        let size = self.sizes()[d] as i128;
+        let bound = |i: isize| (if i < 0 { i as i128 + size } else { i as i128 }).clamp(0, size) as usize;
         let (s, e) = (bound(start), bound(end));
         let e = e.max(s);
         let overflow = || TensorError::SizeOverflow { op, shape: self.sizes().to_vec(), dtype: self.dtype() };
