@@ -73,6 +73,20 @@ fn events_that_break_the_rules_are_named() {
     );
 }
 
+/// Runs `examples/<name>.rs` with `out` as its argument. In the dev profile with all features:
+/// `cargo test --workspace --all-features` (CI's command) has built the examples so, and the
+/// generators write the same bytes in either profile; a `--release` run here was a second
+/// build of the crate and its dependencies inside the test (5 minutes of CI).
+fn run_example(name: &str, out: &std::path::Path) {
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["run", "--quiet", "--all-features", "--example", name, "--"])
+        .arg(out)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "cargo run --example {name} failed");
+}
+
 #[test]
 fn the_shipped_trace_is_a_transformer_inference_run() {
     let json = std::fs::read_to_string(SHIPPED).unwrap();
@@ -96,12 +110,7 @@ fn the_shipped_trace_is_a_transformer_inference_run() {
     assert!(sizes.len() > 1000 && sizes[0] < 256 && *sizes.last().unwrap() > 32 << 20);
     // Regenerating gives the same file.
     let out = std::env::temp_dir().join(format!("tensormem-trace-{}.json", std::process::id()));
-    let status = std::process::Command::new(env!("CARGO"))
-        .args(["run", "--quiet", "--release", "--example", "transformer_trace", "--"])
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    run_example("transformer_trace", &out);
     assert_eq!(std::fs::read_to_string(&out).unwrap(), json, "examples/transformer_trace.rs no longer makes this file");
     std::fs::remove_file(out).unwrap();
 }
@@ -145,13 +154,7 @@ fn the_shipped_kv_cache_stress_is_regenerated_exactly() {
     let trace = AllocationTrace::from_json(&json).unwrap();
     assert!(trace.description.contains("KV caches growing by reallocation"));
     let out = std::env::temp_dir().join(format!("tensormem-kv-trace-{}.json", std::process::id()));
-    let status = std::process::Command::new(env!("CARGO"))
-        .args(["run", "--quiet", "--release", "--example", "kv_stress_trace", "--"])
-        .arg(&out)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    run_example("kv_stress_trace", &out);
     assert_eq!(std::fs::read_to_string(&out).unwrap(), json, "examples/kv_stress_trace.rs no longer makes this file");
     std::fs::remove_file(out).unwrap();
 }
