@@ -40,18 +40,21 @@ inventory::collect!(AllocatorFactory);
 ///
 /// `register_allocator!(name, priority, factory)`: `factory` is a function or non-capturing
 /// closure returning `Arc<dyn Allocator>`, called once when the global registry is first used.
-/// Registrations are applied in name order after the built-in ones; a duplicate
-/// (name, priority) is reported by [`try_get`](crate::AllocatorRegistry::try_get).
+/// Registrations are applied in name order after the built-in ones. The allocator must report
+/// the name it is registered under (so that `TENSORMEM_ALLOCATOR` accepts the name `get()`
+/// shows); a mismatch, or a duplicate (name, priority), is reported by
+/// [`try_get`](crate::AllocatorRegistry::try_get). To become the default, register above
+/// [`DEFAULT_PRIORITY`](crate::DEFAULT_PRIORITY) (100, the built-in `pool`): a tie keeps `pool`.
 ///
 /// ```
 /// use std::sync::Arc;
 /// use tensormem::{AllocatorRegistry, SystemAllocator, register_allocator};
 ///
-/// register_allocator!("capped", 100, || {
+/// register_allocator!("capped", 150, || {
 ///     Arc::new(SystemAllocator::builder().name("capped").bytes_limit(64 << 20).build().unwrap())
 /// });
 ///
-/// assert_eq!(AllocatorRegistry::global().get_by_name("capped").unwrap().name(), "capped");
+/// assert_eq!(AllocatorRegistry::global().get().name(), "capped");
 /// ```
 #[macro_export]
 macro_rules! register_allocator {

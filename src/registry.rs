@@ -69,8 +69,8 @@ pub enum RegistryError {
     },
     /// An allocator was selected by a name that nothing is registered under.
     #[error(
-        "{origin} selects allocator '{requested}', but no allocator of that name is registered \
-         (registered: {}{}; names are compared case-insensitively)", list_or_none(.registered), how_to_configure(.configurable)
+        "{}no allocator named '{requested}' is registered (registered: {}{}; names are compared \
+         case-insensitively)", origin.prefix(), list_or_none(.registered), how_to_configure(.configurable)
     )]
     UnknownAllocator {
         /// The name asked for.
@@ -94,6 +94,18 @@ pub enum RegistryError {
         /// The priority of the refused registration.
         priority: i32,
     },
+    /// A `register_allocator!` factory made an allocator that reports another name than the
+    /// one it is registered under: selecting it by the name that `get()` shows would fail.
+    #[error(
+        "register_allocator!(\"{registered}\", ..) made an allocator named '{reported}': an allocator must report \
+         the name it is registered under (give it .name(\"{registered}\"), or register it as \"{reported}\")"
+    )]
+    NameMismatch {
+        /// The name given to `register_allocator!`.
+        registered: String,
+        /// What the allocator's `name()` returns.
+        reported: String,
+    },
 }
 
 fn list_or_none(names: &[String]) -> String {
@@ -112,6 +124,17 @@ pub enum SelectionOrigin {
     Environment,
     /// [`AllocatorRegistry::select`].
     Code,
+}
+
+impl SelectionOrigin {
+    /// What an error about the choice starts with: the variable for a choice made by the
+    /// environment, nothing for one made by the program (its caller knows where it came from).
+    fn prefix(self) -> &'static str {
+        match self {
+            Self::Environment => "TENSORMEM_ALLOCATOR: ",
+            Self::Code => "",
+        }
+    }
 }
 
 impl fmt::Display for SelectionOrigin {
@@ -139,9 +162,16 @@ struct Inner {
 /// Allocators by name and priority: TensorFlow's `AllocatorRegistry`.
 ///
 /// [`get`](Self::get) returns the allocator with the highest priority; on a tie the one
-/// registered first wins. A name chosen with [`select`](Self::select) (for the global registry:
-/// the `TENSORMEM_ALLOCATOR` environment variable) overrides the priorities. Names are looked up
-/// exactly, then case-insensitively.
+/// registered first wins, and registering a second allocator at the top priority logs a
+/// `tracing` warning (it would never be chosen by priority: give it a higher one). A name chosen
+/// with [`select`](Self::select) (for the global registry: the `TENSORMEM_ALLOCATOR` environment
+/// variable) overrides the priorities.
+///
+/// A name stands for one allocator. Names are compared case-insensitively, as `select` and
+/// `TENSORMEM_ALLOCATOR` compare them. Registering a name again at the same priority is refused
+/// ([`RegistryError::Duplicate`]); at another priority the new registration replaces the old one,
+/// with a `tracing` warning (an override, as a startup flag overrides a default), so the metrics
+/// have one `allocator` series per name. One allocator may stand under several names (aliases).
 ///
 /// The [`global`](Self::global) registry starts with:
 ///
@@ -246,9 +276,13 @@ impl AllocatorRegistry {
         let mut factories: Vec<&AllocatorFactory> = inventory::iter::<AllocatorFactory>().collect();
         // Link order is arbitrary; registering in name order keeps tie-breaks reproducible.
         factories.sort_by_key(|f| (f.name, f.priority));
-        let made = factories.iter().map(|f| (f.name, f.priority, (f.make)()));
-        for (name, priority, allocator) in builtin.into_iter().chain(made) {
+        for (name, priority, allocator) in builtin {
             if let Err(e) = registry.register(name, priority, allocator) {
+                errors.push(e);
+            }
+        }
+        for f in factories {
+            if let Err(e) = registry.register_factory(f.name, f.priority, (f.make)()) {
                 errors.push(e);
             }
         }
@@ -271,29 +305,69 @@ impl AllocatorRegistry {
         registry
     }
 
-    /// Registers `allocator` under `name` with `priority`.
+    /// Registers `allocator` under `name` with `priority` (see the type's docs for names that
+    /// are already registered and for ties).
     ///
     /// # Errors
-    /// [`RegistryError::Duplicate`] if the same (name, priority) is already registered (naming
-    /// both registrations), [`RegistryError::EmptyName`] for an empty name.
+    /// [`RegistryError::Duplicate`] if the name (compared case-insensitively) is already
+    /// registered at the same priority (naming both registrations), [`RegistryError::EmptyName`]
+    /// for an empty name.
     pub fn register(&self, name: &str, priority: i32, allocator: Arc<dyn Allocator>) -> Result<(), RegistryError> {
         let mut inner = self.inner.write();
         inner.attempts += 1;
         if name.is_empty() {
             return Err(RegistryError::EmptyName { priority });
         }
-        if let Some(first) = inner.entries.iter().position(|e| e.name == name && e.priority == priority) {
-            return Err(RegistryError::Duplicate {
-                name: name.to_owned(),
+        if let Some(first) = inner.entries.iter().position(|e| e.name.eq_ignore_ascii_case(name)) {
+            let old = &inner.entries[first];
+            if old.priority == priority {
+                return Err(RegistryError::Duplicate {
+                    name: name.to_owned(),
+                    priority,
+                    first_index: first + 1,
+                    first_allocator: old.allocator.name().to_owned(),
+                    second_index: inner.attempts,
+                    second_allocator: allocator.name().to_owned(),
+                });
+            }
+            tracing::warn!(
+                name,
+                old_priority = old.priority,
+                new_priority = priority,
+                old_allocator = old.allocator.name(),
+                new_allocator = allocator.name(),
+                "tensormem: allocator '{name}' is registered again at priority {priority}: it replaces the one at \
+                 priority {}",
+                old.priority
+            );
+            inner.entries.remove(first);
+        }
+        let top = inner.entries.iter().map(|e| e.priority).max();
+        let same = |e: &RegistryEntry| Arc::as_ptr(&e.allocator).cast::<()>() == Arc::as_ptr(&allocator).cast::<()>();
+        if top == Some(priority)
+            && let Some(chosen) = inner.entries.iter().find(|e| e.priority == priority && !same(e))
+        {
+            tracing::warn!(
+                name,
                 priority,
-                first_index: first + 1,
-                first_allocator: inner.entries[first].allocator.name().to_owned(),
-                second_index: inner.attempts,
-                second_allocator: allocator.name().to_owned(),
-            });
+                chosen = %chosen.name,
+                "tensormem: allocator '{name}' ties with '{}' at the top priority {priority}: get() keeps returning \
+                 '{}' (registered first); register '{name}' with a higher priority to make it the default",
+                chosen.name,
+                chosen.name
+            );
         }
         inner.entries.push(RegistryEntry { name: name.to_owned(), priority, allocator });
         Ok(())
+    }
+
+    /// A `register_allocator!` registration: as [`register`](Self::register), and the
+    /// allocator must report the name it is registered under.
+    fn register_factory(&self, name: &str, priority: i32, allocator: Arc<dyn Allocator>) -> Result<(), RegistryError> {
+        if !allocator.name().eq_ignore_ascii_case(name) {
+            return Err(RegistryError::NameMismatch { registered: name.to_owned(), reported: allocator.name().to_owned() });
+        }
+        self.register(name, priority, allocator)
     }
 
     /// The selected allocator if one was chosen by name, else the one with the highest priority
@@ -380,9 +454,8 @@ impl AllocatorRegistry {
         best.map(|e| Arc::clone(&e.allocator)).ok_or(RegistryError::Empty)
     }
 
-    /// The allocator registered under `name` (the highest priority one if the name was
-    /// registered at several priorities; an exact match first, else a case-insensitive one), or
-    /// `None`.
+    /// The allocator registered under `name` (an exact match first, else a case-insensitive
+    /// one), or `None`.
     pub fn get_by_name(&self, name: &str) -> Option<Arc<dyn Allocator>> {
         Self::by_name(&self.inner.read(), name)
     }

@@ -30,7 +30,7 @@ fn main() -> ExitCode {
         if cfg!(all(feature = "jemalloc", not(target_env = "msvc"))) { "pool, jemalloc, cpu" } else { "pool, cpu" };
     let registered = format!("{host}{}", device_entries());
     let unknown = format!(
-        "TENSORMEM_ALLOCATOR selects allocator 'tpu', but no allocator of that name is registered (registered: \
+        "TENSORMEM_ALLOCATOR: no allocator named 'tpu' is registered (registered: \
          {registered}; can be configured: bfc (configure it with TENSORMEM_ALLOC_CONF=bfc.memory_limit=<size>); \
          names are compared case-insensitively)"
     );

@@ -101,6 +101,68 @@ fn at_the_cap_a_stalled_client_makes_room_for_a_scrape() {
     idle.clear();
 }
 
+/// Opens a kept-alive connection that has had one whole answer and then waits, idle.
+fn idle_client(addr: SocketAddr) -> TcpStream {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(c.read(&mut byte).unwrap(), 1, "the server closed a kept-alive connection");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a content-length");
+    let mut body = vec![0u8; len];
+    c.read_exact(&mut body).unwrap();
+    c
+}
+
+#[test]
+fn idle_kept_alive_clients_at_the_cap_make_room_oldest_first() {
+    let s = server(ServerOptions { max_connections: 4, ..ServerOptions::default() });
+    let addr = s.local_addr();
+    // Every slot holds a client that has had its answer and keeps the connection open.
+    let mut idle: Vec<TcpStream> = (0..4).map(|_| idle_client(addr)).collect();
+    // Three scrapes in a row all get through: each takes the slot of the longest idle client.
+    for round in 0..3 {
+        let r = get(addr, "/metrics");
+        assert!(r.starts_with("HTTP/1.1 200 OK"), "scrape {round} at the cap of idle clients: {r:?}");
+    }
+    // The first idle client was closed for the first scrape; the last one is still served.
+    idle[0].set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut buf = [0u8; 1];
+    assert_eq!(idle[0].read(&mut buf).unwrap_or(0), 0, "the longest idle client was closed");
+    let last = idle.last_mut().unwrap();
+    last.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = Vec::new();
+    let _ = last.read_to_end(&mut out);
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200 OK"), "the newest idle client was evicted");
+    idle.clear();
+}
+
+#[test]
+fn a_client_waiting_for_its_answer_is_not_evicted_for_a_newcomer() {
+    let s = slow_server(Duration::from_millis(800), ServerOptions { max_connections: 1, ..ServerOptions::default() });
+    let addr = s.local_addr();
+    let mut busy = TcpStream::connect(addr).unwrap();
+    busy.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    busy.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // The only slot is answering a request: the newcomer is refused, the answer still comes.
+    let refused = get(addr, "/metrics");
+    assert_eq!(refused, "", "a newcomer took the slot of a request in flight");
+    let mut out = Vec::new();
+    let _ = busy.read_to_end(&mut out);
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200 OK"));
+}
+
 #[test]
 fn fifty_slow_and_twenty_silent_clients_do_not_lock_prometheus_out() {
     let s = server(ServerOptions::default());

@@ -56,8 +56,82 @@ fn duplicate_registration_is_an_error_naming_both() {
     // The registry is unchanged: the original still answers.
     assert_eq!(r.get_by_name("cpu").unwrap().name(), "original");
     assert_eq!(r.entries().len(), 2);
-    // The same name at another priority is a different registration.
-    r.register("cpu", 1, named("cpu-1")).unwrap();
+    // The same name in other case is the same name.
+    assert!(matches!(r.register("CPU", 0, named("upper")), Err(RegistryError::Duplicate { .. })));
+}
+
+#[test]
+fn a_name_registered_again_at_another_priority_replaces_the_first_with_a_warning() {
+    let r = AllocatorRegistry::new();
+    r.register("pool", 100, named("pool-a")).unwrap();
+    r.register("cpu", 0, named("cpu")).unwrap();
+    let warnings = capture_warnings(|| r.register("Pool", 7, named("pool-b")).unwrap());
+    let entries: Vec<(String, i32)> = r.entries().into_iter().map(|e| (e.name, e.priority)).collect();
+    assert_eq!(entries, vec![("cpu".to_owned(), 0), ("Pool".to_owned(), 7)], "one entry per name");
+    assert_eq!(r.get_by_name("pool").unwrap().name(), "pool-b");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("'Pool' is registered again at priority 7: it replaces the one at priority 100"));
+}
+
+#[test]
+fn a_tie_at_the_top_priority_is_a_warning_that_names_the_winner() {
+    let r = AllocatorRegistry::new();
+    r.register("pool", 100, named("pool")).unwrap();
+    let tie = capture_warnings(|| r.register("capped-8g", 100, named("capped-8g")).unwrap());
+    assert_eq!(r.get().name(), "pool");
+    assert_eq!(tie.len(), 1, "{tie:?}");
+    assert!(tie[0].contains("'capped-8g' ties with 'pool' at the top priority 100"), "{tie:?}");
+    // Below the top, or above it, is no tie; an alias of the chosen allocator is none either.
+    let quiet = capture_warnings(|| {
+        r.register("low", 5, named("low")).unwrap();
+        r.register("low2", 5, named("low2")).unwrap();
+        r.register("top", 150, named("top")).unwrap();
+        r.register("top-alias", 150, r.get_by_name("top").unwrap()).unwrap();
+    });
+    assert!(quiet.is_empty(), "{quiet:?}");
+    assert_eq!(r.get().name(), "top");
+}
+
+/// The messages of `tracing` warnings emitted while `f` runs on this thread.
+fn capture_warnings(f: impl FnOnce()) -> Vec<String> {
+    use std::sync::Mutex;
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Level, Metadata, Subscriber};
+
+    #[derive(Default)]
+    struct Warnings(Mutex<Vec<String>>);
+    struct Message(String);
+    impl Visit for Message {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                self.0 = format!("{value:?}");
+            }
+        }
+    }
+    impl Subscriber for Warnings {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            if *event.metadata().level() == Level::WARN {
+                let mut m = Message(String::new());
+                event.record(&mut m);
+                self.0.lock().unwrap().push(m.0);
+            }
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+    let warnings = Arc::new(Warnings::default());
+    tracing::subscriber::with_default(Arc::clone(&warnings), f);
+    let out = warnings.0.lock().unwrap().clone();
+    out
 }
 
 #[test]
@@ -96,8 +170,7 @@ fn select_overrides_priorities_and_unknown_names_list_the_registered() {
     );
     assert_eq!(
         err.to_string(),
-        "AllocatorRegistry::select selects allocator 'tpu', but no allocator of that name is registered \
-         (registered: jemalloc, cpu; names are compared case-insensitively)"
+        "no allocator named 'tpu' is registered (registered: jemalloc, cpu; names are compared case-insensitively)"
     );
     // A refused choice leaves the previous one in place.
     assert_eq!(r.get().name(), "cpu");

@@ -1,5 +1,6 @@
 //! The timeline page in a real headless Chromium: it loads with no errors, draws the expected
-//! bands, stays quick with 100k events, and leaves a screenshot under `target/`.
+//! bands, stays quick with 100k events, draws hostile scope tags as text, and leaves a
+//! screenshot under the target directory's `tmp/timeline/`.
 //!
 //! Skipped (with the reason printed) when no Chromium is installed, unless
 //! `TENSORMEM_REQUIRE_CHROMIUM=1` (as `.ci/run` sets after installing Debian's `chromium`).
@@ -27,8 +28,10 @@ fn chromium() -> Option<PathBuf> {
     None
 }
 
+/// Where pages and screenshots go: cargo's scratch folder for integration tests, inside the
+/// target directory that `CARGO_TARGET_DIR` (or the default) names.
 fn target_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target").join("timeline");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("timeline");
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
@@ -162,4 +165,29 @@ fn a_hundred_thousand_events_lay_out_quickly() {
         html.len() / 1024,
         status(&dom, "layout-ms")
     );
+}
+
+#[test]
+fn hostile_tags_are_drawn_as_text_and_run_no_script() {
+    let Some(browser) = chromium() else { return };
+    let mut h = known_history();
+    let hostile = [
+        "/*DATA*/<img src=x onerror=\"document.title='pwned'\">",
+        "<!--<script>",
+        "</script><script>document.title='pwned'</script>",
+        "<!--TABLE--><!--SUMMARY-->",
+    ];
+    for (e, tag) in h.events.iter_mut().filter(|e| e.action == Action::Alloc).zip(hostile.iter().cycle()) {
+        e.tag = Some((*tag).to_owned());
+        e.description = Some(format!("{tag} & 'quoted'"));
+    }
+    let html = render_html(&h);
+    let (dom, stderr) = load(&browser, "hostile", &html, false);
+    assert_eq!(status(&dom, "ready"), "1", "the page's script did not finish: {stderr}");
+    assert_eq!(status(&dom, "errors"), "0", "errors: {dom}");
+    assert_eq!(status(&dom, "drawn"), "37");
+    assert!(!dom.contains("<img"), "a tag became an element: {dom}");
+    assert!(!dom.contains("pwned"), "a tag ran as script: {dom}");
+    assert!(dom.contains("<td>/*DATA*/&lt;img src=x onerror="), "the tag is not shown as text: {dom}");
+    assert!(dom.contains("<td>&lt;!--&lt;script&gt;</td>"), "{dom}");
 }

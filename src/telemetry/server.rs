@@ -6,13 +6,15 @@ use std::convert::Infallible;
 use std::fmt;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -38,9 +40,11 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 /// Limits of a [`MetricsServer`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServerOptions {
-    /// Connections served at once (default 64). When a new one arrives at the cap, the oldest
-    /// connection that has not yet sent a whole request head (a stalled or silent client) is
-    /// closed to make room; only when every connection is a real client is the new one closed.
+    /// Connections served at once (default 64). When a new one arrives at the cap, one open
+    /// connection is closed to make room: the oldest that has not yet sent a whole request head
+    /// (a stalled or silent client), else the one kept alive idle the longest (it has had its
+    /// answers and waits for nothing). Only when every connection is in the middle of a request
+    /// is the new one closed.
     pub max_connections: usize,
     /// A client must send each request head within this time (default 5 s).
     pub header_read_timeout: Duration,
@@ -123,9 +127,9 @@ impl Metrics {
 /// with `Content-Type: text/plain; version=0.0.4` on success. Each connection is served on its
 /// own task and the exposition is rendered on a blocking thread, so neither a slow client nor a
 /// slow `stats()` delays accepting and serving others. At the connection cap a stalled client
-/// (one that has not sent a whole request head) makes room for the newcomer; a client that does
-/// not send its head in time is disconnected; a failed `accept` pauses before the next. The
-/// server stops when the handle is dropped.
+/// (one that has not sent a whole request head), else the longest idle kept-alive one, makes
+/// room for the newcomer; a client that does not send its head in time is disconnected; a
+/// failed `accept` pauses before the next. The server stops when the handle is dropped.
 ///
 /// ```
 /// use std::io::{Read, Write};
@@ -257,11 +261,19 @@ impl fmt::Debug for MetricsServer {
     }
 }
 
+/// What an open connection is doing, in one word: [`STALLED`] until its first request head is
+/// in, [`BUSY`] while a request is being answered, otherwise the tick at which it became idle
+/// (between [`STALLED`] and [`BUSY`], so the smallest is the longest idle).
+type ConnState = Arc<AtomicU64>;
+/// No whole request head yet: a silent or slowloris client.
+const STALLED: u64 = 0;
+/// A request is being answered (from its head until its body is written or dropped).
+const BUSY: u64 = u64::MAX;
+
 /// One open connection.
 struct Conn {
     id: u64,
-    /// Whether the client has sent a whole request head (it is a real client, not a stalled one).
-    served: Arc<AtomicBool>,
+    state: ConnState,
     abort: AbortHandle,
 }
 
@@ -270,6 +282,55 @@ struct Conn {
 struct Conns {
     next_id: u64,
     open: VecDeque<Conn>,
+}
+
+impl Conns {
+    /// The connection to close for a newcomer at the cap: the oldest stalled one, else the
+    /// longest idle one; `None` when every connection is answering a request.
+    fn victim(&self) -> Option<usize> {
+        if let Some(i) = self.open.iter().position(|c| c.state.load(Relaxed) == STALLED) {
+            return Some(i);
+        }
+        self.open
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((c.state.load(Relaxed), i)).filter(|&(s, _)| s != BUSY))
+            .min()
+            .map(|(_, i)| i)
+    }
+}
+
+/// Ticks for idle-since stamps: strictly between [`STALLED`] and [`BUSY`].
+static IDLE_TICK: AtomicU64 = AtomicU64::new(1);
+
+/// A response body that marks its connection idle when it is dropped: hyper drops it once the
+/// body is written (or the connection failed), so the connection then waits for nothing.
+struct TrackedBody {
+    inner: Full<Bytes>,
+    state: ConnState,
+}
+
+impl Body for TrackedBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for TrackedBody {
+    fn drop(&mut self) {
+        self.state.store(IDLE_TICK.fetch_add(1, Relaxed).min(BUSY - 1), Relaxed);
+    }
 }
 
 async fn serve(listener: TcpListener, metrics: Arc<Metrics>, options: ServerOptions, mut stop: oneshot::Receiver<()>) {
@@ -304,25 +365,25 @@ async fn serve(listener: TcpListener, metrics: Arc<Metrics>, options: ServerOpti
         // unlist itself) before that on this single-threaded runtime.
         let mut open = conns.lock();
         if open.open.len() >= options.max_connections {
-            match open.open.iter().position(|c| !c.served.load(Relaxed)) {
+            match open.victim() {
                 Some(i) => {
-                    if let Some(stalled) = open.open.remove(i) {
-                        stalled.abort.abort();
+                    if let Some(evicted) = open.open.remove(i) {
+                        evicted.abort.abort();
                     }
                 }
-                // Every connection is a real client: refuse the newcomer.
+                // Every connection is answering a request: refuse the newcomer.
                 None => continue,
             }
         }
         let id = open.next_id;
         open.next_id += 1;
-        let served = Arc::new(AtomicBool::new(false));
+        let state = Arc::new(AtomicU64::new(STALLED));
         let task =
-            tokio::spawn(connection(stream, Arc::clone(&http), Arc::clone(&metrics), Arc::clone(&served), options, {
+            tokio::spawn(connection(stream, Arc::clone(&http), Arc::clone(&metrics), Arc::clone(&state), options, {
                 let conns = Arc::clone(&conns);
                 move || conns.lock().open.retain(|c| c.id != id)
             }));
-        open.open.push_back(Conn { id, served, abort: task.abort_handle() });
+        open.open.push_back(Conn { id, state, abort: task.abort_handle() });
     }
 }
 
@@ -331,14 +392,18 @@ async fn connection(
     stream: tokio::net::TcpStream,
     http: Arc<http1::Builder>,
     metrics: Arc<Metrics>,
-    served: Arc<AtomicBool>,
+    state: ConnState,
     options: ServerOptions,
     done: impl FnOnce(),
 ) {
     let service = service_fn(move |req| {
-        served.store(true, Relaxed);
+        state.store(BUSY, Relaxed);
         let metrics = Arc::clone(&metrics);
-        async move { Ok::<_, Infallible>(respond(req, metrics).await) }
+        let state = Arc::clone(&state);
+        async move {
+            let response = respond(req, metrics).await;
+            Ok::<_, Infallible>(response.map(|inner| TrackedBody { inner, state }))
+        }
     });
     let conn = http.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);

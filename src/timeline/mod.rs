@@ -36,11 +36,16 @@ use crate::history::History;
 
 const PAGE: &str = include_str!("page.html");
 
+/// The page's markers, in the order they stand in [`PAGE`]; each is replaced exactly once.
+const MARKERS: [&str; 3] = ["<!--SUMMARY-->", "<!--TABLE-->", "/*DATA*/"];
+
 /// Renders `history` as one self-contained HTML page (see the [module docs](self)).
+///
+/// A history is untrusted input (users share them): every string from it is escaped for where
+/// it goes (HTML text in the table, JSON inside the page's data `<script>`), and the template is
+/// filled by position, so no string from the history can be taken for one of its markers.
 pub fn render_html(history: &History) -> String {
     let (data, tags) = layout::layout(history);
-    // Inside a <script> element only "</" can end it early: escape it (JSON allows "<\/").
-    let json = serde_json::to_string(&data).unwrap_or_else(|_| "{}".to_owned()).replace("</", "<\\/");
     let summary = format!(
         "{} events ({} dropped before the buffer's start), {} allocations drawn as bands, {} summed as other; \
          peak in use {}",
@@ -65,11 +70,109 @@ pub fn render_html(history: &History) -> String {
         ));
     }
     table.push_str("</tbody></table>");
-    PAGE.replacen("<!--SUMMARY-->", &escape(&summary), 1)
-        .replacen("<!--TABLE-->", &table, 1)
-        .replacen("/*DATA*/", &json, 1)
+    fill(PAGE, [&escape(&summary), &table, &script_json(&data)])
 }
 
+/// `template` with each of [`MARKERS`] replaced by its value. The markers are found in the
+/// template alone, before anything is inserted, so inserted text is never searched.
+fn fill(template: &str, values: [&str; 3]) -> String {
+    let mut out = String::with_capacity(template.len() + values.iter().map(|v| v.len()).sum::<usize>());
+    let mut rest = template;
+    for (marker, value) in MARKERS.iter().zip(values) {
+        // The template is a constant that holds each marker once, in order (a unit test checks).
+        let Some(at) = rest.find(marker) else { continue };
+        out.push_str(&rest[..at]);
+        out.push_str(value);
+        rest = &rest[at + marker.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `data` as JSON that is inert inside a `<script>` element: `<`, `>` and `&` (which JSON only
+/// holds inside strings) become `\u003c`, `\u003e` and `\u0026`, so neither `</script>` nor
+/// `<!--` can end or hide the script, and the line separators U+2028 and U+2029 are escaped too.
+fn script_json(data: &impl serde::Serialize) -> String {
+    // Serialising plain structs of numbers and strings into memory cannot fail.
+    let json = serde_json::to_string(data).unwrap_or_else(|_| "{}".to_owned());
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        match c {
+            '<' => out.push_str("\\u003c"),
+            '>' => out.push_str("\\u003e"),
+            '&' => out.push_str("\\u0026"),
+            '\u{2028}' => out.push_str("\\u2028"),
+            '\u{2029}' => out.push_str("\\u2029"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `s` escaped for HTML text and double- or single-quoted attribute values.
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&#39;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_template_holds_each_marker_once_in_order() {
+        let at: Vec<usize> = MARKERS
+            .iter()
+            .map(|m| {
+                assert_eq!(PAGE.matches(m).count(), 1, "{m} in page.html");
+                PAGE.find(m).unwrap_or(0)
+            })
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "markers out of order: {at:?}");
+    }
+
+    #[test]
+    fn inserted_text_is_never_taken_for_a_marker() {
+        let out = fill("a<!--SUMMARY-->b<!--TABLE-->c/*DATA*/d", ["/*DATA*/<!--TABLE-->", "T", "J"]);
+        assert_eq!(out, "a/*DATA*/<!--TABLE-->bTcJd");
+    }
+
+    #[test]
+    fn a_hostile_tag_stays_data_in_the_rendered_page() {
+        use crate::allocators::observe::Action;
+        use crate::history::HistoryEvent;
+        let tag = "/*DATA*/<img src=x onerror=alert(1)><!--<script></script>";
+        let ev = |t, action, address| HistoryEvent {
+            time_ns: t,
+            action,
+            address,
+            size: 64,
+            allocator: "cpu".into(),
+            tag: Some(tag.into()),
+            description: Some(tag.into()),
+            backtrace: None,
+        };
+        let h = History {
+            version: 1,
+            start_unix_ms: 0,
+            capacity: 8,
+            dropped: 0,
+            events: vec![ev(0, Action::Alloc, 4096), ev(1, Action::Free, 4096)],
+        };
+        let html = render_html(&h);
+        assert!(!html.contains("<img"), "{html}");
+        let open = "<script id=\"data\" type=\"application/json\">";
+        let start = html.find(open).expect("the data script") + open.len();
+        let end = start + html[start..].find("</script>").expect("its end");
+        let data: serde_json::Value = serde_json::from_str(&html[start..end]).expect("the data is JSON");
+        assert_eq!(data["strings"][0], tag);
+        assert!(html.contains("<td>/*DATA*/&lt;img src=x onerror=alert(1)&gt;&lt;!--&lt;script&gt;"), "{html}");
+    }
+
+    #[test]
+    fn script_json_has_no_angle_brackets_and_parses_back() {
+        let s = "</script><!--<script>&\u{2028}";
+        let json = script_json(&s);
+        assert!(!json.contains('<') && !json.contains('>') && !json.contains('&'), "{json}");
+        assert_eq!(serde_json::from_str::<String>(&json).unwrap(), s);
+    }
 }
