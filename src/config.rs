@@ -1,10 +1,17 @@
 //! [`AllocConf`]: the `TENSORMEM_ALLOC_CONF` startup configuration of the `bfc` and `pool`
 //! allocators, in the spirit of `PYTORCH_CUDA_ALLOC_CONF`.
+//!
+//! One rule for spelling, as for allocator names: keys and words (`true`, `none`, `pytorch`,
+//! `power_of_two`, size units...) are case-insensitive, so `BFC.MEMORY_LIMIT=4GIB` is
+//! `bfc.memory_limit=4GiB`. A boolean is `true` or `false`; `yes`/`no`, `on`/`off` and `1`/`0`
+//! are accepted as the same two values. Every size is at most [`MAX_SIZE`] and every fraction
+//! has a range, so a value no machine can use is refused with the key named instead of
+//! overflowing later.
 
 use std::sync::Arc;
 
 use crate::allocators::{
-    Allocator, BfcAllocator, BuildError, HugePageSubAllocator, PoolAllocator, SizeRounding, SplitPolicy,
+    Allocator, BfcAllocator, BuildError, ByteSize, HugePageSubAllocator, PoolAllocator, SizeRounding, SplitPolicy,
 };
 
 /// The environment variable holding the configuration.
@@ -14,16 +21,20 @@ pub const ALLOC_CONF_ENV: &str = "TENSORMEM_ALLOC_CONF";
 pub const SIZE_SPELLINGS: &str = "a number of bytes with an optional unit: B; KiB, MiB, GiB, TiB (powers of 1024); \
      KB, MB, GB, TB (powers of 1000); decimals allowed (1.5GiB); units are case-insensitive";
 
+/// The largest size any key accepts: 256 TiB, more than any machine's address space or
+/// device memory (x86-64 and AArch64 give a process at most 128 TiB with 4-level page tables).
+pub const MAX_SIZE: u64 = 1 << 48;
+
 /// Every key `TENSORMEM_ALLOC_CONF` accepts, with what its value must be.
 pub const KEYS: [(&str, &str); 19] = [
-    ("bfc.memory_limit", "a size such as 4GiB, at least 256 B (setting it chooses bfc)"),
+    ("bfc.memory_limit", "a size such as 4GiB, at least 256 B (default: the machine's physical memory)"),
     ("bfc.allow_growth", "true or false"),
     ("bfc.expandable", "true or false"),
     ("bfc.growth_granule", "a positive size such as 2MiB"),
     ("bfc.split", "tensorflow, pytorch, or remainder:<size>"),
     ("bfc.release_threshold", "a size such as 1GiB, or none"),
     ("bfc.first_fit_above", "a size such as 64KiB, or none"),
-    ("bfc.peak_headroom", "a fraction of at least 0 such as 0.04, or none"),
+    ("bfc.peak_headroom", "a fraction from 0 to 1 such as 0.04, or none"),
     ("bfc.garbage_collection", "true or false"),
     ("bfc.max_internal_fragmentation", "a size such as 128MiB"),
     ("bfc.huge_pages", "true or false (default false): memory in 2 MiB transparent huge pages"),
@@ -168,13 +179,25 @@ impl AllocConf {
         for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let (key, value) = item.split_once('=').ok_or_else(|| ConfigError::Malformed { item: item.to_owned() })?;
             let (key, value) = (key.trim(), value.trim());
-            let (key, expected) =
-                *KEYS.iter().find(|k| k.0 == key).ok_or_else(|| ConfigError::UnknownKey { key: key.to_owned() })?;
+            let (key, expected) = *KEYS
+                .iter()
+                .find(|k| k.0.eq_ignore_ascii_case(key))
+                .ok_or_else(|| ConfigError::UnknownKey { key: key.to_owned() })?;
             if seen.contains(&key) {
                 return Err(ConfigError::Duplicate { key });
             }
             seen.push(key);
             let bad = || ConfigError::BadValue { key, value: value.to_owned(), expected };
+            if expected.contains("size")
+                && let Some(size) = spelled_size(value)
+                && size > MAX_SIZE
+            {
+                return Err(ConfigError::Invalid {
+                    key,
+                    value: value.to_owned(),
+                    rule: format!("at most {} ({MAX_SIZE} bytes) is accepted for a size", ByteSize(MAX_SIZE)),
+                });
+            }
             match key {
                 "bfc.memory_limit" => conf.bfc_memory_limit = Some(parse_size(value).ok_or_else(bad)?),
                 "bfc.allow_growth" => conf.bfc_allow_growth = Some(parse_bool(value).ok_or_else(bad)?),
@@ -272,15 +295,35 @@ impl AllocConf {
             || self.bfc_huge_pages.is_some()
     }
 
-    /// Builds the `bfc` allocator.
+    /// The limit of the `bfc` allocator: `bfc.memory_limit`, else the machine's physical memory
+    /// ([`physical_memory`](crate::allocators::physical_memory)). One rule wherever a BFC is
+    /// made from a configuration: the registry, `tensormem demo` and `tensormem replay`.
+    ///
+    /// ```
+    /// use tensormem::AllocConf;
+    /// assert_eq!(AllocConf::parse("bfc.memory_limit=4GiB")?.bfc_limit(), 4 << 30);
+    /// assert_eq!(AllocConf::default().bfc_limit(), tensormem::allocators::physical_memory());
+    /// # Ok::<(), tensormem::ConfigError>(())
+    /// ```
+    pub fn bfc_limit(&self) -> u64 {
+        self.bfc_memory_limit.unwrap_or_else(crate::allocators::physical_memory)
+    }
+
+    /// Builds the `bfc` allocator, limited to [`bfc_limit`](Self::bfc_limit) (a `tracing`
+    /// message says when that is the default).
     ///
     /// # Errors
-    /// [`ConfigError::Missing`] without `bfc.memory_limit`; [`ConfigError::Build`] when the
-    /// allocator refuses the values (e.g. a limit of 0).
+    /// [`ConfigError::Invalid`] or [`ConfigError::Build`] when the allocator refuses the values
+    /// (e.g. a limit of 0).
     pub fn build_bfc(&self) -> Result<BfcAllocator, ConfigError> {
-        let limit = self
-            .bfc_memory_limit
-            .ok_or(ConfigError::Missing { key: "bfc.memory_limit", why: "to use the bfc allocator" })?;
+        let limit = self.bfc_limit();
+        if self.bfc_memory_limit.is_none() {
+            tracing::info!(
+                limit,
+                "bfc: no bfc.memory_limit in {ALLOC_CONF_ENV}; limited to the machine's physical memory, {}",
+                ByteSize(limit)
+            );
+        }
         let mut b = BfcAllocator::builder().memory_limit(limit);
         if self.bfc_huge_pages == Some(true) {
             b = b.sub_allocator(Arc::new(HugePageSubAllocator));
@@ -317,7 +360,7 @@ impl AllocConf {
 
     /// Names the key behind a refusal of the `bfc` allocator, with its rule.
     fn bfc_error(&self, e: BuildError) -> ConfigError {
-        let limit = || self.bfc_memory_limit.map_or_else(String::new, |l| l.to_string());
+        let limit = || self.bfc_limit().to_string();
         match e {
             BuildError::ZeroLimit { .. } => ConfigError::Invalid {
                 key: "bfc.memory_limit",
@@ -432,7 +475,13 @@ fn parse_fraction_or_none(s: &str) -> Option<Option<f64>> {
     if s.trim().eq_ignore_ascii_case("none") {
         return Some(None);
     }
-    s.trim().parse::<f64>().ok().filter(|f| f.is_finite() && *f >= 0.0).map(Some)
+    s.trim().parse::<f64>().ok().filter(|f| (0.0..=1.0).contains(f)).map(Some)
+}
+
+/// The size a size key's value spells (`4GiB`, `multiple:4GiB`, `remainder:1MiB`), for the
+/// range check that every size key shares.
+fn spelled_size(value: &str) -> Option<u64> {
+    parse_size(value.rsplit(':').next().unwrap_or(value))
 }
 
 /// `tensorflow`, `pytorch`, or `remainder:<size>`.
@@ -442,7 +491,7 @@ fn parse_split(s: &str) -> Option<SplitPolicy> {
             let n = usize::try_from(parse_size(size)?).ok()?;
             Some(SplitPolicy::Remainder(n.max(256).checked_next_multiple_of(256)?))
         }
-        None => s.parse().ok(),
+        None => s.to_ascii_lowercase().parse().ok(),
     }
 }
 
@@ -455,6 +504,8 @@ fn parse_bool(s: &str) -> Option<bool> {
 }
 
 fn parse_rounding(s: &str) -> Option<SizeRounding> {
+    let s = s.to_ascii_lowercase();
+    let s = s.as_str();
     match s {
         "power_of_two" => Some(SizeRounding::PowerOfTwo),
         "exact" => Some(SizeRounding::Exact),

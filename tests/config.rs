@@ -95,8 +95,9 @@ fn malformed_and_duplicate_items_are_refused() {
 
 #[test]
 fn building_names_the_missing_or_refused_key() {
-    let err = AllocConf::parse("bfc.allow_growth=true").unwrap().build_bfc().unwrap_err();
-    assert_eq!(err.to_string(), "TENSORMEM_ALLOC_CONF: bfc.memory_limit is required to use the bfc allocator");
+    // Without a limit, the bfc takes the machine's physical memory (the one rule everywhere).
+    let bfc = AllocConf::parse("bfc.allow_growth=true").unwrap().build_bfc().unwrap();
+    assert_eq!(bfc.stats().unwrap().bytes_limit, Some(tensormem::allocators::physical_memory()));
     let err = AllocConf::parse("bfc.memory_limit=0").unwrap().build_bfc().unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -181,4 +182,95 @@ fn huge_pages_are_on_for_the_pool_and_off_for_the_bfc_unless_configured() {
         "TENSORMEM_ALLOC_CONF: bfc.memory_limit=1048576: the limit must hold at least one chunk or granule: 2097152 B \
          or more"
     );
+}
+
+#[test]
+fn keys_and_words_are_case_insensitive_and_booleans_have_one_rule() {
+    let c = AllocConf::parse("BFC.MEMORY_LIMIT=4GIB, Bfc.Allow_Growth=TRUE, POOL.ROUNDING=Power_Of_Two, bfc.split=PyTorch")
+        .unwrap();
+    assert_eq!(c.bfc_memory_limit, Some(4 << 30));
+    assert_eq!(c.bfc_allow_growth, Some(true));
+    assert_eq!(c.pool_rounding, Some(SizeRounding::PowerOfTwo));
+    assert!(c.bfc_split.is_some());
+    for (word, value) in [("true", true), ("FALSE", false), ("yes", true), ("No", false), ("on", true), ("0", false)] {
+        assert_eq!(AllocConf::parse(&format!("bfc.expandable={word}")).unwrap().bfc_expandable, Some(value), "{word}");
+    }
+    for bad in ["t", "2", "enabled", ""] {
+        assert!(AllocConf::parse(&format!("bfc.expandable={bad}")).is_err(), "{bad}");
+    }
+    // Twice in different case is still twice.
+    assert!(matches!(
+        AllocConf::parse("bfc.memory_limit=1GiB,BFC.MEMORY_LIMIT=2GiB"),
+        Err(ConfigError::Duplicate { key: "bfc.memory_limit" })
+    ));
+}
+
+#[test]
+fn every_size_key_has_a_range_that_names_the_key() {
+    let sizes = [
+        "bfc.memory_limit",
+        "bfc.growth_granule",
+        "bfc.release_threshold",
+        "bfc.first_fit_above",
+        "bfc.max_internal_fragmentation",
+        "pool.size_limit",
+        "pool.large_threshold",
+        "cuda.memory_limit",
+        "cuda_async.release_threshold",
+    ];
+    for key in sizes {
+        for value in ["18446744073709551615", "257TiB", "300000000000000000B"] {
+            let err = AllocConf::parse(&format!("{key}={value}")).unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.contains(key), "{key}={value}: {msg}");
+            assert!(msg.contains("at most 256.0 TiB") || msg.contains("bad value"), "{key}={value}: {msg}");
+        }
+        // The largest value accepted is accepted.
+        let at_max = AllocConf::parse(&format!("{key}=256TiB"));
+        assert!(at_max.is_ok(), "{key}=256TiB: {at_max:?}");
+    }
+    for (key, value) in [("pool.rounding", "multiple:300TiB"), ("bfc.split", "remainder:300TiB")] {
+        let msg = AllocConf::parse(&format!("{key}={value}")).unwrap_err().to_string();
+        assert!(msg.contains(key) && msg.contains("at most 256.0 TiB"), "{msg}");
+    }
+    let msg = AllocConf::parse("bfc.peak_headroom=1e300").unwrap_err().to_string();
+    assert!(msg.contains("bfc.peak_headroom"), "{msg}");
+}
+
+#[test]
+fn extreme_values_in_range_build_allocators_that_allocate_or_refuse_without_panicking() {
+    use tensormem::AllocatorExt;
+    for conf in [
+        "bfc.memory_limit=64MiB,bfc.growth_granule=256TiB",
+        "bfc.memory_limit=64MiB,bfc.growth_granule=1TiB",
+        "bfc.memory_limit=64MiB,bfc.growth_granule=1B",
+        "bfc.memory_limit=64MiB,bfc.max_internal_fragmentation=256TiB,bfc.release_threshold=256TiB",
+        "bfc.memory_limit=64MiB,bfc.first_fit_above=256TiB,bfc.peak_headroom=1",
+        "bfc.memory_limit=64MiB,bfc.split=remainder:256TiB",
+        "bfc.memory_limit=64MiB,bfc.expandable=false,bfc.growth_granule=256TiB",
+    ] {
+        let c = AllocConf::parse(conf).unwrap();
+        match c.build_bfc() {
+            Err(e) => assert!(e.to_string().contains("bfc."), "{conf}: {e}"),
+            Ok(bfc) => {
+                let p = bfc.allocate::<u8>(1 << 20).unwrap_or_else(|e| panic!("{conf}: {e}"));
+                // SAFETY: `p` came from `allocate::<u8>(1 << 20)` on `bfc`.
+                unsafe { bfc.deallocate(p, 1 << 20) };
+            }
+        }
+    }
+    let err = AllocConf::parse("bfc.memory_limit=64MiB,bfc.growth_granule=2TiB").unwrap().build_bfc().unwrap_err();
+    assert!(err.to_string().contains("bfc.growth_granule"), "{err}");
+    for conf in ["pool.rounding=multiple:256TiB", "pool.size_limit=256TiB,pool.large_threshold=256TiB"] {
+        let pool = AllocConf::parse(conf).unwrap().build_pool(std::sync::Arc::new(SystemAllocator::new()));
+        if let Ok(pool) = pool {
+            match pool.allocate::<u8>(4096) {
+                Ok(p) => {
+                    // SAFETY: `p` came from `allocate::<u8>(4096)` on `pool`.
+                    unsafe { pool.deallocate(p, 4096) };
+                }
+                Err(e) => assert!(!e.to_string().is_empty(), "{conf}"),
+            }
+        }
+    }
 }

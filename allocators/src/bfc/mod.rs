@@ -33,6 +33,9 @@ pub const DEFAULT_MAX_INTERNAL_FRAGMENTATION: u64 = 128 << 20;
 /// The default growth step of an expandable BFC: requests are backed in multiples of 2 MiB.
 pub const DEFAULT_GROWTH_GRANULE: u64 = 2 << 20;
 
+/// The largest growth granule a builder accepts: 1 TiB, past any step a real machine can commit.
+pub const MAX_GROWTH_GRANULE: u64 = 1 << 40;
+
 /// By default, requests of at least this size take the lowest-address free chunk that fits
 /// (address-ordered first fit); smaller ones the smallest (best fit).
 pub const DEFAULT_FIRST_FIT_ABOVE: u64 = 64 << 10;
@@ -421,7 +424,8 @@ impl BfcBuilder {
 
     /// The step an expandable allocator grows by: what a request needs is rounded up to a
     /// multiple of this (default 2 MiB; rounded up to the memory's granule). Near the limit it
-    /// takes less, down to one granule.
+    /// takes less, down to one granule. At most [`MAX_GROWTH_GRANULE`] ([`build`](Self::build)
+    /// refuses more).
     #[must_use]
     pub fn growth_granule(mut self, bytes: u64) -> Self {
         self.growth_granule = bytes;
@@ -575,11 +579,15 @@ impl BfcBuilder {
         if limit < MIN_ALLOCATION_SIZE as u64 {
             return Err(BuildError::LimitTooSmall { allocator: name, limit, minimum: MIN_ALLOCATION_SIZE as u64 });
         }
-        if self.growth_granule == 0 {
+        if self.growth_granule == 0 || self.growth_granule > MAX_GROWTH_GRANULE {
             return Err(BuildError::InvalidOption {
                 allocator: name,
                 option: "growth_granule",
-                reason: "a growth granule of 0 bytes; use at least one page".to_owned(),
+                reason: format!(
+                    "a growth granule of {} bytes; use from one page to {} ({MAX_GROWTH_GRANULE} bytes)",
+                    self.growth_granule,
+                    crate::ByteSize(MAX_GROWTH_GRANULE)
+                ),
             });
         }
         if let Some(Some(f)) = self.peak_headroom

@@ -524,8 +524,9 @@ fn default_large(name: &str, inner: &Arc<dyn Allocator>, huge_pages: bool) -> Op
     }
 }
 
-/// The machine's physical memory in bytes (64 GiB when it cannot be read).
-fn physical_memory() -> u64 {
+/// The machine's physical memory in bytes (64 GiB when it cannot be read): the limit of a host
+/// BFC that is given none (the pool's large allocator, and `bfc` without `bfc.memory_limit`).
+pub fn physical_memory() -> u64 {
     #[cfg(unix)]
     {
         // SAFETY: sysconf only reads system configuration.

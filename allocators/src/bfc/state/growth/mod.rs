@@ -166,7 +166,9 @@ impl Growth {
             committed: 0,
             pieces: Vec::new(),
             granule,
-            growth_granule: o.growth_granule.max(granule).next_multiple_of(granule),
+            // At most the reservation (a larger step could never be taken whole), so rounding it up to
+            // a granule cannot overflow.
+            growth_granule: o.growth_granule.min(reserved).max(granule).next_multiple_of(granule),
             holes: BTreeMap::new(),
             hole_bytes: 0,
         })
