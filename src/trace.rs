@@ -29,14 +29,41 @@ use crate::allocators::{AllocError, AllocationAttributes, Allocator, AllocatorSt
 /// The format version written and read.
 pub const TRACE_VERSION: u32 = 1;
 
-/// One event of a trace.
+/// One event of a trace. Read from JSON as an array of two or four unsigned integers, so that a
+/// wrong event is refused with what it must look like; shown (`Display`) as written in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(untagged)]
+#[serde(try_from = "Vec<u64>")]
 pub enum TraceEvent {
     /// `[t_us, id, size, align]`.
     Alloc(u64, u64, usize, usize),
     /// `[t_us, id]`.
     Free(u64, u64),
+}
+
+impl TryFrom<Vec<u64>> for TraceEvent {
+    type Error = String;
+
+    fn try_from(v: Vec<u64>) -> Result<Self, String> {
+        let size = |x: u64, what: &str| usize::try_from(x).map_err(|_| format!("the {what} {x} does not fit a usize"));
+        match v[..] {
+            [t, id] => Ok(Self::Free(t, id)),
+            [t, id, bytes, align] => Ok(Self::Alloc(t, id, size(bytes, "size")?, size(align, "alignment")?)),
+            _ => Err(format!(
+                "an event is [t_us, id, size, align] (an allocation) or [t_us, id] (a free), not {} numbers",
+                v.len()
+            )),
+        }
+    }
+}
+
+impl fmt::Display for TraceEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Alloc(t, id, size, align) => write!(f, "[{t},{id},{size},{align}]"),
+            Self::Free(t, id) => write!(f, "[{t},{id}]"),
+        }
+    }
 }
 
 impl TraceEvent {
@@ -64,7 +91,7 @@ pub struct AllocationTrace {
 #[non_exhaustive]
 pub enum TraceError {
     /// Not JSON of the trace's shape (including a file cut short).
-    #[error("the trace is not valid JSON of the expected shape (a file cut short?): {0}")]
+    #[error("{problem}: {0}", problem = json_problem(.0))]
     Json(#[from] serde_json::Error),
     /// A version this code does not read.
     #[error("trace version {found} is not supported (this reads version {TRACE_VERSION})")]
@@ -73,15 +100,24 @@ pub enum TraceError {
         found: u32,
     },
     /// An event breaks the format's rules.
-    #[error("event {index} ({event:?}) is invalid: {reason}")]
+    #[error("event {index} {event} is invalid: {reason}")]
     Event {
         /// Its position, from 0.
         index: usize,
         /// The event.
         event: TraceEvent,
-        /// Which rule it breaks.
-        reason: &'static str,
+        /// Which rule it breaks, with the values that break it.
+        reason: String,
     },
+}
+
+/// What kind of problem a JSON error is, in words.
+fn json_problem(e: &serde_json::Error) -> &'static str {
+    match e.classify() {
+        serde_json::error::Category::Eof => "the trace ends early (a file cut short?)",
+        serde_json::error::Category::Syntax => "the trace is not valid JSON",
+        _ => "not a tensormem allocation trace ({\"version\":1,\"description\":..,\"events\":[[t_us, id, size, align] or [t_us, id], ..]})",
+    }
 }
 
 impl AllocationTrace {
@@ -98,8 +134,10 @@ impl AllocationTrace {
 
     /// The trace as compact JSON.
     pub fn to_json(&self) -> String {
-        // Serialising plain numbers and strings cannot fail.
-        serde_json::to_string(self).unwrap_or_default()
+        // A trace holds integers and a string: serde_json writes them into memory without fail
+        // (it only fails on maps with non-string keys and on a Serialize impl that fails), so this
+        // cannot panic.
+        serde_json::to_string(self).expect("an allocation trace always serialises")
     }
 
     /// Checks the format's rules.
@@ -113,24 +151,30 @@ impl AllocationTrace {
         let mut live: HashMap<u64, bool> = HashMap::new();
         let mut last_t = 0;
         for (index, &event) in self.events.iter().enumerate() {
-            let bad = |reason| Err(TraceError::Event { index, event, reason });
+            let bad = |reason: String| Err(TraceError::Event { index, event, reason });
             if event.time_us() < last_t {
-                return bad("its time is earlier than the event before");
+                return bad(format!("its time {} us is earlier than the event before ({last_t} us)", event.time_us()));
             }
             last_t = event.time_us();
             match event {
                 TraceEvent::Alloc(_, id, size, align) => {
+                    if !align.is_power_of_two() {
+                        return bad(format!("the alignment {align} is not a power of two"));
+                    }
                     if Layout::from_size_align(size, align).is_err() {
-                        return bad("the alignment is not a power of two, or the size overflows");
+                        return bad(format!(
+                            "the size {size} rounded up to the alignment {align} passes isize::MAX ({})",
+                            isize::MAX
+                        ));
                     }
                     if live.insert(id, true).is_some() {
-                        return bad("the id was allocated before");
+                        return bad(format!("the id {id} was allocated before"));
                     }
                 }
                 TraceEvent::Free(_, id) => match live.get_mut(&id) {
                     Some(alive @ true) => *alive = false,
-                    Some(false) => return bad("the id was freed before"),
-                    None => return bad("the id was never allocated"),
+                    Some(false) => return bad(format!("the id {id} was freed before")),
+                    None => return bad(format!("the id {id} was never allocated")),
                 },
             }
         }
@@ -294,18 +338,17 @@ impl ReplayReport {
     /// the `tensormem replay` command's).
     pub fn table_header() -> String {
         format!(
-            "{:<18} {:>11} {:>11} {:>11} {:>7} {:>9} {:>9} {:>6} {:>8} {:>8}",
-            "allocator",
-            "requested",
-            "peak in use",
-            "peak resvd",
-            "use/req",
-            "resvd/req",
-            "frag@peak",
-            "failed",
-            "ns/op",
-            "faults"
+            "{:<18} {:>11} {:>11} {:>11} {:>7} {:>9} {:>6} {:>8} {:>8}",
+            "allocator", "requested", "peak in use", "peak resvd", "use/req", "resvd/req", "failed", "ns/op", "faults"
         )
+    }
+
+    /// What the columns of [`table_header`](Self::table_header) mean, to print under the rows.
+    pub fn table_legend() -> &'static str {
+        "requested: the most bytes the trace asked for at once; peak in use: the most the allocator handed out \
+         (requests rounded up); peak resvd: the most it held from its source; use/req and resvd/req: those peaks \
+         over requested (1.000 is no overhead); failed: allocations refused; ns/op: time per allocation or free; \
+         faults: minor page faults during the replay; '-': not known for that allocator"
     }
 
     /// One line of the report under [`table_header`](Self::table_header), for `allocator`.
@@ -320,14 +363,15 @@ impl ReplayReport {
     /// ```
     pub fn table_row(&self, allocator: &str) -> String {
         let ratio = |r: Option<f64>| r.map_or_else(|| "-".to_owned(), |r| format!("{r:.3}"));
+        // An allocator that reports no reserved bytes does not know them: '-', as in the ratio.
+        let reserved = if self.peak_reserved > 0 { ByteSize(self.peak_reserved).to_string() } else { "-".to_owned() };
         format!(
-            "{allocator:<18} {:>11} {:>11} {:>11} {:>7} {:>9} {:>9} {:>6} {:>8.1} {:>8}",
+            "{allocator:<18} {:>11} {:>11} {:>11} {:>7} {:>9} {:>6} {:>8.1} {:>8}",
             ByteSize(self.peak_requested).to_string(),
             ByteSize(self.peak_in_use).to_string(),
-            ByteSize(self.peak_reserved).to_string(),
+            reserved,
             ratio(self.in_use_over_requested()),
             ratio(self.reserved_over_requested()),
-            self.fragmentation_at_peak.map_or("-".into(), |f| format!("{f:.3}")),
             self.failed_allocations,
             self.ns_per_operation,
             self.minor_page_faults.map_or("-".into(), |f| f.to_string())

@@ -70,3 +70,15 @@ fn a_snapshot_holds_stats_chunks_and_dumps() {
     }
     assert!(snapshot_of(&r).allocators[1].live_chunks.as_ref().unwrap().is_empty());
 }
+
+#[test]
+fn a_mapped_file_whose_path_is_not_utf8_still_serialises() {
+    use std::os::unix::ffi::OsStrExt;
+    let file = tensormem::telemetry::MappedFile {
+        path: std::path::PathBuf::from(std::ffi::OsStr::from_bytes(b"/models/w\xff.safetensors")),
+        bytes: 4096,
+        mappings: 1,
+    };
+    let json = serde_json::to_string(&file).expect("a path that is not UTF-8 is written as text");
+    assert!(json.contains("/models/w\u{fffd}.safetensors"), "{json}");
+}

@@ -49,10 +49,17 @@ fn truncated_and_malformed_files_are_refused_clearly() {
     assert!(AllocationTrace::from_json(good).is_ok());
     let cut = &good[..good.len() - 5];
     let e = err(cut);
-    assert!(e.starts_with("the trace is not valid JSON of the expected shape (a file cut short?)"), "{e}");
+    assert!(e.starts_with("the trace ends early (a file cut short?)"), "{e}");
     assert!(e.contains("EOF"), "{e}");
-    assert!(err("not json").contains("not valid JSON"));
-    assert!(err(r#"{"version":1,"description":"d","events":[[0,1,64]]}"#).contains("not valid JSON"));
+    assert!(err("not json").starts_with("the trace is not valid JSON"));
+    let three = err(r#"{"version":1,"description":"d","events":[[0,1,64]]}"#);
+    assert!(
+        three.contains("an event is [t_us, id, size, align] (an allocation) or [t_us, id] (a free), not 3 numbers"),
+        "{three}"
+    );
+    assert!(!three.contains("untagged"), "{three}");
+    let history = err(r#"{"version":1,"start_unix_ms":0,"capacity":8,"dropped":0,"events":[]}"#);
+    assert!(history.starts_with("not a tensormem allocation trace"), "{history}");
     assert!(matches!(AllocationTrace::from_json(r#"{"version":1,"events":[]}"#), Err(TraceError::Json(_))));
     assert_eq!(
         err(r#"{"version":7,"description":"d","events":[]}"#),
@@ -63,13 +70,18 @@ fn truncated_and_malformed_files_are_refused_clearly() {
 #[test]
 fn events_that_break_the_rules_are_named() {
     let case = |events: &str| err(&format!(r#"{{"version":1,"description":"d","events":[{events}]}}"#));
-    assert_eq!(case("[0,1,64,8],[1,2]"), "event 1 (Free(1, 2)) is invalid: the id was never allocated");
-    assert_eq!(case("[0,1,64,8],[1,1],[2,1]"), "event 2 (Free(2, 1)) is invalid: the id was freed before");
-    assert_eq!(case("[0,1,64,8],[1,1,64,8]"), "event 1 (Alloc(1, 1, 64, 8)) is invalid: the id was allocated before");
-    assert_eq!(case("[5,1,64,8],[4,1]"), "event 1 (Free(4, 1)) is invalid: its time is earlier than the event before");
+    assert_eq!(case("[0,1,64,8],[1,2]"), "event 1 [1,2] is invalid: the id 2 was never allocated");
+    assert_eq!(case("[0,1,64,8],[1,1],[2,1]"), "event 2 [2,1] is invalid: the id 1 was freed before");
+    assert_eq!(case("[0,1,64,8],[1,1,64,8]"), "event 1 [1,1,64,8] is invalid: the id 1 was allocated before");
     assert_eq!(
-        case("[0,1,64,3]"),
-        "event 0 (Alloc(0, 1, 64, 3)) is invalid: the alignment is not a power of two, or the size overflows"
+        case("[5,1,64,8],[4,1]"),
+        "event 1 [4,1] is invalid: its time 4 us is earlier than the event before (5 us)"
+    );
+    assert_eq!(case("[0,1,64,3]"), "event 0 [0,1,64,3] is invalid: the alignment 3 is not a power of two");
+    assert_eq!(
+        case("[0,1,9223372036854775807,4096]"),
+        "event 0 [0,1,9223372036854775807,4096] is invalid: the size 9223372036854775807 rounded up to the \
+         alignment 4096 passes isize::MAX (9223372036854775807)"
     );
 }
 

@@ -15,7 +15,7 @@ pub struct ByteSize(pub u64);
 
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+        const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
         let mut unit = 0;
         let mut scaled = self.0 as f64;
         while scaled >= 1024.0 && unit + 1 < UNITS.len() {

@@ -76,7 +76,7 @@ fn byte_sizes_read_like_a_person_writes_them() {
     assert_eq!(ByteSize(1023).to_string(), "1023 B");
     assert_eq!(ByteSize(1024).to_string(), "1.0 KiB");
     assert_eq!(ByteSize(5 << 20).to_string(), "5.0 MiB");
-    assert_eq!(ByteSize(u64::MAX).to_string(), "16384.0 PiB");
+    assert_eq!(ByteSize(u64::MAX).to_string(), "16.0 EiB");
 }
 
 #[test]

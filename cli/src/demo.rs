@@ -1,17 +1,18 @@
 //! `tensormem demo`: a small transformer-style inference loop (embedding, attention with a
 //! growing KV cache, MLP, layer norms) on tensors through the registry-selected allocator.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tensormem::history::{self, HistoryOptions};
 use tensormem::telemetry::{MetricsServer, memory_summary, snapshot_json};
 use tensormem::tensor::{DType, Tensor, TensorOptions};
-use tensormem::{AllocatorRegistry, BfcAllocator, CONFIGURED_PRIORITY, scope};
+use tensormem::{AllocConf, AllocatorRegistry, ByteSize, CONFIGURED_PRIORITY, scope};
 
 use crate::Outcome;
+use crate::output::sayln;
 
 /// Options of `tensormem demo`.
 #[derive(clap::Args, Debug)]
@@ -23,21 +24,25 @@ pub(crate) struct DemoArgs {
     /// Serve Prometheus /metrics on this address while the demo runs (e.g. 127.0.0.1:9464).
     #[arg(long)]
     serve: Option<String>,
-    /// Tokens to generate.
-    #[arg(long, default_value_t = 32)]
-    steps: usize,
-    /// Directory for history.json, timeline.html and snapshot.json.
+    /// Tokens to generate, 1 to 1024 (the KV cache grows with each: 1024 steps take about ten
+    /// seconds in a release build).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=MAX_STEPS))]
+    steps: u64,
+    /// Directory for history.json, timeline.html and snapshot.json (created if missing; its
+    /// parent must exist; the three files in it are replaced).
     #[arg(long, default_value = "tensormem-demo")]
     out: PathBuf,
 }
+
+/// The most tokens the demo generates: its attention reads the whole KV cache each step, so the
+/// time grows with the square of the steps.
+const MAX_STEPS: u64 = 1024;
 
 const LAYERS: usize = 4;
 const D_MODEL: usize = 256;
 const D_FF: usize = 1024;
 const VOCAB: usize = 2048;
 const PROMPT: usize = 64;
-/// The memory limit of the BFC the demo makes when `--allocator bfc` is not configured.
-const DEMO_BFC_LIMIT: u64 = 4 << 30;
 
 struct Layer {
     wq: Tensor,
@@ -54,31 +59,59 @@ fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
-pub(crate) fn run(args: DemoArgs) -> Outcome {
-    if args.steps == 0 {
-        return Err("--steps must be at least 1".into());
+/// Checks `--out` before anything is written: an existing folder, or a new one whose parent
+/// exists.
+fn check_out(out: &Path) -> Outcome {
+    if out.exists() {
+        if !out.is_dir() {
+            return Err(format!("--out {}: exists and is not a folder", out.display()).into());
+        }
+        return Ok(());
     }
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !parent.is_dir() {
+        return Err(format!(
+            "--out {}: the folder {} does not exist (create it first, or choose another --out)",
+            out.display(),
+            parent.display()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+pub(crate) fn run(args: DemoArgs) -> Outcome {
+    // Every argument is checked before the file system is touched.
+    check_out(&args.out)?;
     let registry = AllocatorRegistry::global();
     if let Some(name) = &args.allocator {
         if name.eq_ignore_ascii_case("bfc") && registry.get_by_name("bfc").is_none() {
-            // BFC is registered when configured; the demo asks for it by name, so give it one.
-            let bfc = BfcAllocator::builder().memory_limit(DEMO_BFC_LIMIT).allow_growth(true).build().map_err(err)?;
+            // BFC is registered when configured; the demo asks for it by name, so make it by
+            // the configuration's rule (its limit: bfc.memory_limit, else the machine's memory).
+            let conf = AllocConf::from_env().map_err(err)?;
+            let bfc = conf.build_bfc().map_err(err)?;
             registry.register("bfc", CONFIGURED_PRIORITY, Arc::new(bfc)).map_err(err)?;
-            println!("bfc: not configured by TENSORMEM_ALLOC_CONF; using a 4 GiB limit, grown on demand");
+            if conf.bfc_memory_limit.is_none() {
+                sayln!(
+                    "bfc: no bfc.memory_limit in TENSORMEM_ALLOC_CONF; limited to the machine's memory, {}",
+                    ByteSize(conf.bfc_limit())
+                );
+            }
         }
-        registry.select(Some(name)).map_err(err)?;
+        registry.select(Some(name)).map_err(|e| format!("--allocator: {e}"))?;
     }
     let allocator = registry.try_get().map_err(err)?;
-    std::fs::create_dir_all(&args.out).map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     let server = match &args.serve {
-        Some(addr) => {
-            let s = MetricsServer::start(addr.as_str()).map_err(err)?;
-            println!("serving /metrics on http://{}/metrics", s.local_addr());
-            Some(s)
-        }
+        Some(addr) => Some(MetricsServer::start(addr.as_str()).map_err(|e| format!("--serve: {e}"))?),
         None => None,
     };
-    println!(
+    std::fs::create_dir(&args.out)
+        .or_else(|e| if args.out.is_dir() { Ok(()) } else { Err(e) })
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    if let Some(s) = &server {
+        sayln!("serving /metrics on http://{}/metrics", s.local_addr());
+    }
+    sayln!(
         "demo: {LAYERS} layers, d_model {D_MODEL}, prompt {PROMPT} tokens, {} steps, allocator '{}'",
         args.steps,
         allocator.name()
@@ -94,9 +127,9 @@ pub(crate) fn run(args: DemoArgs) -> Outcome {
     std::fs::write(&page, tensormem::timeline::render_html(&h)).map_err(|e| format!("{}: {e}", page.display()))?;
     let snapshot = args.out.join("snapshot.json");
     std::fs::write(&snapshot, snapshot_json()).map_err(|e| format!("{}: {e}", snapshot.display()))?;
-    println!("\n{}", memory_summary(registry));
-    println!("history: {h}");
-    println!("wrote {}, {} and {}", history_path.display(), page.display(), snapshot.display());
+    sayln!("\n{}", memory_summary(registry));
+    sayln!("history: {h}");
+    sayln!("wrote {}, {} and {}", history_path.display(), page.display(), snapshot.display());
     drop(server);
     Ok(())
 }
@@ -123,7 +156,8 @@ fn inference(args: &DemoArgs) -> Outcome {
         }
         (embedding, layers)
     };
-    let bar = ProgressBar::new(args.steps as u64);
+    // On standard error, drawn when that is a terminal, whatever standard output is.
+    let bar = ProgressBar::with_draw_target(Some(args.steps), ProgressDrawTarget::stderr());
     bar.set_style(
         ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg}").map_err(err)?.progress_chars("=> "),
     );

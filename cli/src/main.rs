@@ -3,23 +3,29 @@
 //! ```text
 //! tensormem demo [--allocator NAME] [--serve ADDR] [--steps N] [--out DIR]
 //! tensormem replay TRACE [--allocator NAME]...
-//! tensormem timeline HISTORY.json -o OUT.html
+//! tensormem timeline HISTORY.json -o OUT.html [--force]
 //! tensormem summary SNAPSHOT.json
 //! ```
 //!
 //! Errors are one line on stderr (`tensormem: error: ...`) and exit status 1; usage mistakes
-//! exit with clap's status 2.
+//! exit with clap's status 2. A reader that closes standard output early (`| head -1`) ends the
+//! command quietly with status 0; a failed write (a full disk) is an error.
 
 mod demo;
+mod files;
+mod output;
 mod replay;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::files::FileKind;
+use crate::output::{Failure, flush_out, sayln, stdout_error};
+
 /// The result of a subcommand: an error is one line for people.
-pub(crate) type Outcome = Result<(), String>;
+pub(crate) type Outcome = Result<(), Failure>;
 
 #[derive(Parser, Debug)]
 #[command(name = "tensormem", version, about = "Memory layer for ML runtimes: demo, replay, timeline, summary")]
@@ -31,7 +37,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Runs a small transformer-style inference loop on tensors through the registry's
-    /// allocator, records its history, and writes history.json and timeline.html.
+    /// allocator, records its history, and writes history.json, timeline.html and snapshot.json.
     Demo(demo::DemoArgs),
     /// Replays a recorded allocation trace on allocators and prints the report.
     Replay(replay::ReplayArgs),
@@ -39,9 +45,12 @@ enum Command {
     Timeline {
         /// The history file (JSON).
         history: PathBuf,
-        /// Where to write the page.
+        /// Where to write the page (never the history itself; an existing file only with --force).
         #[arg(short = 'o', long = "out")]
         out: PathBuf,
+        /// Overwrite OUT if it exists.
+        #[arg(long)]
+        force: bool,
     },
     /// Prints the memory summary of a snapshot file (`tensormem::telemetry::snapshot_json`).
     Summary {
@@ -51,37 +60,68 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage(&e),
+    };
     let outcome = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Replay(args) => replay::run(args),
-        Command::Timeline { history, out } => timeline(&history, &out),
+        Command::Timeline { history, out, force } => timeline(&history, &out, force),
         Command::Summary { snapshot } => summary(&snapshot),
     };
-    match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
+    match outcome.and_then(|()| flush_out()) {
+        Ok(()) | Err(Failure::PipeClosed) => ExitCode::SUCCESS,
+        Err(Failure::Message(message)) => {
             eprintln!("tensormem: error: {}", message.replace('\n', " "));
             ExitCode::FAILURE
         }
     }
 }
 
-fn timeline(history: &std::path::Path, out: &std::path::Path) -> Outcome {
-    let h = tensormem::history::History::load(history).map_err(|e| match e {
-        tensormem::history::HistoryError::Io { .. } => e.to_string(),
-        _ => format!("{}: {e}", history.display()),
-    })?;
+/// Prints clap's help, version or usage error. Help and version go to standard output and
+/// must reach it: a failed write is an error, as for every other output.
+fn usage(e: &clap::Error) -> ExitCode {
+    let written = e.print().map_err(|io| stdout_error(&io)).and_then(|()| flush_out());
+    match written {
+        Ok(()) | Err(Failure::PipeClosed) => ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2)),
+        Err(Failure::Message(message)) => {
+            eprintln!("tensormem: error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn timeline(history: &Path, out: &Path, force: bool) -> Outcome {
+    let text = files::read(history)?;
+    files::expect(history, &text, FileKind::History)?;
+    let h = tensormem::history::History::from_json(&text).map_err(|e| format!("{}: {e}", history.display()))?;
+    if same_file(history, out) {
+        return Err(format!("{} is the history being read: choose another file for the page", out.display()).into());
+    }
+    if out.is_file() && !force {
+        return Err(format!("{} exists: pass --force to overwrite it, or choose another file", out.display()).into());
+    }
     let html = tensormem::timeline::render_html(&h);
     std::fs::write(out, html).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
-    println!("{}: {h}; wrote {}", history.display(), out.display());
+    sayln!("{}: {h}; wrote {}", history.display(), out.display());
     Ok(())
 }
 
-fn summary(path: &std::path::Path) -> Outcome {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+/// Whether `a` and `b` name the same existing file (through links, `..` or another spelling).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn summary(path: &Path) -> Outcome {
+    let text = files::read(path)?;
+    files::expect(path, &text, FileKind::Snapshot)?;
     let snap: tensormem::telemetry::MemorySnapshot =
         serde_json::from_str(&text).map_err(|e| format!("{}: not a tensormem memory snapshot: {e}", path.display()))?;
-    print!("{}", tensormem::telemetry::summary_of(&snap, &[]));
+    snap.validate().map_err(|e| format!("{}: {e}", path.display()))?;
+    output::say!("{}", tensormem::telemetry::summary_of(&snap, &[]));
     Ok(())
 }

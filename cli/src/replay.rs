@@ -4,10 +4,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressStyle};
-use tensormem::{AllocConf, AllocationTrace, Allocator, BfcAllocator, ReplayReport, SystemAllocator, replay};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tensormem::{AllocConf, AllocationTrace, Allocator, BfcAllocator, ByteSize, ReplayReport, SystemAllocator, replay};
 
 use crate::Outcome;
+use crate::files::{self, FileKind};
+use crate::output::sayln;
 
 /// Options of `tensormem replay`.
 #[derive(clap::Args, Debug)]
@@ -16,8 +18,8 @@ pub(crate) struct ReplayArgs {
     trace: PathBuf,
     /// Allocators to replay on (repeatable): system, jemalloc, pool, bfc, bfc-tensorflow, and
     /// cuda:N (a BFC over device N's expandable memory; feature `cuda`).
-    /// Default: all. Pool and bfc honour TENSORMEM_ALLOC_CONF (bfc without it: a 64 GiB
-    /// limit, growing on demand).
+    /// Default: all. Pool and bfc honour TENSORMEM_ALLOC_CONF; both BFCs are limited to
+    /// bfc.memory_limit, else to the machine's physical memory.
     #[arg(long = "allocator")]
     allocators: Vec<String>,
 }
@@ -32,14 +34,10 @@ fn make(name: &str, conf: &AllocConf) -> Result<Arc<dyn Allocator>, String> {
         #[cfg(not(target_env = "msvc"))]
         "jemalloc" => Arc::new(tensormem::JemallocAllocator::new()),
         "pool" => Arc::new(conf.build_pool(Arc::new(SystemAllocator::new())).map_err(|e| err(&e))?),
-        "bfc" if conf.configures_bfc() => Arc::new(conf.build_bfc().map_err(|e| err(&e))?),
-        // Not configured: the default BFC with room to grow, as `examples/replay` uses.
-        "bfc" => {
-            Arc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).build().map_err(|e| err(&e))?)
-        }
+        "bfc" => Arc::new(conf.build_bfc().map_err(|e| err(&e))?),
         "bfc-tensorflow" => Arc::new(
             BfcAllocator::builder()
-                .memory_limit(64 << 30)
+                .memory_limit(conf.bfc_limit())
                 .allow_growth(true)
                 .tensorflow_policies()
                 .build()
@@ -75,8 +73,8 @@ fn device(name: &str, _conf: &AllocConf) -> Result<Arc<dyn Allocator>, String> {
 }
 
 pub(crate) fn run(args: ReplayArgs) -> Outcome {
-    let text =
-        std::fs::read_to_string(&args.trace).map_err(|e| format!("cannot read {}: {e}", args.trace.display()))?;
+    let text = files::read(&args.trace)?;
+    files::expect(&args.trace, &text, FileKind::Trace)?;
     let trace = AllocationTrace::from_json(&text).map_err(|e| format!("{}: {e}", args.trace.display()))?;
     let conf = AllocConf::from_env().map_err(|e| e.to_string())?;
     let names: Vec<String> =
@@ -84,8 +82,14 @@ pub(crate) fn run(args: ReplayArgs) -> Outcome {
     // Build every allocator first, so a bad name fails before any work.
     let subjects: Vec<(String, Arc<dyn Allocator>)> =
         names.iter().map(|n| make(n, &conf).map(|a| (n.clone(), a))).collect::<Result<_, _>>()?;
-    println!("{}: {} events\n  {}", args.trace.display(), trace.events.len(), trace.description);
-    let bar = ProgressBar::new(subjects.len() as u64);
+    sayln!("{}: {} events\n  {}", args.trace.display(), trace.events.len(), trace.description);
+    if conf.bfc_memory_limit.is_none() && names.iter().any(|n| n.starts_with("bfc")) {
+        sayln!(
+            "  bfc: no bfc.memory_limit in TENSORMEM_ALLOC_CONF; limited to the machine's memory, {}",
+            ByteSize(conf.bfc_limit())
+        );
+    }
+    let bar = ProgressBar::with_draw_target(Some(subjects.len() as u64), ProgressDrawTarget::stderr());
     bar.set_style(
         ProgressStyle::with_template("{spinner} replaying on {msg} [{bar:20}] {pos}/{len}")
             .map_err(|e| e.to_string())?
@@ -99,9 +103,23 @@ pub(crate) fn run(args: ReplayArgs) -> Outcome {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    println!("{}", ReplayReport::table_header());
-    for (name, r) in rows {
-        println!("{}", r.table_row(name));
+    sayln!("{}", ReplayReport::table_header());
+    let memory = tensormem::allocators::physical_memory();
+    let mut lazy = Vec::new();
+    for (name, r) in &rows {
+        sayln!("{}", r.table_row(name));
+        if r.peak_in_use > memory {
+            lazy.push(format!("{name} ({})", ByteSize(r.peak_in_use)));
+        }
+    }
+    sayln!("{}", ReplayReport::table_legend());
+    if !lazy.is_empty() {
+        sayln!(
+            "note: {} held more than this machine's {} at the peak: the replay never writes to its blocks, so the \
+             system gave addresses whose pages were never touched; a program that used them would not fit",
+            lazy.join(", "),
+            ByteSize(memory)
+        );
     }
     Ok(())
 }

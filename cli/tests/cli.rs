@@ -121,7 +121,7 @@ fn bad_inputs_are_one_line_errors() {
     assert_one_line_error(&tensormem(&["timeline", malformed.to_str().unwrap(), "-o", "/dev/null"]), "malformed.json");
     assert_one_line_error(&tensormem(&["summary", malformed.to_str().unwrap()]), "not a tensormem memory snapshot");
     assert_one_line_error(&tensormem(&["summary", missing.to_str().unwrap()]), "cannot read");
-    assert_one_line_error(&tensormem(&["replay", malformed.to_str().unwrap()]), "not valid JSON");
+    assert_one_line_error(&tensormem(&["replay", malformed.to_str().unwrap()]), "not a tensormem allocation trace");
     assert_one_line_error(
         &tensormem(&["replay", "benches/traces/kv_cache_stress.json", "--allocator", "nosuch"]),
         "unknown allocator 'nosuch' (known: system, jemalloc, pool, bfc, bfc-tensorflow, cuda:N)",
@@ -134,11 +134,148 @@ fn bad_inputs_are_one_line_errors() {
         assert_one_line_error(&out, "cuda:0");
     }
     assert_one_line_error(&tensormem(&["demo", "--allocator", "nosuch", "--out", dir.to_str().unwrap()]), "nosuch");
-    assert_one_line_error(&tensormem(&["demo", "--steps", "0", "--out", dir.to_str().unwrap()]), "--steps");
-    // Usage mistakes are clap's (status 2), not panics.
-    let out = tensormem(&["demo", "--steps", "many"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(!text(&out.stderr).contains("panicked"));
+    // Usage mistakes are clap's (status 2), not panics; step counts the demo cannot finish too.
+    for steps in ["many", "0", "1025", "18446744073709551615"] {
+        let out = tensormem(&["demo", "--steps", steps]);
+        assert_eq!(out.status.code(), Some(2), "--steps {steps}");
+        let err = text(&out.stderr);
+        assert!(!err.contains("panicked") && err.contains("--steps"), "{err}");
+    }
+}
+
+#[test]
+fn a_closed_pipe_ends_quietly_and_a_failed_write_is_one_line() {
+    use std::process::Stdio;
+    let dir_guard = tmp("pipe");
+    let dir = dir_guard.path().join("out");
+    let trace = "benches/traces/kv_cache_stress.json";
+    // A reader that closes at once: the command stops without a word and with status 0.
+    for args in [vec!["replay", trace, "--allocator", "system"], vec!["demo", "--steps", "2", "--out", dir.to_str().unwrap()]]
+    {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tensormem"))
+            .args(&args)
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("error"), "{args:?}: {err}");
+    }
+    // A full disk: one line, status 1. Help too must reach its reader.
+    let full = || std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let run_full = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tensormem"))
+            .args(args)
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap())
+            .stdout(full())
+            .output()
+            .unwrap()
+    };
+    for args in [vec!["replay", trace, "--allocator", "system"], vec!["--help"], vec!["summary", "/nonexistent"]] {
+        let out = run_full(&args);
+        if args[0] == "summary" {
+            assert_one_line_error(&out, "cannot read");
+        } else {
+            assert_one_line_error(&out, "cannot write to standard output");
+        }
+    }
+}
+
+#[test]
+fn files_of_another_kind_are_named_for_what_they_are() {
+    let dir_guard = tmp("kinds");
+    let dir = dir_guard.path();
+    let out = dir.join("demo");
+    assert!(tensormem(&["demo", "--steps", "1", "--out", out.to_str().unwrap()]).status.success());
+    let history = out.join("history.json");
+    let snapshot = out.join("snapshot.json");
+    let trace = "benches/traces/kv_cache_stress.json";
+    assert_one_line_error(
+        &tensormem(&["replay", history.to_str().unwrap()]),
+        "this is a history file (draw it with `tensormem timeline`); `replay` takes an allocation trace",
+    );
+    assert_one_line_error(&tensormem(&["summary", trace]), "this is an allocation trace");
+    assert_one_line_error(
+        &tensormem(&["timeline", snapshot.to_str().unwrap(), "-o", dir.join("p.html").to_str().unwrap()]),
+        "this is a memory snapshot",
+    );
+    // A bad trace event is named as written, with the rule and the values.
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, r#"{"version":1,"description":"d","events":[[0,1,64,3]]}"#).unwrap();
+    assert_one_line_error(&tensormem(&["replay", bad.to_str().unwrap()]), "event 0 [0,1,64,3] is invalid: the alignment 3");
+    // Impossible figures are refused on load instead of printed.
+    let forged = dir.join("forged.json");
+    let text = std::fs::read_to_string(&snapshot).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["allocators"][0]["stats"]["bytes_in_use"] = serde_json::json!(u64::MAX);
+    std::fs::write(&forged, v.to_string()).unwrap();
+    assert_one_line_error(&tensormem(&["summary", forged.to_str().unwrap()]), "more than any process can hold");
+}
+
+#[test]
+fn validation_comes_before_the_file_system_and_pages_never_overwrite_silently() {
+    let dir_guard = tmp("order");
+    let dir = dir_guard.path();
+    // A bad --serve or --allocator leaves no folder behind; a missing parent is refused.
+    let out = dir.join("never");
+    assert_one_line_error(&tensormem(&["demo", "--serve", "no:such:addr", "--out", out.to_str().unwrap()]), "--serve");
+    assert!(!out.exists(), "a failed demo created its folder");
+    assert_one_line_error(&tensormem(&["demo", "--allocator", "nosuch", "--out", out.to_str().unwrap()]), "nosuch");
+    assert!(!out.exists());
+    let nested = dir.join("a/b/c");
+    assert_one_line_error(&tensormem(&["demo", "--out", nested.to_str().unwrap()]), "does not exist");
+    assert!(!dir.join("a").exists(), "missing parents were created");
+    // timeline -o: never the input, an existing file only with --force.
+    let run = dir.join("run");
+    assert!(tensormem(&["demo", "--steps", "1", "--out", run.to_str().unwrap()]).status.success());
+    let history = run.join("history.json");
+    let before = std::fs::read(&history).unwrap();
+    assert_one_line_error(
+        &tensormem(&["timeline", history.to_str().unwrap(), "-o", history.to_str().unwrap(), "--force"]),
+        "is the history being read",
+    );
+    assert_eq!(std::fs::read(&history).unwrap(), before, "the history was overwritten");
+    let page = run.join("timeline.html");
+    assert_one_line_error(&tensormem(&["timeline", history.to_str().unwrap(), "-o", page.to_str().unwrap()]), "--force");
+    let forced = tensormem(&["timeline", history.to_str().unwrap(), "-o", page.to_str().unwrap(), "--force"]);
+    assert!(forced.status.success(), "{}", text(&forced.stderr));
+}
+
+#[test]
+fn a_bfc_without_a_limit_takes_the_machines_memory_and_says_so() {
+    let dir_guard = tmp("bfc");
+    let out = tensormem(&["replay", "benches/traces/kv_cache_stress.json", "--allocator", "bfc"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(stdout.contains("bfc: no bfc.memory_limit in TENSORMEM_ALLOC_CONF; limited to the machine's memory"), "{stdout}");
+    assert!(stdout.contains("peak in use: the most the allocator handed out"), "the columns are explained: {stdout}");
+    let run = dir_guard.path().join("run");
+    let out = tensormem(&["demo", "--steps", "1", "--allocator", "bfc", "--out", run.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("limited to the machine's memory"), "{stdout}");
+    assert!(stdout.contains("cached: reserved but not in use"), "the summary explains its columns: {stdout}");
+}
+
+#[test]
+fn a_lazy_peak_larger_than_the_machine_is_called_out() {
+    let dir_guard = tmp("lazy");
+    let trace = dir_guard.path().join("tib.json");
+    std::fs::write(
+        &trace,
+        r#"{"version":1,"description":"three 1 TiB blocks","events":[[0,1,1099511627776,64],[1,2,1099511627776,64],[2,3,1099511627776,64],[3,1],[4,2],[5,3]]}"#,
+    )
+    .unwrap();
+    let out = tensormem(&["replay", trace.to_str().unwrap(), "--allocator", "system"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    if stdout.lines().any(|l| l.starts_with("system ") && l.contains("3.0 TiB")) {
+        assert!(stdout.contains("note: system (3.0 TiB) held more than this machine's"), "{stdout}");
+        assert!(stdout.contains("pages were never touched"), "{stdout}");
+    }
 }
 
 /// Whether this build drives CUDA and the machine has a device (never on CI).

@@ -145,6 +145,15 @@ pub enum HistoryError {
         /// The version in the file.
         found: u32,
     },
+    /// An event that cannot exist: a size past [`MAX_BYTES`](crate::telemetry::MAX_BYTES),
+    /// live bytes that add up past it, or a time before the event ahead of it.
+    #[error("event {index}: {reason}")]
+    Event {
+        /// Its position, from 0.
+        index: usize,
+        /// What is wrong, with the values.
+        reason: String,
+    },
     /// Reading or writing the file failed.
     #[error("{path}: {source}")]
     Io {
@@ -159,7 +168,10 @@ pub enum HistoryError {
 impl History {
     /// The history as JSON (see the [module docs](self) for the format).
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
+        // A history holds integers, strings and a unit enum: serde_json writes them into memory
+        // without fail (it only fails on maps with non-string keys and on a Serialize impl that
+        // fails), so this cannot panic.
+        serde_json::to_string(self).expect("a history always serialises")
     }
 
     /// Reads a history from JSON.
@@ -167,7 +179,7 @@ impl History {
     /// # Errors
     /// [`HistoryError::Malformed`] for text that is not a history (truncated, not JSON, fields
     /// missing or of the wrong type, an unknown action), [`HistoryError::Version`] for another
-    /// version.
+    /// version, [`HistoryError::Event`] for an event that cannot exist ([`validate`](Self::validate)).
     pub fn from_json(text: &str) -> Result<History, HistoryError> {
         #[derive(serde::Deserialize)]
         struct Version {
@@ -183,7 +195,52 @@ impl History {
         {
             return Err(HistoryError::Version { found: v.version });
         }
-        serde_json::from_str(text).map_err(malformed)
+        let history: History = serde_json::from_str(text).map_err(malformed)?;
+        history.validate()?;
+        Ok(history)
+    }
+
+    /// Checks that the history can have happened: event times never go back, every size is at
+    /// most [`MAX_BYTES`](crate::telemetry::MAX_BYTES), and so are the live bytes and the
+    /// reserved bytes added up at every event. (A free of an address not allocated in the history
+    /// is allowed: recording may start, or the ring buffer may drop events, while it is live.)
+    ///
+    /// # Errors
+    /// [`HistoryError::Event`] naming the first event that breaks a rule.
+    pub fn validate(&self) -> Result<(), HistoryError> {
+        let max = u128::from(crate::telemetry::MAX_BYTES);
+        let mut live: HashMap<(&str, u64), Vec<u64>> = HashMap::new();
+        let (mut in_use, mut reserved) = (0u128, 0u128);
+        let mut last_t = 0;
+        for (index, e) in self.events.iter().enumerate() {
+            let bad = |reason: String| Err(HistoryError::Event { index, reason });
+            if e.time_ns < last_t {
+                return bad(format!("its time {} ns is before the event ahead of it ({last_t} ns)", e.time_ns));
+            }
+            last_t = e.time_ns;
+            if u128::from(e.size) > max {
+                return bad(format!("a size of {} bytes is more than any process can hold ({max})", e.size));
+            }
+            match e.action {
+                Action::Alloc => {
+                    in_use += u128::from(e.size);
+                    live.entry((&e.allocator, e.address)).or_default().push(e.size);
+                }
+                Action::Free => {
+                    if let Some(size) = live.get_mut(&(&*e.allocator, e.address)).and_then(Vec::pop) {
+                        in_use -= u128::from(size);
+                    }
+                }
+                Action::SegmentAlloc => reserved += u128::from(e.size),
+                Action::SegmentFree => reserved = reserved.saturating_sub(u128::from(e.size)),
+                Action::Oom => {}
+            }
+            if in_use > max || reserved > max {
+                let (what, v) = if in_use > max { ("live", in_use) } else { ("reserved", reserved) };
+                return bad(format!("{what} bytes add up to {v}, more than any process can hold ({max})"));
+            }
+        }
+        Ok(())
     }
 
     /// Reads a history file.

@@ -14,12 +14,18 @@ use crate::allocators::AllocatorStats;
 /// One file with mappings alive.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MappedFile {
-    /// The file.
+    /// The file. Written to JSON as text, with any bytes that are not UTF-8 shown as U+FFFD (a
+    /// path's raw bytes cannot be JSON, and a snapshot must never fail to serialise).
+    #[serde(serialize_with = "path_as_text")]
     pub path: PathBuf,
     /// Bytes of it mapped now (overlapping mappings count each time).
     pub bytes: u64,
     /// How many mappings of it are alive.
     pub mappings: u64,
+}
+
+fn path_as_text<S: serde::Serializer>(path: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&path.to_string_lossy())
 }
 
 /// Everything mapped from files now.

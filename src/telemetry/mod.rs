@@ -20,5 +20,5 @@ pub(crate) use mapped::{MappingRecord, record_mapping};
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use server::{CONTENT_TYPE_TEXT, MetricsServer, ServerError, ServerOptions};
-pub use snapshot::{AllocatorSnapshot, MemorySnapshot, snapshot, snapshot_json, snapshot_of};
+pub use snapshot::{AllocatorSnapshot, MAX_BYTES, MemorySnapshot, snapshot, snapshot_json, snapshot_of};
 pub use summary::{memory_summary, summary_of};

@@ -42,6 +42,49 @@ pub struct MemorySnapshot {
     pub mapped: crate::telemetry::MappedMemory,
 }
 
+/// The most bytes any figure of a snapshot or history can hold: no process addresses more than
+/// `isize::MAX` bytes, so a larger size is forged or corrupt.
+pub const MAX_BYTES: u64 = isize::MAX as u64;
+
+impl MemorySnapshot {
+    /// Checks that the figures can exist: every byte count at most [`MAX_BYTES`], and in use
+    /// (reserved) at most its peak, for every allocator and the process heap. A snapshot read
+    /// from a file should pass before it is shown, so that no impossible figure is printed.
+    ///
+    /// # Errors
+    /// A message naming the allocator, the figure and its value.
+    pub fn validate(&self) -> Result<(), String> {
+        let named = self.allocators.iter().filter_map(|a| a.stats.as_ref().map(|s| (a.name.as_str(), s)));
+        for (name, s) in named.chain(self.global.as_ref().map(|g| ("process heap", g))) {
+            let figures = [
+                ("bytes_in_use", s.bytes_in_use),
+                ("peak_bytes_in_use", s.peak_bytes_in_use),
+                ("largest_alloc_size", s.largest_alloc_size),
+                ("bytes_reserved", s.bytes_reserved),
+                ("peak_bytes_reserved", s.peak_bytes_reserved),
+                ("bytes_limit", s.bytes_limit.unwrap_or(0)),
+                ("total_bytes_allocated", s.total_bytes_allocated.unwrap_or(0)),
+            ];
+            if let Some((figure, v)) = figures.iter().find(|(_, v)| *v > MAX_BYTES) {
+                return Err(format!("allocator '{name}': {figure} {v} is more than any process can hold ({MAX_BYTES})"));
+            }
+            if s.bytes_in_use > s.peak_bytes_in_use {
+                return Err(format!(
+                    "allocator '{name}': bytes_in_use {} is above its peak_bytes_in_use {}",
+                    s.bytes_in_use, s.peak_bytes_in_use
+                ));
+            }
+            if s.bytes_reserved > s.peak_bytes_reserved {
+                return Err(format!(
+                    "allocator '{name}': bytes_reserved {} is above its peak_bytes_reserved {}",
+                    s.bytes_reserved, s.peak_bytes_reserved
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A snapshot of the [global registry](AllocatorRegistry::global).
 ///
 /// ```
@@ -65,7 +108,10 @@ pub fn snapshot() -> MemorySnapshot {
 
 /// [`snapshot`] as pretty JSON.
 pub fn snapshot_json() -> String {
-    serde_json::to_string_pretty(&snapshot()).unwrap_or_default()
+    // A snapshot holds integers, floats, strings and paths written as text: serde_json writes
+    // each of these into memory without fail (it only fails on maps with non-string keys and on
+    // values whose own Serialize fails, and there are none), so this cannot panic.
+    serde_json::to_string_pretty(&snapshot()).expect("a memory snapshot always serialises")
 }
 
 /// A snapshot of `registry`. A query that panics is contained and recorded in

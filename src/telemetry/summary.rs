@@ -71,6 +71,7 @@ pub fn summary_of(snapshot: &MemorySnapshot, tags: &[crate::TagStats]) -> String
     }
     let _ = writeln!(out, "tensormem memory summary");
     table(&mut out, &header, &rows);
+    out.push_str(LEGEND);
     if snapshot.mapped.bytes > 0 {
         let _ = writeln!(
             out,
@@ -129,6 +130,12 @@ fn row(a: &AllocatorSnapshot) -> Vec<String> {
         s.num_alloc_retries.to_string(),
     ]
 }
+
+/// What the columns mean, under the allocators' table.
+const LEGEND: &str = "  in use: bytes handed out now; peak: the most at once; allocated / freed: bytes ever handed \
+out / given back;\n  reserved: bytes held from the allocator's source (in use + cached); cached: reserved but not in \
+use, kept for reuse\n  (release_cached() gives it back); '-': the allocator does not know. An allocator under another \
+(jemalloc under\n  pool) counts the other's reserved bytes as its own in use: that is cached memory, not a leak.\n";
 
 /// A table with a rule under its header: the first column left-aligned, the figures right.
 fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {

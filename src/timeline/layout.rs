@@ -76,10 +76,10 @@ impl Strings {
 
 /// A step series from `(x, delta)` changes, at most `MAX_SERIES_POINTS` points (the largest
 /// value of each bucket, so peaks survive).
-fn series(mut deltas: Vec<(u64, i64)>, n: u64) -> Vec<(u64, u64)> {
+fn series(mut deltas: Vec<(u64, i128)>, n: u64) -> Vec<(u64, u64)> {
     deltas.sort_by_key(|d| d.0);
     let mut points: Vec<(u64, u64)> = Vec::new();
-    let mut level: i64 = 0;
+    let mut level: i128 = 0;
     let mut i = 0;
     while i < deltas.len() {
         let x = deltas[i].0;
@@ -87,7 +87,7 @@ fn series(mut deltas: Vec<(u64, i64)>, n: u64) -> Vec<(u64, u64)> {
             level += deltas[i].1;
             i += 1;
         }
-        points.push((x, level.max(0) as u64));
+        points.push((x, clamp(level)));
     }
     if points.len() <= MAX_SERIES_POINTS {
         return points;
@@ -113,12 +113,19 @@ fn series(mut deltas: Vec<(u64, i64)>, n: u64) -> Vec<(u64, u64)> {
     out
 }
 
+/// A sum of sizes as the page shows it: negative sums (frees of blocks allocated before the
+/// history) as 0, sums past `u64::MAX` (only a forged history has them) as `u64::MAX`, so that the
+/// header and the chart show the same figure.
+fn clamp(level: i128) -> u64 {
+    u64::try_from(level.max(0)).unwrap_or(u64::MAX)
+}
+
 /// Lays out `history`.
 pub(crate) fn layout(history: &History) -> (PageData, Vec<TagRow>) {
     let n = history.events.len() as u64;
     let mut allocs: Vec<Alloc> = Vec::new();
     let mut open: HashMap<u64, usize> = HashMap::new();
-    let mut reserved: Vec<(u64, i64)> = Vec::new();
+    let mut reserved: Vec<(u64, i128)> = Vec::new();
     let mut ooms = Vec::new();
     for (i, e) in history.events.iter().enumerate() {
         let x = i as u64;
@@ -134,8 +141,8 @@ pub(crate) fn layout(history: &History) -> (PageData, Vec<TagRow>) {
                 // Allocated before the history starts: live from its beginning.
                 None => allocs.push(Alloc { start: 0, end: x, size: e.size, event: None, address: e.address }),
             },
-            Action::SegmentAlloc => reserved.push((x, e.size as i64)),
-            Action::SegmentFree => reserved.push((x, -(e.size as i64))),
+            Action::SegmentAlloc => reserved.push((x, i128::from(e.size))),
+            Action::SegmentFree => reserved.push((x, -i128::from(e.size))),
             Action::Oom => ooms.push(x),
         }
     }
@@ -170,7 +177,7 @@ pub(crate) fn layout(history: &History) -> (PageData, Vec<TagRow>) {
         .collect();
     let other = series(
         rest.iter()
-            .flat_map(|&a| [(allocs[a].start, allocs[a].size as i64), (allocs[a].end, -(allocs[a].size as i64))])
+            .flat_map(|&a| [(allocs[a].start, i128::from(allocs[a].size)), (allocs[a].end, -i128::from(allocs[a].size))])
             .collect(),
         n,
     );
@@ -194,20 +201,20 @@ pub(crate) fn layout(history: &History) -> (PageData, Vec<TagRow>) {
 /// The highest sum of live sizes over `allocs`, and the sum still live at the end (frees
 /// before allocations at the same index).
 fn sweep<'a>(allocs: impl Iterator<Item = &'a Alloc>, n: u64) -> (u64, u64) {
-    let mut d: Vec<(u64, i64)> = Vec::new();
+    let mut d: Vec<(u64, i128)> = Vec::new();
     for a in allocs {
-        d.push((a.start, a.size as i64));
+        d.push((a.start, i128::from(a.size)));
         if a.end < n {
-            d.push((a.end, -(a.size as i64)));
+            d.push((a.end, -i128::from(a.size)));
         }
     }
     d.sort_unstable();
-    let (mut level, mut top) = (0i64, 0i64);
+    let (mut level, mut top) = (0i128, 0i128);
     for (_, delta) in d {
         level += delta;
         top = top.max(level);
     }
-    (top as u64, level.max(0) as u64)
+    (clamp(top), clamp(level))
 }
 
 /// Allocations, bytes, peak and live bytes per tag (allocations without one under `(none)`).
@@ -223,7 +230,7 @@ fn tag_rows(history: &History, allocs: &[Alloc]) -> Vec<TagRow> {
         .map(|(tag, v)| {
             let (peak, live_at_end) = sweep(v.iter().copied(), n);
             let allocations = v.iter().filter(|a| a.event.is_some()).count() as u64;
-            let bytes = v.iter().filter(|a| a.event.is_some()).map(|a| a.size).sum();
+            let bytes = v.iter().filter(|a| a.event.is_some()).fold(0u64, |sum, a| sum.saturating_add(a.size));
             TagRow { tag: tag.to_owned(), allocations, bytes, peak, live_at_end }
         })
         .collect();
