@@ -365,7 +365,10 @@ impl AllocatorRegistry {
     /// allocator must report the name it is registered under.
     fn register_factory(&self, name: &str, priority: i32, allocator: Arc<dyn Allocator>) -> Result<(), RegistryError> {
         if !allocator.name().eq_ignore_ascii_case(name) {
-            return Err(RegistryError::NameMismatch { registered: name.to_owned(), reported: allocator.name().to_owned() });
+            return Err(RegistryError::NameMismatch {
+                registered: name.to_owned(),
+                reported: allocator.name().to_owned(),
+            });
         }
         self.register(name, priority, allocator)
     }

@@ -116,7 +116,9 @@ fn json_problem(e: &serde_json::Error) -> &'static str {
     match e.classify() {
         serde_json::error::Category::Eof => "the trace ends early (a file cut short?)",
         serde_json::error::Category::Syntax => "the trace is not valid JSON",
-        _ => "not a tensormem allocation trace ({\"version\":1,\"description\":..,\"events\":[[t_us, id, size, align] or [t_us, id], ..]})",
+        _ => {
+            "not a tensormem allocation trace ({\"version\":1,\"description\":..,\"events\":[[t_us, id, size, align] or [t_us, id], ..]})"
+        }
     }
 }
 
@@ -298,6 +300,7 @@ impl fmt::Debug for TraceRecorder {
 
 /// What a [`replay`] found.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct ReplayReport {
     /// Allocations plus frees replayed.
     pub operations: usize,

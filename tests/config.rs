@@ -186,8 +186,9 @@ fn huge_pages_are_on_for_the_pool_and_off_for_the_bfc_unless_configured() {
 
 #[test]
 fn keys_and_words_are_case_insensitive_and_booleans_have_one_rule() {
-    let c = AllocConf::parse("BFC.MEMORY_LIMIT=4GIB, Bfc.Allow_Growth=TRUE, POOL.ROUNDING=Power_Of_Two, bfc.split=PyTorch")
-        .unwrap();
+    let c =
+        AllocConf::parse("BFC.MEMORY_LIMIT=4GIB, Bfc.Allow_Growth=TRUE, POOL.ROUNDING=Power_Of_Two, bfc.split=PyTorch")
+            .unwrap();
     assert_eq!(c.bfc_memory_limit, Some(4 << 30));
     assert_eq!(c.bfc_allow_growth, Some(true));
     assert_eq!(c.pool_rounding, Some(SizeRounding::PowerOfTwo));

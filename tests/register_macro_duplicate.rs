@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use tensormem::{AllocatorRegistry, RegistryError, SystemAllocator, register_allocator};
 
-register_allocator!("twin", 5, || Arc::new(SystemAllocator::builder().name("twin").bytes_limit(1 << 20).build().unwrap()));
+register_allocator!("twin", 5, || Arc::new(
+    SystemAllocator::builder().name("twin").bytes_limit(1 << 20).build().unwrap()
+));
 register_allocator!("twin", 5, || Arc::new(SystemAllocator::builder().name("TWIN").build().unwrap()));
 
 #[test]

@@ -32,29 +32,28 @@ unsafe impl Allocator for Fixed {
 
 fn registry() -> Arc<AllocatorRegistry> {
     let r = Arc::new(AllocatorRegistry::new());
-    let caching = AllocatorStats {
-        num_allocs: 120,
-        num_frees: 100,
-        bytes_in_use: 5 << 20,
-        peak_bytes_in_use: 7 << 20,
-        largest_alloc_size: 1 << 20,
-        bytes_limit: Some(1 << 30),
-        bytes_reserved: 8 << 20,
-        peak_bytes_reserved: 16 << 20,
-        largest_free_block_bytes: Some(2 << 20),
-        fragmentation: Some(0.25),
-        num_alloc_retries: 3,
-        num_ooms: 1,
-        total_bytes_allocated: None,
-    };
-    let plain = AllocatorStats {
-        num_allocs: 10,
-        num_frees: 9,
-        bytes_in_use: 4096,
-        peak_bytes_in_use: 8192,
-        largest_alloc_size: 4096,
-        ..AllocatorStats::default()
-    };
+    let caching = AllocatorStats::build(|s| {
+        s.num_allocs = 120;
+        s.num_frees = 100;
+        s.bytes_in_use = 5 << 20;
+        s.peak_bytes_in_use = 7 << 20;
+        s.largest_alloc_size = 1 << 20;
+        s.bytes_limit = Some(1 << 30);
+        s.bytes_reserved = 8 << 20;
+        s.peak_bytes_reserved = 16 << 20;
+        s.largest_free_block_bytes = Some(2 << 20);
+        s.fragmentation = Some(0.25);
+        s.num_alloc_retries = 3;
+        s.num_ooms = 1;
+        s.total_bytes_allocated = None;
+    });
+    let plain = AllocatorStats::build(|s| {
+        s.num_allocs = 10;
+        s.num_frees = 9;
+        s.bytes_in_use = 4096;
+        s.peak_bytes_in_use = 8192;
+        s.largest_alloc_size = 4096;
+    });
     r.register("bfc", 0, Arc::new(Fixed(Some(caching)))).unwrap();
     r.register("cpu", 0, Arc::new(Fixed(Some(plain)))).unwrap();
     r.register("broken", 0, Arc::new(Fixed(None))).unwrap();
@@ -125,8 +124,14 @@ fn jemalloc_process_figures_are_exported() {
 #[test]
 fn a_name_registered_at_two_priorities_exports_the_registration_that_serves() {
     let r = Arc::new(AllocatorRegistry::new());
-    let builtin = AllocatorStats { bytes_in_use: 111, peak_bytes_in_use: 111, ..AllocatorStats::default() };
-    let override_ = AllocatorStats { bytes_in_use: 222, peak_bytes_in_use: 222, ..AllocatorStats::default() };
+    let builtin = AllocatorStats::build(|s| {
+        s.bytes_in_use = 111;
+        s.peak_bytes_in_use = 111;
+    });
+    let override_ = AllocatorStats::build(|s| {
+        s.bytes_in_use = 222;
+        s.peak_bytes_in_use = 222;
+    });
     r.register("cpu", 0, Arc::new(Fixed(Some(builtin)))).unwrap();
     r.register("cpu", 100, Arc::new(Fixed(Some(override_)))).unwrap();
     let text = AllocatorCollector::for_registry(r).render();
@@ -139,13 +144,12 @@ fn a_name_registered_at_two_priorities_exports_the_registration_that_serves() {
 fn reserved_bytes_are_exported_whenever_the_allocator_knows_them() {
     let r = Arc::new(AllocatorRegistry::new());
     // Knows what it holds, not its largest hole.
-    let holding = AllocatorStats {
-        bytes_in_use: 10,
-        peak_bytes_in_use: 10,
-        bytes_reserved: 4096,
-        peak_bytes_reserved: 8192,
-        ..AllocatorStats::default()
-    };
+    let holding = AllocatorStats::build(|s| {
+        s.bytes_in_use = 10;
+        s.peak_bytes_in_use = 10;
+        s.bytes_reserved = 4096;
+        s.peak_bytes_reserved = 8192;
+    });
     r.register("holding", 0, Arc::new(Fixed(Some(holding)))).unwrap();
     let text = AllocatorCollector::for_registry(r).render();
     assert!(text.contains("tensormem_allocator_reserved_bytes{allocator=\"holding\"} 4096"), "{text}");

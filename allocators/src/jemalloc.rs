@@ -125,6 +125,7 @@ unsafe impl Allocator for JemallocAllocator {
 
 /// jemalloc's process-wide byte counts (`stats.*` in jemalloc's mallctl namespace).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct JemallocStats {
     /// Bytes allocated by the application.
     pub allocated: u64,

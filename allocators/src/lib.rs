@@ -59,8 +59,8 @@ pub use allocator::{Allocator, AllocatorExt, LiveChunk, dangling};
 pub use attributes::{AllocationAttributes, AllocatorAttributes};
 pub use bfc::{
     BFC_DUMP_ON_OOM_ENV, BfcAllocator, BfcBuilder, BinSummary, ChunkInfo, DEFAULT_FIRST_FIT_ABOVE,
-    DEFAULT_GROWTH_GRANULE, DEFAULT_MAX_INTERNAL_FRAGMENTATION, DEFAULT_PEAK_HEADROOM, ExpandableInfo, MAX_GROWTH_GRANULE,
-    MIN_ALLOCATION_SIZE, MemoryDump, NUM_BINS, ParseSplitPolicyError, RegionInfo, SplitPolicy,
+    DEFAULT_GROWTH_GRANULE, DEFAULT_MAX_INTERNAL_FRAGMENTATION, DEFAULT_PEAK_HEADROOM, ExpandableInfo,
+    MAX_GROWTH_GRANULE, MIN_ALLOCATION_SIZE, MemoryDump, NUM_BINS, ParseSplitPolicyError, RegionInfo, SplitPolicy,
 };
 pub use builder::{AllocatorBuilder, BackendOptions, Fill, FromOptions, JUNK_PATTERN};
 pub use counters::{CounterSnapshot, FLUSH_BYTES, LimitHit, StatsCounters};
@@ -73,7 +73,10 @@ pub use huge_pages::{HUGE_PAGE, HugePageMemory, HugePageSubAllocator};
 pub use jemalloc::{JemallocAllocator, JemallocStats, JemallocStatsError};
 pub use memory_space::MemorySpace;
 pub use per_thread::{PerThread, ThreadValue};
-pub use pool::{DEFAULT_LARGE_THRESHOLD, PoolAllocator, physical_memory, PoolBuilder, PoolStats, SizeRounding, THREAD_CACHE_MAX_CLASS};
+pub use pool::{
+    DEFAULT_LARGE_THRESHOLD, PoolAllocator, PoolBuilder, PoolStats, SizeRounding, THREAD_CACHE_MAX_CLASS,
+    physical_memory,
+};
 pub use stats::AllocatorStats;
 pub use sub_allocator::{OsSubAllocator, SubAllocator};
 pub use system::SystemAllocator;

@@ -9,7 +9,12 @@ use crate::ByteSize;
 /// Sizes are in bytes. Fields an allocator cannot answer are `None` (for the optional ones) or 0.
 /// `peak_bytes_in_use` is never below `bytes_in_use`, and `peak_bytes_reserved` never below
 /// `bytes_reserved`.
+///
+/// New figures may be added (the struct is `#[non_exhaustive]`, so that is not a breaking
+/// change): outside this crate, build one with [`AllocatorStats::build`] or from
+/// `AllocatorStats::default()` by setting fields.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct AllocatorStats {
     /// Allocations granted since the allocator was made or its stats were last cleared.
     pub num_allocs: u64,
@@ -48,12 +53,32 @@ pub struct AllocatorStats {
     pub total_bytes_allocated: Option<u64>,
 }
 
+impl AllocatorStats {
+    /// The figures `set` fills in, the rest at their defaults (0 or `None`): how a custom
+    /// allocator builds its stats.
+    ///
+    /// ```
+    /// use tensormem_allocators::AllocatorStats;
+    /// let s = AllocatorStats::build(|s| {
+    ///     s.num_allocs = 3;
+    ///     s.bytes_in_use = 2048;
+    ///     s.peak_bytes_in_use = 4096;
+    /// });
+    /// assert_eq!((s.num_allocs, s.num_frees), (3, 0));
+    /// ```
+    pub fn build(set: impl FnOnce(&mut Self)) -> Self {
+        let mut s = Self::default();
+        set(&mut s);
+        s
+    }
+}
+
 impl fmt::Display for AllocatorStats {
     /// A table, one figure a line, for people:
     ///
     /// ```
     /// use tensormem_allocators::AllocatorStats;
-    /// let s = AllocatorStats { num_allocs: 3, bytes_in_use: 2048, peak_bytes_in_use: 4096, ..Default::default() };
+    /// let s = AllocatorStats::build(|s| (s.num_allocs, s.bytes_in_use, s.peak_bytes_in_use) = (3, 2048, 4096));
     /// let text = s.to_string();
     /// assert!(text.contains("bytes in use          2.0 KiB (2048)"));
     /// assert!(text.contains("peak bytes in use     4.0 KiB (4096)"));

@@ -50,21 +50,21 @@ fn merge_and_restrictiveness() {
 
 #[test]
 fn stats_round_trip_through_json() {
-    let s = AllocatorStats {
-        num_allocs: 1,
-        num_frees: 2,
-        bytes_in_use: 3,
-        peak_bytes_in_use: 4,
-        largest_alloc_size: 5,
-        bytes_limit: Some(6),
-        bytes_reserved: 7,
-        peak_bytes_reserved: 8,
-        largest_free_block_bytes: Some(9),
-        fragmentation: Some(0.25),
-        num_alloc_retries: 10,
-        num_ooms: 11,
-        total_bytes_allocated: Some(12),
-    };
+    let s = AllocatorStats::build(|s| {
+        s.num_allocs = 1;
+        s.num_frees = 2;
+        s.bytes_in_use = 3;
+        s.peak_bytes_in_use = 4;
+        s.largest_alloc_size = 5;
+        s.bytes_limit = Some(6);
+        s.bytes_reserved = 7;
+        s.peak_bytes_reserved = 8;
+        s.largest_free_block_bytes = Some(9);
+        s.fragmentation = Some(0.25);
+        s.num_alloc_retries = 10;
+        s.num_ooms = 11;
+        s.total_bytes_allocated = Some(12);
+    });
     let json = serde_json::to_string(&s).unwrap();
     assert!(json.contains("\"bytes_limit\":6") && json.contains("\"fragmentation\":0.25"), "{json}");
     assert_eq!(serde_json::from_str::<AllocatorStats>(&json).unwrap(), s);

@@ -150,7 +150,8 @@ fn a_closed_pipe_ends_quietly_and_a_failed_write_is_one_line() {
     let dir = dir_guard.path().join("out");
     let trace = "benches/traces/kv_cache_stress.json";
     // A reader that closes at once: the command stops without a word and with status 0.
-    for args in [vec!["replay", trace, "--allocator", "system"], vec!["demo", "--steps", "2", "--out", dir.to_str().unwrap()]]
+    for args in
+        [vec!["replay", trace, "--allocator", "system"], vec!["demo", "--steps", "2", "--out", dir.to_str().unwrap()]]
     {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tensormem"))
             .args(&args)
@@ -206,7 +207,10 @@ fn files_of_another_kind_are_named_for_what_they_are() {
     // A bad trace event is named as written, with the rule and the values.
     let bad = dir.join("bad.json");
     std::fs::write(&bad, r#"{"version":1,"description":"d","events":[[0,1,64,3]]}"#).unwrap();
-    assert_one_line_error(&tensormem(&["replay", bad.to_str().unwrap()]), "event 0 [0,1,64,3] is invalid: the alignment 3");
+    assert_one_line_error(
+        &tensormem(&["replay", bad.to_str().unwrap()]),
+        "event 0 [0,1,64,3] is invalid: the alignment 3",
+    );
     // Impossible figures are refused on load instead of printed.
     let forged = dir.join("forged.json");
     let text = std::fs::read_to_string(&snapshot).unwrap();
@@ -240,7 +244,10 @@ fn validation_comes_before_the_file_system_and_pages_never_overwrite_silently() 
     );
     assert_eq!(std::fs::read(&history).unwrap(), before, "the history was overwritten");
     let page = run.join("timeline.html");
-    assert_one_line_error(&tensormem(&["timeline", history.to_str().unwrap(), "-o", page.to_str().unwrap()]), "--force");
+    assert_one_line_error(
+        &tensormem(&["timeline", history.to_str().unwrap(), "-o", page.to_str().unwrap()]),
+        "--force",
+    );
     let forced = tensormem(&["timeline", history.to_str().unwrap(), "-o", page.to_str().unwrap(), "--force"]);
     assert!(forced.status.success(), "{}", text(&forced.stderr));
 }
@@ -251,7 +258,10 @@ fn a_bfc_without_a_limit_takes_the_machines_memory_and_says_so() {
     let out = tensormem(&["replay", "benches/traces/kv_cache_stress.json", "--allocator", "bfc"]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(stdout.contains("bfc: no bfc.memory_limit in TENSORMEM_ALLOC_CONF; limited to the machine's memory"), "{stdout}");
+    assert!(
+        stdout.contains("bfc: no bfc.memory_limit in TENSORMEM_ALLOC_CONF; limited to the machine's memory"),
+        "{stdout}"
+    );
     assert!(stdout.contains("peak in use: the most the allocator handed out"), "the columns are explained: {stdout}");
     let run = dir_guard.path().join("run");
     let out = tensormem(&["demo", "--steps", "1", "--allocator", "bfc", "--out", run.to_str().unwrap()]);

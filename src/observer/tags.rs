@@ -6,6 +6,7 @@ use crate::allocators::observe::Tag;
 
 /// What the allocations made under one scope tag add up to (see [`crate::scope()`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct TagStats {
     /// The scope path.
     pub tag: String,

@@ -167,13 +167,12 @@ pub(crate) fn global_stats() -> Option<AllocatorStats> {
     // Remember what this read saw, so that the peak never goes down between reads.
     let peak = high.max(in_use);
     let peak = PEAK.fetch_max(peak, Relaxed).max(peak);
-    Some(AllocatorStats {
-        num_allocs: allocs,
-        num_frees: frees,
-        bytes_in_use: in_use,
-        peak_bytes_in_use: peak,
-        ..AllocatorStats::default()
-    })
+    Some(AllocatorStats::build(|s| {
+        s.num_allocs = allocs;
+        s.num_frees = frees;
+        s.bytes_in_use = in_use;
+        s.peak_bytes_in_use = peak;
+    }))
 }
 
 // SAFETY: every call is forwarded to `inner` with the caller's arguments; the counting around it

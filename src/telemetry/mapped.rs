@@ -127,12 +127,11 @@ pub fn mapped_stats() -> Option<AllocatorStats> {
         return None;
     }
     let in_use = l.bytes.load(Relaxed);
-    Some(AllocatorStats {
-        num_allocs: maps,
-        num_frees: l.unmaps.load(Relaxed),
-        bytes_in_use: in_use,
-        peak_bytes_in_use: l.peak.load(Relaxed).max(in_use),
-        largest_alloc_size: l.largest.load(Relaxed),
-        ..AllocatorStats::default()
-    })
+    Some(AllocatorStats::build(|s| {
+        s.num_allocs = maps;
+        s.num_frees = l.unmaps.load(Relaxed);
+        s.bytes_in_use = in_use;
+        s.peak_bytes_in_use = l.peak.load(Relaxed).max(in_use);
+        s.largest_alloc_size = l.largest.load(Relaxed);
+    }))
 }

@@ -66,7 +66,9 @@ impl MemorySnapshot {
                 ("total_bytes_allocated", s.total_bytes_allocated.unwrap_or(0)),
             ];
             if let Some((figure, v)) = figures.iter().find(|(_, v)| *v > MAX_BYTES) {
-                return Err(format!("allocator '{name}': {figure} {v} is more than any process can hold ({MAX_BYTES})"));
+                return Err(format!(
+                    "allocator '{name}': {figure} {v} is more than any process can hold ({MAX_BYTES})"
+                ));
             }
             if s.bytes_in_use > s.peak_bytes_in_use {
                 return Err(format!(

@@ -177,7 +177,9 @@ pub(crate) fn layout(history: &History) -> (PageData, Vec<TagRow>) {
         .collect();
     let other = series(
         rest.iter()
-            .flat_map(|&a| [(allocs[a].start, i128::from(allocs[a].size)), (allocs[a].end, -i128::from(allocs[a].size))])
+            .flat_map(|&a| {
+                [(allocs[a].start, i128::from(allocs[a].size)), (allocs[a].end, -i128::from(allocs[a].size))]
+            })
             .collect(),
         n,
     );

@@ -48,6 +48,7 @@ pub const DEFAULT_LARGE_THRESHOLD: u64 = 1 << 20;
 
 /// The pool's own figures.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct PoolStats {
     /// Requests served from a free list.
     pub hits: u64,
