@@ -641,3 +641,37 @@ fn to_allocator_copies_into_the_given_allocator() {
     drop((y, q2, z, e));
     assert_eq!(tracked.stats().unwrap().bytes_in_use, 0);
 }
+
+#[test]
+fn a_safetensors_header_naming_a_tensor_twice_is_refused() {
+    let header = br#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}}"#;
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header);
+    file.extend_from_slice(&1.0f32.to_le_bytes());
+    let path = std::env::temp_dir().join(format!("tm-dup-{}.safetensors", std::process::id()));
+    std::fs::write(&path, &file).unwrap();
+    // SAFETY: nothing modifies the file while it is open.
+    let err = unsafe { tensormem::tensor::SafeTensors::open(&path) }.unwrap_err();
+    let load = Tensor::load_safetensors(&path, "w", TensorOptions::new());
+    std::fs::remove_file(&path).unwrap();
+    assert!(err.to_string().contains("the header names tensor \"w\" twice"), "{err}");
+    assert!(load.is_err(), "loading by name read one of the two entries");
+}
+
+#[test]
+fn a_tensor_of_two_hundred_thousand_dimensions_prints_without_exhausting_the_stack() {
+    let shape = vec![1usize; 200_000];
+    let t = Tensor::from_slice(&[2.5f32], &shape, DType::F32).unwrap();
+    let shown = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || t.to_string())
+        .unwrap()
+        .join()
+        .expect("printing overflowed the stack");
+    assert!(
+        shown.starts_with("tensor(<200000-dimensional tensor of shape [1, 1, 1, 1, ..., 1] (1 elements), dtype f32")
+    );
+    // Up to 64 dimensions print nested as before.
+    let t = Tensor::from_slice(&[2.5f32], &[1; 64], DType::F32).unwrap();
+    assert_eq!(t.to_string(), format!("tensor({}2.5000{})", "[".repeat(64), "]".repeat(64)));
+}

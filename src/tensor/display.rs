@@ -15,6 +15,11 @@ use super::{DType, Element, Tensor};
 const THRESHOLD: usize = 1000;
 const EDGE: usize = 3;
 const LINE_WIDTH: usize = 80;
+/// The most dimensions printed nested. Each dimension is a level of brackets (and of the
+/// walk over them), and a legal tensor can have hundreds of thousands of size-1 dimensions: past
+/// this (PyTorch's own cap on dimensions) the tensor is described instead, in time linear in its
+/// dimensions, so printing never exhausts the stack.
+const MAX_NESTED_DIMS: usize = 64;
 
 #[derive(Clone, Copy)]
 enum Value {
@@ -155,6 +160,20 @@ impl Printer<'_> {
 
 impl fmt::Display for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.dim() > MAX_NESTED_DIMS {
+            let sizes = self.sizes();
+            let head: Vec<String> = sizes.iter().take(4).map(usize::to_string).collect();
+            return write!(
+                f,
+                "tensor(<{}-dimensional tensor of shape [{}, ..., {}] ({} elements), dtype {}: more than \
+                 {MAX_NESTED_DIMS} dimensions are not printed nested; reshape it to print its values>)",
+                self.dim(),
+                head.join(", "),
+                sizes.last().copied().unwrap_or(0),
+                self.numel(),
+                self.dtype()
+            );
+        }
         // A device tensor is shown from a host copy, as PyTorch prints CUDA tensors.
         let device = self.storage().memory_space();
         let host = if device.is_host_accessible() {

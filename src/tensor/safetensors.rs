@@ -100,7 +100,7 @@ impl SafeTensors {
     /// [`TensorError::Io`] when the file cannot be opened or mapped; [`TensorError::BadFile`]
     /// when it is not a valid safetensors file (the `safetensors` crate's reason: header too
     /// large or not JSON, offsets outside the data or overlapping, sizes not matching shapes,
-    /// data shorter or longer than the header says).
+    /// data shorter or longer than the header says), or when the header names a tensor twice.
     ///
     /// # Safety
     /// The file must not be modified or truncated while it, or any tensor from it, lives (the
@@ -120,6 +120,11 @@ impl SafeTensors {
             unsafe { core::slice::from_raw_parts(storage.data_ptr(), len) }
         };
         let (header_len, metadata) = Parsed::read_metadata(bytes).map_err(|e| bad(path, e.to_string()))?;
+        // The parser keeps the last of two entries of one name: two readers could then see
+        // different weights. Refuse the file instead.
+        if let Some(name) = bytes.get(LEN_BYTES..LEN_BYTES + header_len).and_then(duplicate_name) {
+            return Err(bad(path, format!("the header names tensor {name:?} twice")));
+        }
         Ok(SafeTensors { path: path.to_path_buf(), storage, data_start: LEN_BYTES + header_len, metadata })
     }
 
@@ -307,6 +312,29 @@ pub fn save_safetensors(
     }
     ::safetensors::tensor::serialize_to_file(out.iter().map(|(n, b)| (*n, b)), metadata, path)
         .map_err(|e| bad(path, e.to_string()))
+}
+
+/// The first top-level key that a JSON object `header` holds twice, if any.
+fn duplicate_name(header: &[u8]) -> Option<String> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct FirstDuplicate;
+    impl<'de> Visitor<'de> for FirstDuplicate {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> core::result::Result<Option<String>, M::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                if !seen.insert(key.clone()) {
+                    return Ok(Some(key));
+                }
+            }
+            Ok(None)
+        }
+    }
+    serde_json::Deserializer::from_slice(header).deserialize_map(FirstDuplicate).ok().flatten()
 }
 
 impl Tensor {
