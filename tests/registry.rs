@@ -130,8 +130,7 @@ fn capture_warnings(f: impl FnOnce()) -> Vec<String> {
     }
     let warnings = Arc::new(Warnings::default());
     tracing::subscriber::with_default(Arc::clone(&warnings), f);
-    let out = warnings.0.lock().unwrap().clone();
-    out
+    warnings.0.lock().unwrap().clone()
 }
 
 #[test]
