@@ -20,7 +20,7 @@ fn device() -> Option<(Arc<CudaDevice>, MutexGuard<'static, ()>)> {
         Ok(d) => Some((d, DEVICE_IN_USE.lock().unwrap_or_else(PoisonError::into_inner))),
         Err(e) => {
             assert!(!required, "TENSORMEM_REQUIRE_CUDA=1 but: {e}");
-            eprintln!("skipped: {e}");
+            skip("a CUDA test", &e.to_string());
             None
         }
     }
@@ -251,4 +251,11 @@ fn the_drivers_out_of_memory_is_a_clear_error_and_cached_memory_goes_back() {
     }
     let (free_after, _) = dev.memory_info().unwrap();
     assert!(free_after + (4 << 20) >= free_before, "free before {free_before}, after {free_after}");
+}
+
+/// Says that a test skips, and why, where `cargo test` shows it without `--nocapture`: straight
+/// to the process's standard error (the test harness captures only `print!` and `eprint!`).
+fn skip(test: &str, why: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }

@@ -24,6 +24,10 @@ fn backtraces_are_captured_only_when_asked() {
     let with = check.finish();
     let bt = with.leaks[0].backtrace.as_deref().expect("a backtrace");
     assert!(bt.contains("leaky_helper"), "{bt}");
+    // tensormem's own frames (and the capture's) are trimmed: the caller's frame comes first.
+    let first = bt.lines().next().unwrap_or_default();
+    assert!(first.trim_start().starts_with("0: ") && first.contains("leaky_helper"), "{bt}");
+    assert!(!bt.contains("tensormem_allocators::") && !bt.contains("Backtrace::create"), "{bt}");
     assert!(with.to_string().contains("leaky_helper"), "the table shows it too");
     // SAFETY: both came from `allocate::<u8>(321)` on `cpu`.
     unsafe {

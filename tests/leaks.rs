@@ -536,3 +536,50 @@ fn memory_summary_has_every_allocator_and_scope() {
     // SAFETY: `p` came from `allocate::<u8>(5000)` on `bfc`.
     unsafe { bfc.deallocate(p, 5000) };
 }
+
+#[test]
+fn histories_that_cannot_exist_are_refused_on_load_and_forged_ones_render_consistently() {
+    let event = |t: u64, action: &str, address: u64, size: u64| {
+        format!(r#"{{"time_ns":{t},"action":"{action}","address":{address},"size":{size},"allocator":"cpu"}}"#)
+    };
+    let file = |events: &[String]| {
+        format!(r#"{{"version":1,"start_unix_ms":0,"capacity":8,"dropped":0,"events":[{}]}}"#, events.join(","))
+    };
+    let err = |events: &[String]| tensormem::history::History::from_json(&file(events)).unwrap_err().to_string();
+    assert_eq!(
+        err(&[event(0, "alloc", 4096, u64::MAX)]),
+        format!("event 0: a size of {} bytes is more than any process can hold ({})", u64::MAX, isize::MAX)
+    );
+    assert_eq!(
+        err(&[event(5, "alloc", 4096, 64), event(4, "free", 4096, 64)]),
+        "event 1: its time 4 ns is before the event ahead of it (5 ns)"
+    );
+    let half = 1u64 << 62;
+    let msg = err(&[event(0, "alloc", 4096, half), event(1, "alloc", 8192, half)]);
+    assert!(msg.starts_with("event 1: live bytes add up to 9223372036854775808"), "{msg}");
+    // A free of an address allocated before recording started is allowed.
+    assert!(tensormem::history::History::from_json(&file(&[event(0, "free", 4096, 64)])).is_ok());
+
+    // Built in code (not validated), the page sums in wide integers: header and chart agree.
+    let h = tensormem::history::History {
+        version: 1,
+        start_unix_ms: 0,
+        capacity: 8,
+        dropped: 0,
+        events: [(0, 4096), (1, 8192)]
+            .iter()
+            .map(|&(t, address)| tensormem::history::HistoryEvent {
+                time_ns: t,
+                action: Action::Alloc,
+                address,
+                size: 1 << 62,
+                allocator: "cpu".into(),
+                tag: None,
+                description: None,
+                backtrace: None,
+            })
+            .collect(),
+    };
+    let html = tensormem::timeline::render_html(&h);
+    assert!(html.contains("peak in use 8.0 EiB"), "two live 4 EiB blocks are 8 EiB");
+}

@@ -105,7 +105,10 @@ fn a_real_prometheus_scrapes_a_fleet_of_exporters() {
     let required = std::env::var("TENSORMEM_REQUIRE_PROMETHEUS").is_ok_and(|v| v == "1");
     let (Some(prometheus), Some(promtool)) = (find("prometheus"), find("promtool")) else {
         assert!(!required, "TENSORMEM_REQUIRE_PROMETHEUS=1 but `prometheus` or `promtool` is not on PATH");
-        println!("skipped: `prometheus` and `promtool` are not on PATH (apt-get install prometheus)");
+        skip(
+            "a_real_prometheus_scrapes_a_fleet_of_exporters",
+            "`prometheus` and `promtool` are not on PATH (apt-get install prometheus)",
+        );
         return;
     };
 
@@ -224,4 +227,11 @@ fn a_real_prometheus_scrapes_a_fleet_of_exporters() {
         assert!(TcpStream::connect_timeout(addr, Duration::from_millis(500)).is_err(), "an exporter is still running");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Says that a test skips, and why, where `cargo test` shows it without `--nocapture`: straight
+/// to the process's standard error (the test harness captures only `print!` and `eprint!`).
+fn skip(test: &str, why: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }

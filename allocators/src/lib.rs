@@ -56,6 +56,11 @@ pub mod transfer;
 mod word_map;
 
 pub use allocator::{Allocator, AllocatorExt, LiveChunk, dangling};
+
+/// This crate's folder as it was built: `tensormem` trims frames of files under it from the top
+/// of recorded backtraces.
+#[doc(hidden)]
+pub const SOURCE_DIR: &str = env!("CARGO_MANIFEST_DIR");
 pub use attributes::{AllocationAttributes, AllocatorAttributes};
 pub use bfc::{
     BFC_DUMP_ON_OOM_ENV, BfcAllocator, BfcBuilder, BinSummary, ChunkInfo, DEFAULT_FIRST_FIT_ABOVE,

@@ -362,7 +362,7 @@ pub fn snapshot() -> History {
                 allocator: names.entry(e.allocator).or_insert_with(|| e.allocator.as_str().into()).clone(),
                 tag: Tag::from_raw(e.tag).map(|t| t.as_str().to_owned()),
                 description: e.description.map(String::from),
-                backtrace: e.backtrace.map(|b| b.to_string()),
+                backtrace: e.backtrace.as_deref().map(crate::observer::backtrace::trimmed),
             })
             .collect()
     });

@@ -2,6 +2,7 @@
 //! (dashmaps: shared across threads, off the unobserved hot path), keeps per-tag totals, and
 //! feeds the history recorder.
 
+pub(crate) mod backtrace;
 mod tags;
 
 use std::backtrace::Backtrace;

@@ -27,7 +27,29 @@
 //! ```
 //!
 //! With `TENSORMEM_BACKTRACE=1` set when a check starts, each leak carries the backtrace of its
-//! allocation (captured only then: it costs tens of microseconds per allocation).
+//! allocation (captured only then: it costs tens of microseconds per allocation), with
+//! tensormem's own frames trimmed from the top.
+//!
+//! A check sees memory, not objects: a tensor whose storage was never allocated holds none and
+//! is no leak. `Tensor::empty`, `Tensor::zeros` and the `*_like` constructors are lazy (their
+//! storage is allocated when first written or read), so a deliberate leak test that forgets a
+//! fresh `Tensor::zeros` passes. Use `Tensor::ones`, `full`, a kernel output, or write to the
+//! tensor first:
+//!
+//! ```
+//! # #[cfg(feature = "tensor")] {
+//! use tensormem::tensor::{DType, Tensor};
+//! use tensormem::testing::LeakCheck;
+//!
+//! let check = LeakCheck::start();
+//! std::mem::forget(Tensor::zeros(&[1024], DType::F32)?); // never allocated: not a leak
+//! assert!(check.finish().leaks.is_empty());
+//! let check = LeakCheck::start();
+//! std::mem::forget(Tensor::ones(&[1024], DType::F32)?); // written: a leak of 4 KiB
+//! assert_eq!(check.finish().leaks[0].requested_size, 4096);
+//! # }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod report;
 

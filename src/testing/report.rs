@@ -60,7 +60,7 @@ pub(super) fn collect(id: u64) -> LeakReport {
             allocator: r.allocator.as_str().to_owned(),
             tag: r.tag.map(|t| t.as_str().to_owned()),
             tensor: r.description.as_deref().map(str::to_owned),
-            backtrace: r.backtrace.as_ref().map(|b| b.to_string()),
+            backtrace: r.backtrace.as_deref().map(crate::observer::backtrace::trimmed),
         })
         .collect();
     leaks.sort_by_key(|l| l.allocation_id);
