@@ -46,7 +46,7 @@ inventory::collect!(AllocatorFactory);
 /// [`try_get`](crate::AllocatorRegistry::try_get). To become the default, register above
 /// [`DEFAULT_PRIORITY`](crate::DEFAULT_PRIORITY) (100, the built-in `pool`): a tie keeps `pool`.
 ///
-/// ```
+/// ```standalone_crate
 /// use std::sync::Arc;
 /// use tensormem::{AllocatorRegistry, SystemAllocator, register_allocator};
 ///
