@@ -46,9 +46,6 @@ mod registry;
 mod retry;
 mod scope;
 pub mod telemetry;
-#[cfg(feature = "tensor")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tensor")))]
-pub mod tensor;
 pub mod testing;
 mod text_table;
 pub mod timeline;

@@ -122,7 +122,7 @@ fn async_and_pinned_allocators_work_and_release() {
 
 #[test]
 fn tensors_move_between_host_and_device() {
-    use tensormem::tensor::{DType, Tensor, TensorError, TensorOptions};
+    use tensormem_tensor::{DType, Tensor, TensorError, TensorOptions};
     let Some((dev, _in_use)) = device() else { return };
     let (free_before, total) = dev.memory_info().unwrap();
     {

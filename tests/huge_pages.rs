@@ -3,7 +3,7 @@
 //! `always`. With `TENSORMEM_ALLOC_CONF=pool.huge_pages=false` it fails: that is the 4 KiB path.
 
 use tensormem::AllocatorRegistry;
-use tensormem::tensor::{DType, Tensor};
+use tensormem_tensor::{DType, Tensor};
 
 /// Bytes of `AnonHugePages` in this process's mappings that overlap `lo..lo + len`.
 fn huge_bytes(lo: usize, len: usize) -> Option<u64> {

@@ -6,12 +6,12 @@ use std::thread;
 
 use tensormem::allocators::observe::Action;
 use tensormem::history::{self, HistoryError, HistoryOptions};
-use tensormem::tensor::{DType, SafeTensors, Tensor, TensorOptions, save_safetensors};
 use tensormem::testing::{LeakCheck, assert_no_leaks};
 use tensormem::{
     Allocator, AllocatorExt, AllocatorRegistry, BfcAllocator, PoolAllocator, SystemAllocator, TrackingAllocator, scope,
     with_default_allocator,
 };
+use tensormem_tensor::{DType, SafeTensors, Tensor, TensorOptions, save_safetensors};
 
 /// A fresh directory, removed with everything in it when the returned guard drops.
 fn tempdir(tag: &str) -> tempfile::TempDir {

@@ -9,11 +9,11 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use tensormem::allocators::{MemorySpace, SubAllocator};
-use tensormem::tensor::{DType, Tensor, TensorError, TensorOptions};
 use tensormem::{
     AllocationTrace, Allocator, AllocatorExt, BfcAllocator, PoolAllocator, RetryAllocator, SystemAllocator,
     TrackingAllocator, replay,
 };
+use tensormem_tensor::{DType, Tensor, TensorError, TensorOptions};
 
 /// Regions of inaccessible memory that say they are device 0's.
 #[derive(Debug)]

@@ -8,8 +8,8 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tensormem::history::{self, HistoryOptions};
 use tensormem::telemetry::{MetricsServer, memory_summary, snapshot_json};
-use tensormem::tensor::{DType, Tensor, TensorOptions};
 use tensormem::{AllocConf, AllocatorRegistry, ByteSize, CONFIGURED_PRIORITY, scope};
+use tensormem_tensor::{DType, Tensor, TensorOptions};
 
 use crate::Outcome;
 use crate::output::sayln;
@@ -186,7 +186,7 @@ fn inference(args: &DemoArgs) -> Outcome {
     Ok(())
 }
 
-fn block(i: usize, l: &mut Layer, x: &Tensor) -> tensormem::tensor::Result<Tensor> {
+fn block(i: usize, l: &mut Layer, x: &Tensor) -> tensormem_tensor::Result<Tensor> {
     let _layer = scope(&format!("layer{i}"));
     let h = x.layer_norm(&[D_MODEL], None, None, 1e-5)?;
     let attn = {
@@ -217,7 +217,7 @@ fn block(i: usize, l: &mut Layer, x: &Tensor) -> tensormem::tensor::Result<Tenso
     x.add(&mlp)
 }
 
-fn argmax(logits: &Tensor) -> tensormem::tensor::Result<i64> {
+fn argmax(logits: &Tensor) -> tensormem_tensor::Result<i64> {
     let v: Vec<f32> = logits.to_vec::<f32>()?;
     Ok(v.iter().enumerate().fold((0usize, f32::MIN), |best, (i, &x)| if x > best.1 { (i, x) } else { best }).0 as i64)
 }

@@ -39,8 +39,6 @@ pub struct MappedMemory {
     pub files: Vec<MappedFile>,
 }
 
-// Without the `tensor` feature nothing maps files: the ledger stays empty.
-#[cfg_attr(not(feature = "tensor"), allow(dead_code))]
 struct Ledger {
     /// Live mappings by id: `(file, bytes)`.
     live: DashMap<u64, (PathBuf, u64)>,
@@ -63,16 +61,30 @@ static LEDGER: LazyLock<Ledger> = LazyLock::new(|| Ledger {
 });
 
 /// A live mapping in the ledger; unlisted when dropped.
-#[cfg_attr(not(feature = "tensor"), allow(dead_code))]
 #[derive(Debug)]
-pub(crate) struct MappingRecord {
+#[must_use = "the mapping is unlisted when the record drops: keep it as long as the mapping"]
+pub struct MappingRecord {
     id: u64,
     bytes: u64,
 }
 
-/// Lists a mapping of `bytes` of `path` until the returned record is dropped.
-#[cfg_attr(not(feature = "tensor"), allow(dead_code))]
-pub(crate) fn record_mapping(path: &Path, bytes: u64) -> MappingRecord {
+/// Lists a mapping of `bytes` of `path` in the ledger of mapped files ([`mapped_memory`],
+/// snapshots, the `mmap` series of the Prometheus export, the memory summary) until the returned
+/// record is dropped: the hook through which any engine accounts the files it maps (tensormem's
+/// tensors use it for safetensors weights).
+///
+/// ```
+/// use std::path::Path;
+/// use tensormem::telemetry::{mapped_memory, record_mapping};
+///
+/// let before = mapped_memory().bytes;
+/// let record = record_mapping(Path::new("/models/w.bin"), 4096);
+/// assert!(mapped_memory().files.iter().any(|f| f.path == Path::new("/models/w.bin")));
+/// drop(record);
+/// assert!(mapped_memory().files.iter().all(|f| f.path != Path::new("/models/w.bin")));
+/// # let _ = before;
+/// ```
+pub fn record_mapping(path: &Path, bytes: u64) -> MappingRecord {
     let l = &*LEDGER;
     let id = l.next_id.fetch_add(1, Relaxed);
     l.live.insert(id, (path.to_path_buf(), bytes));

@@ -15,8 +15,7 @@ mod summary;
 pub use collector::AllocatorCollector;
 pub use global_alloc::{CountingGlobalAlloc, process_heap_stats};
 pub use mapped::{MappedFile, MappedMemory, mapped_memory, mapped_stats};
-#[cfg(feature = "tensor")]
-pub(crate) use mapped::{MappingRecord, record_mapping};
+pub use mapped::{MappingRecord, record_mapping};
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use server::{CONTENT_TYPE_TEXT, MetricsServer, ServerError, ServerOptions};

@@ -31,14 +31,13 @@
 //! tensormem's own frames trimmed from the top.
 //!
 //! A check sees memory, not objects: a tensor whose storage was never allocated holds none and
-//! is no leak. `Tensor::empty`, `Tensor::zeros` and the `*_like` constructors are lazy (their
+//! is no leak. `tensormem-tensor`'s `Tensor::empty`, `Tensor::zeros` and `*_like` constructors are lazy (their
 //! storage is allocated when first written or read), so a deliberate leak test that forgets a
 //! fresh `Tensor::zeros` passes. Use `Tensor::ones`, `full`, a kernel output, or write to the
 //! tensor first:
 //!
 //! ```
-//! # #[cfg(feature = "tensor")] {
-//! use tensormem::tensor::{DType, Tensor};
+//! use tensormem_tensor::{DType, Tensor};
 //! use tensormem::testing::LeakCheck;
 //!
 //! let check = LeakCheck::start();
@@ -47,7 +46,6 @@
 //! let check = LeakCheck::start();
 //! std::mem::forget(Tensor::ones(&[1024], DType::F32)?); // written: a leak of 4 KiB
 //! assert_eq!(check.finish().leaks[0].requested_size, 4096);
-//! # }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
