@@ -3,9 +3,8 @@
 //! growth), the BFC over plain `cuMemAlloc` regions (TensorFlow's GPU sub-allocator), and
 //! `cuMemAllocAsync` from a memory pool ([`CudaAsyncAllocator`], CUDA's recommended baseline).
 //! PyTorch's caching allocator on the same streams: `benches/torch_replay.py`, run in the same
-//! call on the same machine (figures of both in `BENCHMARKS.md`; the H100 that recorded the
-//! streams gave 230-334 ns per operation on inference, 353-500 on training:
-//! `../shared/traces/README.md`).
+//! call on the same machine (figures of both in `benches/README.md`; PyTorch's own figures
+//! for the streams are in `../shared/traces/README.md`).
 //!
 //! ```text
 //! cargo bench --features cuda --bench gpu_replay
@@ -13,7 +12,7 @@
 //!
 //! Without a driver or device it prints one line saying so and measures nothing (or fails under
 //! `TENSORMEM_REQUIRE_CUDA=1`). Before timing it prints each subject's peak reserved / peak
-//! requested on each stream (one `replay`), the memory target of issue 13 (<= 1.05).
+//! requested on each stream (one `replay`), whose target is at most 1.05.
 
 // criterion_group! generates an undocumented `pub fn benches()`.
 #![allow(missing_docs)]

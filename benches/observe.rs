@@ -1,4 +1,4 @@
-//! What the observation hooks cost (issue 9): a 64-byte alloc+free pair on the system backend,
+//! What the observation hooks cost: a 64-byte alloc+free pair on the system backend,
 //! through the path users get (`hooked`, nothing watching) against the same backend with the
 //! hooks compiled out (`unobserved`, the allocation path before the hooks existed); and, for
 //! the cost per event when something watches, the same pair inside a scope, inside a leak

@@ -24,6 +24,12 @@ fn main() -> ExitCode {
     };
     let seconds = args.next().and_then(|s| s.parse::<u64>().ok());
     let active = args.next().and_then(|s| s.parse::<u64>().ok());
+    run(port, seconds, active)
+}
+
+/// Serves on `port` for `seconds` (or until killed), the workload running for the first
+/// `active` seconds (or all along).
+pub fn run(port: u16, seconds: Option<u64>, active: Option<u64>) -> ExitCode {
     let server = match MetricsServer::start(("127.0.0.1", port)) {
         Ok(s) => s,
         Err(e) => {

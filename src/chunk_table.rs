@@ -3,7 +3,8 @@
 //!
 //! # Why not one shared map
 //! A sharded map such as dashmap takes a lock (two locked instructions) per insert and per
-//! remove: about 35 ns per alloc+free pair on our machines, 4 to 5 times a jemalloc pair. Here
+//! remove, several times the cost of a whole jemalloc alloc+free pair
+//! (`docs/per-thread-chunk-tables.md`). Here
 //! each thread owns one open-addressing table (via [`PerThread`](crate::allocators::PerThread))
 //! and, as its only writer, inserts and removes with plain atomic stores: no lock, no locked
 //! instruction.

@@ -60,7 +60,7 @@ pub struct TrackingSizes {
 /// Allocation ids are unique within the tracker and start at 1. They increase in allocation
 /// order within each thread (a single-threaded program sees 1, 2, 3, ...); threads take ids in
 /// blocks of 64, so ids of different threads interleave by block rather than by time. A global
-/// counter would cost a locked instruction, ~5 ns, on every allocation.
+/// counter would cost a locked instruction on every allocation.
 ///
 /// ```
 /// use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! Leak checks, scopes and the scoped default allocator (issue 9), on the real allocators.
+//! Leak checks, scopes and the scoped default allocator, on the real allocators.
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -18,7 +18,7 @@ fn tempdir(tag: &str) -> tempfile::TempDir {
     tempfile::Builder::new().prefix(&format!("tm-leaks-{tag}-")).tempdir().unwrap()
 }
 
-/// The issue's inference-engine test: three tensors forgotten, two of which went to the
+/// An inference engine's leak test: three tensors forgotten, two of which went to the
 /// registry's default allocator (a kernel output whose first input is a mapped weight, and a
 /// scalar made without options). All three are reported, with sizes, tags and tensor shapes.
 #[test]

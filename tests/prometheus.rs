@@ -11,6 +11,24 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+// The exporter example, compiled into this test: each exporter process is this test binary
+// running `exporter_process`, so the test starts no `cargo`.
+#[path = "../examples/exporter.rs"]
+#[allow(dead_code)]
+mod exporter;
+
+/// Set in the exporter processes: the port to serve on.
+const EXPORTER_PORT_ENV: &str = "TENSORMEM_TEST_EXPORTER_PORT";
+
+/// In an exporter process (started by the test below), serves for 300 s with 3 s of workload;
+/// in a normal run, does nothing.
+#[test]
+fn exporter_process() {
+    if let Some(port) = std::env::var(EXPORTER_PORT_ENV).ok().and_then(|p| p.parse().ok()) {
+        let _ = exporter::run(port, Some(300), Some(3));
+    }
+}
+
 /// Kills and reaps every process it holds when dropped, whatever happened.
 struct Processes(Vec<Child>);
 
@@ -112,23 +130,15 @@ fn a_real_prometheus_scrapes_a_fleet_of_exporters() {
         return;
     };
 
-    // The exporter example, built with the same features as this test.
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "--all-features", "--example", "exporter"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .unwrap();
-    assert!(status.success(), "building the exporter failed");
     let exe = std::env::current_exe().unwrap();
-    let exporter = exe.parent().unwrap().parent().unwrap().join("examples").join("exporter");
-    assert!(exporter.is_file(), "no exporter at {}", exporter.display());
 
     let mut procs = Processes(Vec::new());
     let fleet: Vec<SocketAddr> = (0..3).map(|_| SocketAddr::from(([127, 0, 0, 1], free_port()))).collect();
     for addr in &fleet {
         procs.0.push(
-            Command::new(&exporter)
-                .args([addr.port().to_string(), "300".into(), "3".into()])
+            Command::new(&exe)
+                .args(["--exact", "exporter_process", "--nocapture", "--test-threads=1"])
+                .env(EXPORTER_PORT_ENV, addr.port().to_string())
                 .env("TENSORMEM_ALLOC_CONF", "bfc.memory_limit=64MiB,bfc.allow_growth=true")
                 .env_remove("TENSORMEM_ALLOCATOR")
                 .stdout(Stdio::null())

@@ -2,8 +2,8 @@
 //! allocation path.
 //!
 //! # Design
-//! A locked read-modify-write (`lock xadd`) costs about 5 ns on the machines we measure, as much
-//! as a whole glibc or jemalloc malloc/free pair of 64 bytes. So each thread gets its own
+//! A locked read-modify-write (`lock xadd`) costs as much as a whole glibc or jemalloc
+//! malloc/free pair of 64 bytes (`docs/per-thread-chunk-tables.md`). So each thread gets its own
 //! cache-line-sized *shard* per counter set, which only that thread writes, with plain relaxed
 //! loads and stores (no `lock` prefix). Readers sum the shards when they ask for stats.
 //!

@@ -16,9 +16,8 @@ pub const HUGE_PAGE: usize = 2 << 20;
 /// transparent huge pages (`madvise(MADV_HUGEPAGE)`), so that a committed range is backed by
 /// 2 MiB pages when the kernel has them to give.
 ///
-/// Streaming through a 16 MiB tensor then takes 8 TLB entries instead of 4096: on a 2-vCPU Zen 3
-/// adds of two such tensors took 0.77-0.96x their time with them (2 runs of 36: 1.03, 1.06), a
-/// sum 0.74-0.94x (`examples/huge_pages.rs`, BENCHMARKS.md). numpy asks for huge pages for every
+/// Streaming through a 16 MiB tensor then takes 8 TLB entries instead of 4096, so memory-bound
+/// passes over large tensors run faster (`docs/huge-pages.md`). numpy asks for huge pages for every
 /// array of 4 MiB or more; PyTorch does when `THP_MEM_ALLOC_ENABLE=1`. Fresh memory faults in
 /// 2 MiB at a time: the first touch of a byte makes the whole huge page resident, so
 /// [`resident`](ExpandableMemory::resident) counts in huge pages where the kernel gave them.

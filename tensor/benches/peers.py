@@ -1,4 +1,4 @@
-"""tensormem against PyTorch and numpy on issue 11's workloads, measured in turn.
+"""tensormem against PyTorch and numpy on a transformer's kernel workloads, measured in turn.
 
 Each round times every workload in every library (median of CALLS calls, after 3 warm-up
 calls), the libraries in rotating order, so that all of them see the same minutes of a noisy

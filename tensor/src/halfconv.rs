@@ -2,9 +2,8 @@
 //! inlines and vectorises.
 //!
 //! The `half` crate's `to_f32` / `from_f32` test the CPU for F16C on every call; the call
-//! stays out of line and keeps every loop over half-precision elements scalar (2.4 ns per
-//! element for bf16 to f32 and 5 ns per element for an f16 add, against 0.17 for an f32 add,
-//! on the 2-vCPU VM). These give the same results: widening is exact, narrowing rounds to
+//! stays out of line and keeps every loop over half-precision elements scalar, many times slower
+//! than an f32 loop (`docs/half-precision-tables.md`). These give the same results: widening is exact, narrowing rounds to
 //! nearest, ties to even, overflowing to infinity; NaN stays NaN (quiet; f16 keeps the top 10
 //! bits of its payload and bf16 the top 7, as F16C and the `half` crate do). Every kernel
 //! computes half-precision values in f32 through them, as PyTorch does.

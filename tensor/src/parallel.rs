@@ -185,11 +185,10 @@ fn spin_until(spin: Duration, done: impl Fn() -> bool) {
 /// for them before it leaves the rayon scope.
 ///
 /// A rayon scope entered from a thread that is not one of its workers puts that thread to sleep
-/// on a condition variable until the last job ends, and the job's thread then wakes it: 6-9 µs
-/// on the lent 16-core Xeon, up to 20 µs on a 2-core VM, for every parallel kernel (measured
-/// from the last piece's end to the scope's return). Spinning on this counter first (for at most
-/// [`kernel_spin`], as OpenMP's barrier spins for `KMP_BLOCKTIME`) leaves the scope with its
-/// jobs already done: 1.7-2.3 µs.
+/// on a condition variable until the last job ends, and the job's thread then wakes it, a
+/// wake-up that costs every parallel kernel more than a small kernel's work. Spinning on this
+/// counter first (for at most [`kernel_spin`], as OpenMP's barrier spins for `KMP_BLOCKTIME`)
+/// leaves the scope with its jobs already done (`docs/kernel-thread-pool.md`).
 struct Finished(AtomicUsize);
 
 /// Counts its job as ended when dropped: when the job returns, and also when it panics (so
@@ -250,8 +249,7 @@ thread_local! {
 /// One pool of one worker per core would do for the pieces' count, but not for where they run:
 /// at 2 threads on a 16-core machine, each kernel's second piece would go to whichever of the 16
 /// workers woke first, a different core from one call to the next, whose caches hold none of
-/// the kernel's data (`a + b` on 3 MiB at 2 threads took 49-61 µs that way on the lent Xeon,
-/// 27-35 µs on a pool of 2). When the count changes, the next kernel starts a pool of the new
+/// the kernel's data (`docs/kernel-thread-pool.md`). When the count changes, the next kernel starts a pool of the new
 /// size; the old one's threads end once the kernels running on it have, and every thread that
 /// used it has called a kernel since (or ended).
 fn kernel_pool() -> Arc<KernelPool> {

@@ -1,4 +1,4 @@
-//! bf16 and f16 matmul on AMX tiles (Intel Xeon 4th generation and later) and bf16 on
+//! bf16 and f16 matmul on AMX tiles (Intel's server cores from Sapphire Rapids on) and bf16 on
 //! AVX512-BF16 registers (by default on AMD Zen 4 and later; Intel's turned on by the switch),
 //! and f16 and bf16 products of few rows on AVX-512's or AVX2's fused multiply-adds (CI runs
 //! these tests again with `TENSORMEM_CPU_CAPABILITY=avx2` for the second), against the f32

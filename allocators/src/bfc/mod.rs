@@ -442,7 +442,7 @@ impl BfcBuilder {
 
     /// TensorFlow's `BFCAllocator` policies exactly: regions doubling from 2 MiB instead of
     /// expandable memory, TensorFlow's split rule, best fit for every size. The baseline the
-    /// defaults are measured against (BENCHMARKS.md).
+    /// defaults are measured against (`docs/free-chunk-index.md`).
     ///
     /// ```
     /// use tensormem_allocators::BfcAllocator;
@@ -458,7 +458,8 @@ impl BfcBuilder {
     /// Requests of at least this many bytes take the lowest-address free chunk that fits
     /// (address-ordered first fit); smaller ones the smallest (best fit). Default 64 KiB;
     /// `u64::MAX` gives TensorFlow's best fit for every request. On the recorded PyTorch streams
-    /// (BENCHMARKS.md) first fit for large blocks leaves less memory stranded between them.
+    /// first fit for large blocks leaves less memory stranded between them
+    /// (`docs/free-chunk-index.md`).
     #[must_use]
     pub fn first_fit_above(mut self, bytes: u64) -> Self {
         self.first_fit_above = bytes;
@@ -490,18 +491,15 @@ impl BfcBuilder {
     /// reserved follows the placement, as with PyTorch's expandable segments.
     ///
     /// Unset (the default): [`DEFAULT_PEAK_HEADROOM`] (4%) over memory that moves pages, none
-    /// over other memory (there it would fault pages in again) or with TensorFlow's regions. On
-    /// the recorded GPT-2 training stream the default takes peak reserved / peak requested from
-    /// 1.068 (no headroom) to 1.040; the other recorded streams do not change. What it costs is
-    /// system calls, about 23 times per replay of that stream, where a block needs pages from
-    /// elsewhere. Pages that were written move (whole 16 MiB units first, a chunk's edges after
-    /// them): with every page of every block written (a real workload) the replay takes as long
-    /// as without a headroom. Pages never touched are given back and fresh ones committed
-    /// instead: with one byte written per block the allocator's own time per operation on that
-    /// stream is 1.1-1.7x TensorFlow's BFC's (1.0-1.3x without a headroom; BENCHMARKS.md).
-    /// Moved pages also cost the process memory mappings (a moved range cannot merge with its
-    /// neighbours while it is committed), and each move pays for the mappings in its range: on
-    /// that stream about 75-150 in all, against the system's limit of 65,530.
+    /// over other memory (there it would fault pages in again) or with TensorFlow's regions. It
+    /// lowers peak reserved on streams whose large blocks strand free memory between live ones
+    /// (PyTorch's recorded GPT-2 training stream) and changes nothing on the others. What it
+    /// costs is system calls where a block needs pages from elsewhere. Pages that were written
+    /// move (whole 16 MiB units first, a chunk's edges after them), so a workload that writes
+    /// its blocks replays as fast as without a headroom; pages never touched are given back and
+    /// fresh ones committed instead. Moved pages also cost the process memory mappings (a moved
+    /// range cannot merge with its neighbours while it is committed), far below the system's
+    /// limit of 65,530. Figures: `docs/peak-headroom.md`.
     ///
     /// ```
     /// use tensormem_allocators::{BfcAllocator, BuildError};

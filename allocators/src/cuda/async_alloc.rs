@@ -23,9 +23,8 @@ use crate::{
 /// synchronisation. Blocks are 256-byte aligned.
 ///
 /// Each allocation waits for its stream (`cuStreamSynchronize`), so the block it returns is
-/// ready for any stream and for copies from the host, as the [`Allocator`] contract requires;
-/// on an H200 that puts it at 0.9-2 us per operation of the recorded PyTorch streams
-/// (`BENCHMARKS.md`). Its stats report the pool's own reserved bytes (memory held, in use or
+/// ready for any stream and for copies from the host, as the [`Allocator`] contract requires,
+/// at the price of a synchronisation per operation (`benches/gpu_replay.rs`). Its stats report the pool's own reserved bytes (memory held, in use or
 /// cached), and [`release_cached`](Allocator::release_cached) trims the pool to what is in use.
 pub struct CudaAsyncAllocator {
     device: Arc<CudaDevice>,

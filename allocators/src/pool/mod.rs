@@ -427,9 +427,8 @@ impl PoolBuilder {
     /// [peak headroom](crate::BfcBuilder::peak_headroom) (on Linux its reserved memory stays
     /// within 4% of its peak in use, by moving pages); it is made only when the inner allocator
     /// has no byte limit (otherwise large requests go to the inner allocator). A BFC built with
-    /// `peak_headroom(None)` here keeps what placement leaves instead, with no page moves (on
-    /// the recorded GPT-2 training stream: 1.075 of the peak requested against 1.040,
-    /// BENCHMARKS.md).
+    /// `peak_headroom(None)` here keeps what placement leaves instead, with no page moves
+    /// (`docs/peak-headroom.md`).
     #[must_use]
     pub fn large_allocator(mut self, allocator: Arc<dyn Allocator>) -> Self {
         self.large = Some(allocator);
@@ -440,8 +439,7 @@ impl PoolBuilder {
     /// on): its BFC then takes [`HugePageMemory`](crate::HugePageMemory), 2 MiB granules at
     /// 2 MiB-aligned addresses that Linux may back with 2 MiB pages, instead of
     /// [`OsMemory`](crate::OsMemory)'s 4 KiB pages. A memory-bound pass over large tensors
-    /// misses the TLB 512 times less often: adds of 16 MiB tensors took 0.77-0.96x their time
-    /// on a Zen 3 (2 runs of 36: 1.03, 1.06), a sum 0.74-0.94x (BENCHMARKS.md). A block's first
+    /// misses the TLB 512 times less often (`docs/huge-pages.md`). A block's first
     /// touch makes whole 2 MiB pages resident; off, every page is 4 KiB, so its resident memory
     /// is exactly the pages touched. No effect with [`large_allocator`](Self::large_allocator)
     /// given.

@@ -5,9 +5,8 @@
 //! one column of a block. So the rows are added (or compared) into a row of accumulators,
 //! vectorised along the columns, a row at a time: every value is read once, in memory order
 //! within each row's segment. The row reductions of [`reduce`](super::reduce) need the reduced
-//! dimension innermost, which for these tensors took a copy of the whole tensor first: the sum
-//! over dimension 0 of 1024x3072 f32 took 5.4 ms that way, 5x PyTorch's time (which, like
-//! numpy, adds rows into rows).
+//! dimension innermost, which for these tensors took a copy of the whole tensor first, several
+//! times PyTorch's time (which, like numpy, adds rows into rows).
 //!
 //! The output is cut into tasks of at most [`WIDTH`] columns of one block, shared among the
 //! kernel threads; a task's accumulators stay in L1. Every column's result is the same whatever
@@ -298,7 +297,7 @@ pub(super) fn argmax<T: Copy, C: Num>(s: &Segments<'_, T>, dst: &mut [MaybeUnini
     }
     // Each step stores both accumulators whole. `best[j] = if better { v } else { b }` and
     // `idx[j] = if better { r } else { idx[j] }` compiled to masked stores (`vmaskmovps`,
-    // microcoded on AMD: 1024x3072 f32 took 4.4 ms on Zen 3). So the best value gets a zero
+    // microcoded on AMD, and slow there). So the best value gets a zero
     // added (which changes no comparison: at most -0 becomes +0) and the row, as rows only
     // grow, is the maximum of the old one and `better`'s row or 0: with zeros the compiler
     // cannot see, these are an addition, a maximum and plain stores.

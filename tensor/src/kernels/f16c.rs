@@ -258,10 +258,8 @@ unsafe fn sum_lanes_f16c(x: &[f16], acc: &mut [f32; SUM_LANES]) -> usize {
 /// `acc[j] += (x[0][j] + x[1][j]) + (x[2][j] + x[3][j])` in f32, the values widened exactly, for
 /// the whole groups of 8 columns (of `acc`, every row at least as long), with F16C where the CPU
 /// has it; returns how many columns that took (0 without F16C): the caller adds the rest in the
-/// same order, so the sums are the same bits either way. Widening in the loop took the f16 sum
-/// over dimension 0 of 1024x3072 to 0.27 ms (Zen 3, 1 thread; PyTorch's 0.29), from 0.64 with
-/// the rows widened into scratch first and about 0.9 with every value converted by bit
-/// operations.
+/// same order, so the sums are the same bits either way. Widening in the loop beats widening
+/// the rows into scratch first (`docs/reductions.md`).
 pub(crate) fn add_rows_f16(x: [&[f16]; 4], acc: &mut [f32]) -> usize {
     let n = x.iter().fold(acc.len(), |n, r| n.min(r.len())) / 8 * 8;
     #[cfg(target_arch = "x86_64")]

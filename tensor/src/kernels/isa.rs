@@ -4,7 +4,7 @@
 //! The crate is built for the x86-64 baseline, whose vectors (SSE2) hold 4 f32 lanes and lack
 //! the selects and conversions the f16/bf16 loops need: every such loop converts each element
 //! to f32 and back in integer arithmetic ([`HalfFloat`](crate::halfconv::HalfFloat)),
-//! and an f16 add ran at 2-3 ns per element, 5x an f32 add. Compiled again with AVX2 (8 lanes)
+//! and an f16 add ran several times slower than an f32 add. Compiled again with AVX2 (8 lanes)
 //! or AVX-512 (16 lanes, masked selects), the same source runs several times faster. The
 //! arithmetic is the same IEEE arithmetic in every version (no reassociation, no fused
 //! operations the source does not write), so the results are bit for bit the same on every

@@ -2,8 +2,8 @@
 //! batch dimensions) on the `gemm` crate for f32 and f64, and a cache-friendly loop for
 //! integers. f16 and bf16 are computed in f32 and rounded once, as PyTorch accumulates them:
 //! gemm's own f16 path runs its AVX2 kernels only, and converting around its AVX-512 f32
-//! kernels is 20-25% faster (BENCHMARKS.md, "Half precision"). On CPUs with AMX (Intel Xeon 4th
-//! generation and later) bf16 and f16 products of at least 16 x 32 x 16 run on its tiles instead
+//! kernels is faster (`docs/amx-routes.md`). On CPUs with AMX (Intel's server cores from
+//! Sapphire Rapids on) bf16 and f16 products of at least 16 x 32 x 16 run on its tiles instead
 //! ([`amx`](super::amx)); PyTorch does so for bf16 there. Without AMX, bf16 products of those
 //! sizes, and those of fewer than 32 rows by a transposed weight, run on AVX512-BF16's
 //! `vdpbf16ps` on AMD CPUs that have it (Zen 4 and later), as oneDNN does (Intel's run it at half
@@ -45,10 +45,8 @@ enum Split {
     /// ([`for_each_piece`](crate::parallel::for_each_piece)), each piece a
     /// single-threaded gemm call per batch on its columns: one fork and join for the whole
     /// product. gemm's own parallelism forks and joins at each of its packing and compute
-    /// steps; against it, on a 2-vCPU Xeon at 2 threads (calls of both alternated, the median
-    /// of 150-600 each), the pieces took 0.81-0.86x its time at 512x512x512, 0.89-0.92x at
-    /// 128x768x3072, 0.79-0.81x at 256x3072x768, 0.69-0.81x at 1024³ and 0.89-0.94x with 64
-    /// columns a piece (512x512x128). Each piece packs all of the left operand, which is
+    /// steps, and the pieces take less time than it at every measured shape
+    /// (`docs/kernel-thread-pool.md`). Each piece packs all of the left operand, which is
     /// why a piece takes at least [`PIECE_COLUMNS`] columns.
     Columns(usize),
     /// gemm's own rayon parallelism over this many threads, on the kernel pool, for products

@@ -145,8 +145,8 @@ fn normalize_row<T: Opmath>(
     let (shift, m2) = narrow.unwrap_or_else(|| moments_f64(kind, src));
     let scale = 1.0 / (m2 + eps).sqrt();
     // `layer_norm`'s first pass read this row from memory; the next one is fetched while this
-    // one is written from L1 (f32 rows of 768: 0.30 ms for 1024 rows instead of 0.34, 1
-    // thread; `rms_norm`, whose one pass reads the rows nearly back to back, gained nothing).
+    // one is written from L1 (`rms_norm`, whose one pass reads the rows nearly back to back,
+    // gains nothing from it: `docs/reductions.md`).
     if kind == Kind::Layer {
         prefetch_slice(next);
     }

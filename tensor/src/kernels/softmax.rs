@@ -10,13 +10,11 @@
 //! [`vmath::blocks`], four vectors side by side (the same bits).
 //! Each exponential is then multiplied by `1 / sum`, as PyTorch's kernel does: one division a
 //! row instead of one an element, and PyTorch's two roundings. bf16 rows are rounded 32 at a
-//! time by `vcvtne2ps2bf16` where the CPU has AVX512-BF16 (the same bits). On the 12x256x256
-//! attention scores of a GPT-2 block (Emerald Rapids, 1 thread, medians of 12 alternated
-//! runs), the blocks and the product took f32 softmax from 0.63 to 0.51 ms and bf16 from 0.80
-//! to 0.68; the bf16 rounding then took bf16 from 0.59 to 0.52 (1.24x the f32 time to 1.11x).
+//! time by `vcvtne2ps2bf16` where the CPU has AVX512-BF16 (the same bits). Each of these
+//! shortened softmax of a GPT-2 block's attention scores (`docs/reductions.md`).
 //! f16 rows (up to [`F32_ROWS_MAX`](super::f16c::F32_ROWS_MAX) long) are widened by F16C into
 //! an f32 scratch row, computed as f32 rows, and rounded back by F16C: the same bits as
-//! converting each value in the loops, in 0.67 of the time on those scores (Zen 3, 1 thread).
+//! converting each value in the loops, in less time.
 //!
 //! `log_softmax` is `(x - max) - ln(sum(exp(x - max)))`, in that order (PyTorch's: adding `max`
 //! and the logarithm first loses the differences when the inputs are large and close), with
@@ -53,14 +51,10 @@ fn bf16_conversion() -> bool {
 
 /// Rows up to this long keep their exponentials in a scratch row (64 KiB of f32, in L2).
 /// Longer rows compute them in the one-vector loop, which sums them as it computes them: f32
-/// and f64 rows keep them in the output and scale it in place (softmax of 16 rows of 50257
-/// f32 logits: 0.55 ms instead of 0.70 computing each twice; Emerald Rapids, 1 thread, medians
-/// of 8 alternated runs); f16 and bf16 rows compute each twice rather than allocate scratch as
-/// large as the row. Taking such rows a part at a time through the AVX-512 blocks (`x - max`
-/// into the scratch row, the blocks, then the sum) was slower than the loop: with each
-/// exponential computed twice, softmax of those logits took 0.82 ms with parts of 2048
-/// elements and 0.98 with 16384, against 0.72-0.74, and `log_softmax` 0.63 and 0.67 against
-/// 0.56-0.57.
+/// and f64 rows keep them in the output and scale it in place (faster than computing each
+/// twice); f16 and bf16 rows compute each twice rather than allocate scratch as large as the
+/// row. Taking such rows a part at a time through the AVX-512 blocks (`x - max` into the
+/// scratch row, the blocks, then the sum) was slower than the loop (`docs/reductions.md`).
 const SCRATCH: usize = 16 << 10;
 
 /// How [`row`] and [`log_row`] compute a row that fits the scratch row, each way with the same

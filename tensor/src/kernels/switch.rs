@@ -117,7 +117,7 @@ impl Switch {
 /// tile registers, and neither [`set_amx`]`(false)` nor `TENSORMEM_AMX=0` turned the route off.
 ///
 /// ```
-/// // true on Xeon 4th generation and later under Linux 5.16+, false elsewhere
+/// // true on CPUs with AMX under Linux 5.16+, false elsewhere
 /// let _on_tiles: bool = tensormem_tensor::amx_enabled();
 /// ```
 pub fn amx_enabled() -> bool {
@@ -148,7 +148,7 @@ pub fn set_amx(enabled: bool) -> bool {
 /// Whether bf16 matrix products run on AVX512-BF16 registers (`vdpbf16ps`, as oneDNN does) when
 /// they do not run on AMX tiles. By default: Linux on an AMD CPU with AVX512-BF16 (Zen 4 and
 /// later), unless [`set_avx512_bf16`]`(false)` or `TENSORMEM_AVX512_BF16=0` turned the route
-/// off. Intel CPUs with AVX512-BF16 (Cooper Lake, and Xeons whose AMX is hidden, as in some
+/// off. Intel CPUs with AVX512-BF16 (Cooper Lake, and server cores whose AMX is hidden, as in some
 /// VMs) are taken to run `vdpbf16ps` as the Emerald Rapids VM measured did: at a quarter of
 /// its rate of f32 fused multiply-adds, half the products a second (512^3 in bf16 took 1.67x
 /// the f32 route's time). There the route is off unless [`set_avx512_bf16`]`(true)` or `TENSORMEM_AVX512_BF16=1` turn it
@@ -184,7 +184,7 @@ pub fn set_avx512_bf16(enabled: bool) -> bool {
 /// only the time differs (GELU about 0.7x, `tanh` about 1x).
 ///
 /// ```
-/// // true on AVX-512 CPUs (Intel Skylake-SP and later Xeons, AMD Zen 4 and later)
+/// // true on AVX-512 CPUs (Intel Skylake-SP and later server cores, AMD Zen 4 and later)
 /// let _blocks: bool = tensormem_tensor::avx512_blocks_enabled();
 /// ```
 pub fn avx512_blocks_enabled() -> bool {

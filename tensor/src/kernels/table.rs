@@ -4,13 +4,9 @@
 //! [`vmath`](crate::vmath), rounded once). A kernel then reads one entry per element:
 //! `vpgatherdd`, 16 at a time with AVX-512, 8 with AVX2; one load each elsewhere.
 //!
-//! GELU of a 1024x3072 bf16 activation took 2.5 ms computed and 0.75 ms looked up (16
-//! elements a gather), the sigmoid, SiLU, `tanh` and `exp` 0.9-1.7 ms computed and 0.71-1.04
-//! looked up, on an Emerald Rapids VM at 1 thread (see BENCHMARKS.md, "stop 51"). A table
-//! also takes the same time whatever the values: computed, elements whose steps pass through
-//! subnormal `f32` numbers cost a microcode assist each (on bf16 tensors of random bit
-//! patterns, where a quarter of the elements have a subnormal square, GELU took 76 ms against
-//! 2.8 looked up). The working set is the entries a tensor's values use: a few thousand for
+//! A lookup is faster than computing each element (`docs/half-precision-tables.md`), and takes
+//! the same time whatever the values: computed, elements whose steps pass through subnormal
+//! `f32` numbers cost a microcode assist each. The working set is the entries a tensor's values use: a few thousand for
 //! bf16 activations (their exponents span a few dozen binades of 128 entries each), in L1; up
 //! to 1,024 a binade for f16; all of them in L2.
 //!

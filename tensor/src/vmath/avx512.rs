@@ -4,8 +4,8 @@
 //! The plain loops run one vector through a function at a time. Its steps depend on one
 //! another (GELU: a division, two polynomials, about 140 cycles from input to result), so the
 //! out-of-order core holds one or two vectors' worth of waiting instructions and leaves the
-//! vector units idle much of the time: GELU took about 35 cycles per vector on a Xeon (Emerald
-//! Rapids) for 52 instructions that its two 512-bit ports issue in 26. Written here with every
+//! vector units idle much of the time: GELU's 52 instructions per vector took well more cycles
+//! than two 512-bit ports need to issue them (`docs/elementary-functions.md`). Written here with every
 //! step applied to four vectors before the next, the instructions of four vectors are
 //! interleaved in the program, and `2^n` scaling is one `vscalefps`; each lane goes through
 //! the same IEEE operations as the scalar function, so the bits are the scalar function's

@@ -8,37 +8,31 @@
 //! (`same_bits_in_every_isa`). The loops run compiled for AVX2 or AVX-512 (both have FMA);
 //! in the x86-64 baseline build, used only on CPUs without AVX2 and FMA (before 2013), each
 //! `mul_add` is a call to the C library's `fmaf`: the same bits, several times slower. Fused,
-//! each function here took 16-26% less time than unfused (on a Zen 4 VM, 1 thread: GELU of a
-//! 1024x3072 activation 4.2 ms instead of 5.6, SiLU 1.7 instead of 2.1, softmax of 12x256x256
-//! scores 0.59 instead of 0.69; GELU now takes 2.9 ms, with the formula below).
+//! each function here takes less time than unfused (`docs/elementary-functions.md`).
 //!
 //! GELU, the sigmoid, SiLU, GELU's tanh form, `tanh`, `exp` and `ln` are written over [`Lanes`]:
 //! one `f32`, or a group of AVX-512 vectors ([`avx512`]), which the unary kernels use for
 //! contiguous `f32`, bf16 and f16 runs where the CPU has AVX-512. A vector at a time, these
-//! functions' long chains of dependent steps left the vector units idle. Four vectors side by side
-//! took, on a Xeon against the one-vector loop in the same process (in L2 / 12 MB): GELU 0.76 /
-//! 0.79 of the time, GELU's tanh form 0.73 / 0.84, SiLU 0.79 / 0.90, `exp` 0.64 / 0.82, the sigmoid
-//! 0.85 / 0.93, `tanh` (Cephes' two-branch form, before the one below) 0.92-0.97 / 1.00-1.03, `ln`
-//! 0.62-0.77 / 0.88 (its `m 2^e` split is two instructions there, `vgetmantps` and `vgetexpps`);
-//! with the same bits (each lane goes through the scalar function's IEEE operations, in its order).
+//! functions' long chains of dependent steps left the vector units idle; four vectors side by
+//! side keep them busy (`docs/elementary-functions.md`), with the same bits (each lane goes
+//! through the scalar function's IEEE operations, in its order).
 //! `set_avx512_blocks(false)` (or `TENSORMEM_AVX512_BLOCKS=0`) keeps every run on the one-vector
 //! loop. CPUs with AVX2 but not AVX-512 run the same functions four AVX2 vectors side by side
 //! ([`avx2`]; `set_avx2_blocks(false)` or `TENSORMEM_AVX2_BLOCKS=0` turn that off), all but
 //! `tanh`; [`blocks`] says which blocks run here.
 //!
 //! `f32::exp`, `f32::tanh`, `f32::ln` and `libm::erff` are calls into scalar code, one element at a
-//! time (4-13 ns an element here): GELU of a GPT-2 MLP activation (1024x3072) took 12x PyTorch's
-//! time, softmax of its attention scores 6x, `tanh` of that activation 5x. These are the methods of
+//! time, several times PyTorch's vectorised loops. These are the methods of
 //! Cephes' `expf` (Cody and Waite's range reduction, a degree-7 polynomial) and `logf`; for `tanh`,
 //! `y / (y + 2)` with `y = e^(2|x|) - 1` from that reduction and polynomial (in one branch: Cephes'
-//! `tanhf`, a polynomial below 0.625 and `e^(2|x|)` above, took 1.37x the time, every lane
-//! computing both); for GELU, the complementary error function in the form of Numerical Recipes'
-//! `erfcc`, with a polynomial fitted here (`examples/gelu_fit.py`) and `x^2` carried in two parts;
+//! `tanhf`, a polynomial below 0.625 and `e^(2|x|)` above, is slower, every lane computing
+//! both); for GELU, the complementary error function in the form of Numerical Recipes'
+//! `erfcc`, with a polynomial fitted here (`tensor/tools/gelu_fit.py`) and `x^2` carried in two parts;
 //! and for the sigmoid family (`sigmoid`, `silu`, GELU's tanh form) `s e^v / (1 + e^v)` below 0, so
 //! that the tail is a number where PyTorch's `1 / (1 + e^-v)` overflows to 0.
 //!
-//! Accuracy over every `f32` (`exhaustive_accuracy`, ignored: it walks all 2^32 values, 8-17 min
-//! in release on 2 cores; a spread of a million of them is checked in every run), counting a
+//! Accuracy over every `f32` (`exhaustive_accuracy`, ignored: it walks all 2^32 values, minutes
+//! in release; a spread of a million of them is checked in every run), counting a
 //! subnormal result's ulp as the smallest subnormal: `exp` within 0.98 ulp of the exact result,
 //! `ln` 0.83, `tanh` 2.42 at 0.0078 (Cephes' `tanhf` 1.33, PyTorch's Sleef `tanh` 1; the rounding
 //! of `y + 2` is most of it), `sigmoid` 2.4, `silu` 3.4, `gelu` 5.08 (at -7.14; 5.14 at -13.1,
@@ -53,11 +47,8 @@
 //! them runs slower. Small arguments, whose square is subnormal (below 1e-19), take no assist:
 //! the squares go through multiply-adds, which do not round their products ([`p_r_r_plus_r`]),
 //! or are taken of at least 2^-30, where the change is below half an ulp of the sum it goes
-//! into (GELU's `x^2`). A 1024x3072 `randn` activation times 1e-20 took 1.2-2.2 ms in GELU, its
-//! tanh form, the sigmoid, SiLU and `tanh`, the time of the unscaled one, against 18.8-43 ms
-//! before, on a Xeon at 1 thread (PyTorch 2.15: 18-56 ms in `exp`, the sigmoid, SiLU and GELU's
-//! tanh form, 1.5 ms in GELU and `tanh`). `exp` keeps the unfused form and its 18 ms: fused,
-//! its worst error went from 0.98 ulp to 1.016. bf16 and f16 tensors look these functions'
+//! into (GELU's `x^2`), so tiny arguments take the time of ordinary ones. `exp` keeps the
+//! unfused form (and its assists): fused, its worst error would go from 0.98 ulp to 1.016. bf16 and f16 tensors look these functions'
 //! results up in tables computed here (`kernels::table`), at the same cost whatever the values.
 
 #[cfg(target_arch = "x86_64")]
@@ -283,7 +274,7 @@ pub(crate) fn sigmoid<V: Lanes>(x: V) -> V {
 ///
 /// `erfc(z) = t e^(-z^2 + s P(s))` with `t = 1 / (1 + c z)` and `s = 1 - t` (Numerical Recipes'
 /// `erfcc` form, with `c = 0.455` for its 0.5), and `P` of degree 8 fitted (Remez) to a relative
-/// error of `erfc` below 1.1e-8 on `z` in `[0, 10.4]` (`examples/gelu_fit.py`). `s P(s)` is 0 at
+/// error of `erfc` below 1.1e-8 on `z` in `[0, 10.4]` (`tensor/tools/gelu_fit.py`). `s P(s)` is 0 at
 /// `z = 0`, so it keeps its relative accuracy near 0 too, and one formula serves every argument:
 /// within 5.08 ulp over all f32, about 3 near 0. (With Numerical Recipes' polynomial in `t`,
 /// which sums terms of 1.5 to about 0 there, the formula was 6.2 ulp off near 0, and `|x| < 0.7`
@@ -370,7 +361,7 @@ fn exp_minus_1_parts<V: Lanes>(x: V) -> (V, V) {
 
 /// `p r^2 + r`, as `(p r) r + r` with one rounding after `p r`: `r * r` is subnormal for
 /// `|r| < 2^-63`, and on x86 each operation giving or taking a subnormal costs a microcode
-/// assist (SiLU of a 1024x3072 activation times 1e-20 took 19 ms against 1.3 unscaled), while
+/// assist (many times an ordinary operation's time), while
 /// `p r` (`p` near 1/2) is a normal number down to `|r|` = 2^-125 and the multiply-add's
 /// product is not rounded. One operation fewer than `p * (r * r) + r`.
 #[inline(always)]

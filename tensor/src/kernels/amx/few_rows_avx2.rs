@@ -2,9 +2,8 @@
 //! and 3, Intel client cores): f16 or bf16 columns widened as they are read, f32 rows, fused
 //! multiply-adds over 8 inner elements per step, the f32 route's arithmetic (exact products,
 //! f32 sums, one rounding) in another order of the sums. Without them such a product took the
-//! f32 route, which converts the whole weight to f32 on every call: a decode step (1 row by
-//! GPT-2's 3072x768 bf16 weight) took 1.38 ms there, where reading the weight once takes about
-//! 0.2 (see BENCHMARKS.md, "stop 52").
+//! f32 route, which converts the whole weight to f32 on every call: several times the time of
+//! reading the weight once (`docs/amx-routes.md`).
 //!
 //! Blocks of 4 rows x 4 columns, as on AVX-512: each step makes 16 multiply-adds of 8 lanes
 //! from 8 loads. The 16 accumulators, 4 widened columns and a row need more than AVX2's 16

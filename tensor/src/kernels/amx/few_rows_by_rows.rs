@@ -2,7 +2,7 @@
 //! with contiguous rows: a weight stored `[in, out]` and multiplied as `x @ w`, as GPT-2's
 //! `Conv1D` layers store theirs (Hugging Face checkpoints of GPT-2 keep that layout). Without this
 //! kernel such a product took the f32 route, which converts the whole weight to f32 on every
-//! call: a decode step of a GPT-2 block in bf16 took twice its f32 time (BENCHMARKS.md, stop 61).
+//! call, so a decode step of a GPT-2 block in bf16 took longer than in f32 (`docs/amx-routes.md`).
 //!
 //! Each row of `b` is read once, in order, and widened as it is read (F16C for f16, a shift for
 //! bf16); the result's row is kept in f32 while rows of `b` are added into it, [`STEP`] at a time,

@@ -1,14 +1,11 @@
-//! bf16 and f16 matrix products on AMX tiles (Intel Xeon 4th generation, Sapphire Rapids, and
-//! later); bf16 products, and f16 products of few rows, on AVX-512 registers where there is no
+//! bf16 and f16 matrix products on AMX tiles (Intel's server cores from Sapphire Rapids on); bf16 products, and f16 products of few rows, on AVX-512 registers where there is no
 //! AMX.
 //!
 //! The f32 route converts both operands to f32, runs gemm's AVX-512 kernels and rounds the
-//! result: 1.8-2.5 ms for a 512^3 bf16 product on the 2-vCPU VM, where PyTorch (oneDNN on AMX)
-//! took 0.27-0.66. AMX multiplies 16x32 by 32x16 bf16 tiles into 16x16 f32 tiles in one
+//! result, several times PyTorch's time where PyTorch uses AMX (`docs/amx-routes.md`). AMX multiplies 16x32 by 32x16 bf16 tiles into 16x16 f32 tiles in one
 //! instruction (`tdpbf16ps`). This module packs the operands into tiles, multiplies with four
-//! accumulator tiles (a 32x32 block of the result) and rounds each block to bf16 once: 0.39-0.75
-//! ms for the same product, beside PyTorch's 0.73 in the same run (BENCHMARKS.md, "bf16 matmul
-//! on AMX tiles").
+//! accumulator tiles (a 32x32 block of the result) and rounds each block to bf16 once, at
+//! PyTorch's speed.
 //!
 //! The arithmetic is AMX's, as in PyTorch on the same CPU: products of bf16 pairs are exact, the
 //! sums are f32 (rounded to nearest, ties to even, in the order the hardware takes them), and
@@ -20,8 +17,7 @@
 //! 11 significant bits, is split into two bf16 parts with `x == hi + lo` exactly (the top 8
 //! bits and the other 3), and the kernel adds all four products of parts, each exact in f32. So
 //! an f16 product gets the f32 route's arithmetic (exact products, f32 sums, one rounding to
-//! f16) at four times the tile work: 0.8 ms for 512^3 on one thread where the f32 route took
-//! 2.0 and PyTorch 1.9 (BENCHMARKS.md, "f16 matmul on AMX tiles"). f16 subnormals are normal
+//! f16) at four times the tile work, still faster than the f32 route. f16 subnormals are normal
 //! bf16 parts and every sum is a multiple of 2^-48, so AMX's flushing never applies. Operands
 //! holding an infinity or a NaN (found while packing) take the f32 route: split into parts,
 //! `inf * 1` would become `inf * 1 + inf * 0`, a NaN.
@@ -32,8 +28,7 @@
 //!
 //! AMD CPUs with AVX512-BF16 (Zen 4 and later) run bf16 products from the same packed operands
 //! on AVX-512 registers instead ([`dots`]: `vdpbf16ps`, as oneDNN there), with the same
-//! arithmetic: 1.23 ms for 512^3 on one thread of a Zen 4 VM, where the f32 route took 2.42 and
-//! PyTorch 1.21-1.24 (BENCHMARKS.md, "bf16 matmul on AVX512-BF16"). Products of fewer than 32
+//! arithmetic, at PyTorch's speed there. Products of fewer than 32
 //! rows by a transposed weight skip the packing there: dot products of rows and columns in
 //! groups of 4 rows ([`few_rows`]). Intel CPUs have the instruction too, but run it at half
 //! the rate of their f32 multiply-adds, so there that route is off unless asked for
@@ -44,8 +39,7 @@
 //! f16 products of fewer than 32 rows by a transposed weight (with AMX, of fewer than 20) run as
 //! the same dot products on any AVX-512 CPU ([`few_rows::widened`]): the rows widened to f32 once, the weight's f16
 //! widened as it is read, fused multiply-adds. That is the f32 route's arithmetic (products of
-//! f16 are exact in f32) without converting the whole weight on every call: 0.09 ms for one
-//! token by a 3072x768 weight, where the f32 route took 0.67-0.99. bf16 products of that shape
+//! f16 are exact in f32) without converting the whole weight on every call. bf16 products of that shape
 //! do the same ([`few_rows::widened`]) where AVX512-BF16's route is off. Other f16 products
 //! take the f32 route there.
 
@@ -104,8 +98,7 @@ pub(super) enum Route {
 /// there (except f16 products of fewer than [`F16_FEW_ROWS_BESIDE_TILES`] rows, which go to
 /// dot products as below). Without AMX, fewer than 32 rows (a decode step's few tokens) go to
 /// dot products where `b`'s columns are contiguous, in groups of 4 rows instead of panels of 32
-/// (0.36 against 0.80 ms for 15 or 16 rows by GPT-2's 768 x 3072 bf16 weight on one Zen 4
-/// thread), on any AVX-512 CPU: bf16 on AVX512-BF16 when on, else (and f16) on fused
+/// (padding fewer rows to a panel wastes most of it), on any AVX-512 CPU: bf16 on AVX512-BF16 when on, else (and f16) on fused
 /// multiply-adds, the f32 route's arithmetic without converting the weight; on AVX2 CPUs, on
 /// AVX2's multiply-adds ([`few_rows_avx2`]). Fewer than 32 rows by a weight with contiguous rows
 /// that takes none of those routes go to [`few_rows_by_rows`] on any AVX2 CPU. Anything else
@@ -133,12 +126,9 @@ pub(super) fn route(n: usize, k: usize, m: usize, f16: bool, b_columns: bool, b_
 const PANEL: usize = 32;
 /// f16 products of fewer rows than this by a transposed weight take the few-row kernel also
 /// where AMX is on. On tiles such a product pads its rows to one panel and splits every weight
-/// element into two bf16 parts as it packs: packing a 3072x768 f16 weight that way alone took
-/// 0.62 ms (Emerald Rapids, 1 thread; 0.22 ms unsplit, as bf16), and the whole product of 16
-/// rows took 1.2-1.5 ms on the AMX VMs of that CPU (stops 35 and 42, scaled to this shape and to
-/// PyTorch's time on each VM), whatever the rows up to 32. The few-row kernel took 0.94 ms for
-/// 16 rows, 1.35 for 24 and 1.75 for 31, so it is ahead below about 20-26 rows: 20 keeps it
-/// where both estimates agree. bf16 keeps the tiles: its packing has no split and its tiles a
+/// element into two bf16 parts as it packs, a cost that does not shrink with the rows, while
+/// the few-row kernel's time grows with them: it is ahead below about 20-26 rows, and 20 keeps
+/// it where both estimates agree (`docs/amx-routes.md`). bf16 keeps the tiles: its packing has no split and its tiles a
 /// quarter of f16's work.
 const F16_FEW_ROWS_BESIDE_TILES: usize = 20;
 /// Inner elements per tile (32 bf16 in a 64-byte tile row).

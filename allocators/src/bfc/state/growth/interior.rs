@@ -33,12 +33,10 @@ const PAGE_TABLE_SPAN: usize = 2 << 20;
 const MOVE_UNIT: usize = 16 << 20;
 
 /// Free pages move only where their first [`RESIDENCY_SAMPLE`] bytes suggest at least this many
-/// resident bytes in the piece: about as many page faults (128 of 4 KiB, ~3.2 us each on the
-/// 2-core VM) as one move costs in system calls (~0.35 ms). Pages that were never touched (a
-/// workload that writes little of its blocks) are given back instead and fresh ones committed
-/// where the block needs them: the same bytes reserved, two cheaper calls instead of the move.
-/// On the training stream written one byte per block, the default BFC went from 2.44x
-/// TensorFlow's BFC's time per replay to 1.34x (processes taking turns, BENCHMARKS.md).
+/// resident bytes in the piece: about as many page faults (128 of 4 KiB) as one move costs in
+/// system calls. Pages that were never touched (a workload that writes little of its blocks)
+/// are given back instead and fresh ones committed where the block needs them: the same bytes
+/// reserved, two cheaper calls instead of the move (`docs/peak-headroom.md`).
 const RESIDENT_WORTH_A_MOVE: usize = 512 << 10;
 
 /// How much of a piece [`RESIDENT_WORTH_A_MOVE`] looks at: one page table's span, a 512-byte

@@ -10,8 +10,8 @@
 //! - **Holes** (expandable memory that decommits any granule, i.e. host pages): `release_cached`
 //!   also decommits whole free granules inside free chunks before live blocks (PyTorch's
 //!   `empty_cache` on expandable segments); a hole is committed again when a block is placed
-//!   over it. Only on request: done on every growth or free it cost 75x in time on the training
-//!   stream (page faults and `mprotect` each time a hole is reused), see BENCHMARKS.md.
+//!   over it. Only on request: done on every growth or free it costs page faults and `mprotect`
+//!   each time a hole is reused, many times the allocator's time (`docs/peak-headroom.md`).
 //! - **Peak headroom** ([`peak_headroom`](crate::BfcBuilder::peak_headroom); by default 4% over
 //!   memory that relocates, none elsewhere): a commit
 //!   that would lift reserved past the peak in use plus the headroom (and past its high-water

@@ -64,21 +64,22 @@ fn other_paths_methods_and_malformed_requests_get_4xx() {
 
 #[test]
 fn a_stalled_client_does_not_block_other_scrapes_and_is_dropped() {
-    let s = server(ServerOptions { header_read_timeout: Duration::from_millis(500), ..ServerOptions::default() });
+    // Bounds far from the timeout on either side, so that a slow machine cannot blur them.
+    let s = server(ServerOptions { header_read_timeout: Duration::from_secs(4), ..ServerOptions::default() });
     let addr = s.local_addr();
     let mut stalled = TcpStream::connect(addr).unwrap();
     stalled.write_all(b"GET /metr").unwrap();
     for _ in 0..5 {
         let start = Instant::now();
         assert!(get(addr, "/metrics").starts_with("HTTP/1.1 200 OK"));
-        assert!(start.elapsed() < Duration::from_millis(400), "a scrape waited for the stalled client");
+        assert!(start.elapsed() < Duration::from_secs(2), "a scrape waited for the stalled client");
     }
     // The stalled client is disconnected once its head is overdue.
-    stalled.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    stalled.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut buf = Vec::new();
     let start = Instant::now();
     let _ = stalled.read_to_end(&mut buf);
-    assert!(start.elapsed() < Duration::from_secs(4), "the stalled connection was kept open");
+    assert!(start.elapsed() < Duration::from_secs(20), "the stalled connection was kept open");
 }
 
 #[test]
@@ -94,7 +95,7 @@ fn at_the_cap_a_stalled_client_makes_room_for_a_scrape() {
     // Both slots are taken by clients that sent nothing: the oldest is closed for the scrape.
     let start = Instant::now();
     assert!(get(addr, "/metrics").starts_with("HTTP/1.1 200 OK"));
-    assert!(start.elapsed() < Duration::from_secs(1));
+    assert!(start.elapsed() < Duration::from_secs(10), "the newcomer waited for the stalled clients");
     idle[0].set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let mut buf = [0u8; 1];
     assert_eq!(idle[0].read(&mut buf).unwrap_or(0), 0, "the oldest stalled client was closed");
@@ -192,7 +193,7 @@ fn fifty_slow_and_twenty_silent_clients_do_not_lock_prometheus_out() {
         let start = Instant::now();
         let r = get(addr, "/metrics");
         assert!(r.starts_with("HTTP/1.1 200 OK"), "scrape {i}: {r:?}");
-        assert!(start.elapsed() < Duration::from_secs(1), "scrape {i} took {:?}", start.elapsed());
+        assert!(start.elapsed() < Duration::from_secs(4), "scrape {i} took {:?}", start.elapsed());
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     drop(silent);
@@ -235,14 +236,14 @@ fn slow_server(delay: Duration, options: ServerOptions) -> MetricsServer {
 
 #[test]
 fn a_slow_stats_call_delays_only_its_own_scrape() {
-    let s = slow_server(Duration::from_millis(1500), ServerOptions::default());
+    let s = slow_server(Duration::from_secs(6), ServerOptions::default());
     let addr = s.local_addr();
     let slow_scrape = std::thread::spawn(move || get(addr, "/metrics"));
     std::thread::sleep(Duration::from_millis(200));
     // While the render runs, connections are still accepted and answered.
     let start = Instant::now();
     assert!(get(addr, "/other").starts_with("HTTP/1.1 404"));
-    assert!(start.elapsed() < Duration::from_millis(500), "the I/O thread waited for stats(): {:?}", start.elapsed());
+    assert!(start.elapsed() < Duration::from_secs(3), "the I/O thread waited for stats(): {:?}", start.elapsed());
     assert!(slow_scrape.join().unwrap().contains("tensormem_allocator_in_use_bytes{allocator=\"slow\"} 0"));
 }
 
@@ -304,7 +305,7 @@ fn running_out_of_file_descriptors_does_not_spin_the_server_thread() {
         return emfile_child();
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "running_out_of_file_descriptors_does_not_spin_the_server_thread", "--nocapture"])
+        .args(["--exact", "http::running_out_of_file_descriptors_does_not_spin_the_server_thread", "--nocapture"])
         .env("TENSORMEM_TEST_EMFILE_CHILD", "1")
         .output()
         .unwrap();

@@ -7,7 +7,7 @@ absolute error of `s P(s)` (the relative error of `erfc`) is the smallest possib
 least at degree 8 (1.1e-8; degree 7 gave 1e-7 at best).
 
     /tmp/tv/bin/pip install numpy mpmath
-    /tmp/tv/bin/python examples/gelu_fit.py [--c 0.455] [--degree 8]
+    /tmp/tv/bin/python tensor/tools/gelu_fit.py [--c 0.455] [--degree 8]
 """
 import argparse
 

@@ -851,7 +851,7 @@ fn a_reservation_refused_under_rlimit_as_is_a_build_error_naming_the_size() {
         return;
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "rlimit_child", "--nocapture", "--test-threads=1"])
+        .args(["--exact", "bfc_expandable::rlimit_child", "--nocapture", "--test-threads=1"])
         .env("TENSORMEM_TEST_RLIMIT_CHILD", "1")
         .output()
         .unwrap();

@@ -1,4 +1,4 @@
-//! The tensormem side of `examples/torchdiff.py`, which tests tensors against PyTorch.
+//! The tensormem side of `tensor/tools/torchdiff.py`, which tests tensors against PyTorch.
 //!
 //! Reads one case per line on stdin and writes one result per line on stdout, as JSON:
 //! - case: `{"id", "op", "inputs": [{"dtype", "base": ["1.5", "inf", ...], "sizes", "strides",
@@ -11,7 +11,7 @@
 //!
 //! ```text
 //! cargo build --release --all-features --example torchdiff
-//! python3 examples/torchdiff.py --seed 1 --cases 5000   # with PyTorch installed
+//! python3 tensor/tools/torchdiff.py --seed 1 --cases 5000   # with PyTorch installed
 //! ```
 use serde_json::{Value, json};
 use std::io::{BufRead, Write};

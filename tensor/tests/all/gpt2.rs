@@ -2,7 +2,7 @@
 //! `GPT2LMHeadModel`: a 2-block model with random weights, its logits for 9 tokens computed by
 //! PyTorch and stored beside the weights (`tests/golden/gpt2_tiny.py` writes the file).
 
-#[path = "../examples/gpt2/model.rs"]
+#[path = "../../examples/gpt2/model.rs"]
 mod model;
 
 use std::path::PathBuf;

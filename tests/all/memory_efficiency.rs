@@ -37,7 +37,7 @@ fn gpt2_inference_meets_the_targets_by_default() {
     assert_eq!(r.failed_allocations, 0);
     assert!(reserved <= 1.05, "peak reserved / peak requested {reserved:.3} (PyTorch: 1.125, expandable 1.050)");
     assert!(in_use <= 1.02, "peak in use / peak requested {in_use:.3}");
-    // TensorFlow's doubling regions and split rule, for comparison: what the issue measured.
+    // TensorFlow's doubling regions and split rule, for comparison: the baseline.
     let tf = replay(&t, &tensorflow_bfc());
     let (tf_reserved, tf_in_use) = ratios(&tf);
     assert!((tf_reserved - 1.477).abs() < 0.01 && (tf_in_use - 1.296).abs() < 0.01, "{tf:?}");
@@ -65,8 +65,8 @@ fn gpt2_training_with_variable_lengths_meets_the_targets_by_default() {
     // replay, one byte per block, they are given back and fresh ones committed). PyTorch: 1.124,
     // expandable 1.069.
     assert!(reserved <= 1.045, "peak reserved / peak requested {reserved:.3}");
-    // Without the headroom, placement alone leaves 1.068 (BENCHMARKS.md: no placement rule
-    // tried does better on this stream).
+    // Without the headroom, placement alone leaves 1.068 (no placement rule tried does better
+    // on this stream: `docs/peak-headroom.md`).
     let plain = ratios(&replay(&t, &no_headroom_bfc())).0;
     assert!(plain > 1.06 && plain < 1.075, "{plain:.3}");
     let tf = replay(&t, &tensorflow_bfc());

@@ -6,9 +6,9 @@ and through PyTorch, and prints every case where the two differ: a value, a dtyp
 shape, or one refusing what the other accepts. Differences that are intended are
 counted apart (KNOWN below, each with its reason).
 
-    cargo build --release --all-features --example torchdiff
+    cargo build --release -p tensormem-tensor --example torchdiff
     python3 -m venv /tmp/tv && /tmp/tv/bin/pip install torch safetensors
-    /tmp/tv/bin/python examples/torchdiff.py --seed 1 --cases 5000 [--ops add,slice] [--kinds big,alias]
+    /tmp/tv/bin/python tensor/tools/torchdiff.py --seed 1 --cases 5000 [--ops add,slice] [--kinds big,alias]
 """
 import argparse, atexit, itertools, json, math, os, random, re, shutil, subprocess, sys, tempfile, warnings
 import safetensors.torch
@@ -37,7 +37,7 @@ ap.add_argument("--cases", type=int, default=2000)
 ap.add_argument("--ops", help="only ops whose name starts with one of these (comma-separated)")
 ap.add_argument("--kinds", help="only these generators (comma-separated, e.g. big,alias,display)")
 ap.add_argument("--dump", type=int, help="print case N as JSON (to replay it alone; -1: every case) and stop")
-ap.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "examples", "torchdiff"))
+ap.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "release", "examples", "torchdiff"))
 ARGS = ap.parse_args()
 R = random.Random(ARGS.seed)
 N = ARGS.cases

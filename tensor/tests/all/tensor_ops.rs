@@ -1,4 +1,4 @@
-//! The ops a transformer block needs (issue 11): joins, indexing, masks, fused norms, scalar
+//! The ops a transformer block needs: joins, indexing, masks, fused norms, scalar
 //! operands, `*_like`, slice access and safetensors weights. Every expected value is computed
 //! independently (by hand or by a plain loop), never by the kernel under test.
 
@@ -1126,7 +1126,7 @@ fn child_reports_the_avx512_blocks_switch() {
 fn the_avx512_blocks_follow_the_cpu_the_environment_and_the_setter() {
     let child = |value: Option<&str>| -> bool {
         let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-        cmd.args(["--exact", "child_reports_the_avx512_blocks_switch", "--nocapture"])
+        cmd.args(["--exact", "tensor_ops::child_reports_the_avx512_blocks_switch", "--nocapture"])
             .env_remove(AVX512_BLOCKS_ENV)
             .env("TENSORMEM_TEST_BLOCKS_CHILD", "1");
         if let Some(v) = value {

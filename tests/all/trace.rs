@@ -85,19 +85,15 @@ fn events_that_break_the_rules_are_named() {
     );
 }
 
-/// Runs `examples/<name>.rs` with `out` as its argument. In the dev profile with all features:
-/// `cargo test --workspace --all-features` (CI's command) has built the examples so, and the
-/// generators write the same bytes in either profile; a `--release` run here was a second
-/// build of the crate and its dependencies inside the test (5 minutes of CI).
-fn run_example(name: &str, out: &std::path::Path) {
-    let status = std::process::Command::new(env!("CARGO"))
-        .args(["run", "--quiet", "--all-features", "--example", name, "--"])
-        .arg(out)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "cargo run --example {name} failed");
-}
+// The generators of the shipped traces, compiled into this test: regenerating a trace runs no
+// `cargo` and no other process.
+#[path = "../../tools/transformer_trace.rs"]
+#[allow(dead_code)]
+mod transformer_trace;
+
+#[path = "../../tools/kv_stress_trace.rs"]
+#[allow(dead_code)]
+mod kv_stress_trace;
 
 #[test]
 fn the_shipped_trace_is_a_transformer_inference_run() {
@@ -121,10 +117,7 @@ fn the_shipped_trace_is_a_transformer_inference_run() {
     sizes.dedup();
     assert!(sizes.len() > 1000 && sizes[0] < 256 && *sizes.last().unwrap() > 32 << 20);
     // Regenerating gives the same file.
-    let out = std::env::temp_dir().join(format!("tensormem-trace-{}.json", std::process::id()));
-    run_example("transformer_trace", &out);
-    assert_eq!(std::fs::read_to_string(&out).unwrap(), json, "examples/transformer_trace.rs no longer makes this file");
-    std::fs::remove_file(out).unwrap();
+    assert!(transformer_trace::trace().to_json() == json, "tools/transformer_trace.rs no longer makes this file");
 }
 
 #[test]
@@ -136,7 +129,7 @@ fn replay_on_bfc_reports_peaks_close_to_what_was_requested() {
     assert_eq!(r.failed_allocations, 0);
     assert!(r.peak_in_use >= r.peak_requested);
     assert!(r.peak_in_use as f64 <= r.peak_requested as f64 * 1.10, "{r:?}");
-    // The memory target: peak reserved / peak in use <= 1.10 on this trace.
+    // The memory target: peak reserved / peak in use <= 1.10 on this trace.
     assert!(r.peak_reserved as f64 / r.peak_in_use as f64 <= 1.10, "{r:?}");
     assert!(r.fragmentation_at_peak.is_some());
     assert!(r.ns_per_operation > 0.0);
@@ -165,10 +158,7 @@ fn the_shipped_kv_cache_stress_is_regenerated_exactly() {
     let json = std::fs::read_to_string(path).unwrap();
     let trace = AllocationTrace::from_json(&json).unwrap();
     assert!(trace.description.contains("KV caches growing by reallocation"));
-    let out = std::env::temp_dir().join(format!("tensormem-kv-trace-{}.json", std::process::id()));
-    run_example("kv_stress_trace", &out);
-    assert_eq!(std::fs::read_to_string(&out).unwrap(), json, "examples/kv_stress_trace.rs no longer makes this file");
-    std::fs::remove_file(out).unwrap();
+    assert!(kv_stress_trace::trace().to_json() == json, "tools/kv_stress_trace.rs no longer makes this file");
 }
 
 #[test]

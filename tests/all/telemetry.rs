@@ -76,7 +76,7 @@ fn the_exposition_matches_the_golden_text() {
     std::panic::set_hook(Box::new(|_| {}));
     let text = stable(&c.render());
     std::panic::set_hook(prev);
-    let golden = include_str!("golden/exposition.txt");
+    let golden = include_str!("../golden/exposition.txt");
     assert_eq!(text, golden, "the exposition changed; if on purpose, update tests/golden/exposition.txt:\n{text}");
 }
 

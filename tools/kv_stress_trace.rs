@@ -73,8 +73,8 @@ fn kv_bytes(tokens: usize) -> usize {
     2 * tokens * HIDDEN * F16
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "benches/traces/kv_cache_stress.json".to_owned());
+/// The trace, the same bytes every time.
+pub fn trace() -> AllocationTrace {
     let mut e = Emitter { events: Vec::new(), next_id: 1, t_us: 0, rng: 0x5eed_cafe };
     let weights: Vec<u64> = (0..LAYERS).map(|_| e.alloc(12 * HIDDEN * HIDDEN * F16 + 8 * HIDDEN)).collect();
     let embedding = e.alloc(50_257 * HIDDEN * F16);
@@ -147,14 +147,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for id in weights {
         e.free(id);
     }
-    let trace = AllocationTrace {
+    AllocationTrace {
         version: TRACE_VERSION,
-        description: "synthetic serving stress (examples/kv_stress_trace.rs): continuous batching of up to 8 \
+        description: "synthetic serving stress (tools/kv_stress_trace.rs): continuous batching of up to 8 \
                       requests, prompts 32-1536 tokens, KV caches growing by reallocation in 64-token steps, \
                       activations sized by the batch"
             .to_owned(),
         events: e.events,
-    };
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::env::args().nth(1).unwrap_or_else(|| "benches/traces/kv_cache_stress.json".to_owned());
+    let trace = trace();
     trace.validate()?;
     std::fs::write(&path, trace.to_json())?;
     println!("{path}: {} events", trace.events.len());
