@@ -28,31 +28,47 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// The folders show the design: the API at the root, the backends in `backends/`, OS memory
+// (sub-allocators, expandable regions, huge pages) in `os/`, and the lock-free primitives the
+// backends and statistics rest on in `sync/`. Each module keeps a short path at the crate root.
 mod allocator;
 mod attributes;
+#[path = "backends/backend.rs"]
 mod backend;
+#[path = "sync/barrier.rs"]
 mod barrier;
+#[path = "backends/bfc/mod.rs"]
 mod bfc;
 mod builder;
 mod conformance;
+#[path = "sync/counters.rs"]
 mod counters;
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+#[path = "backends/cuda/mod.rs"]
 pub mod cuda;
 mod error;
+#[path = "os/expandable.rs"]
 mod expandable;
 mod format;
+#[path = "os/huge_pages.rs"]
 mod huge_pages;
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[path = "backends/jemalloc.rs"]
 mod jemalloc;
 mod memory_space;
 pub mod observe;
+#[path = "sync/per_thread.rs"]
 mod per_thread;
+#[path = "backends/pool/mod.rs"]
 mod pool;
 mod stats;
+#[path = "os/sub_allocator.rs"]
 mod sub_allocator;
+#[path = "backends/system.rs"]
 mod system;
 pub mod transfer;
+#[path = "sync/word_map.rs"]
 mod word_map;
 
 pub use allocator::{Allocator, AllocatorExt, LiveChunk, dangling};

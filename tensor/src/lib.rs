@@ -40,11 +40,14 @@ mod dtype;
 mod error;
 mod halfconv;
 mod iter;
+// The folders show the design: portable kernels in `ops/` (module `kernels`), the code written
+// for one instruction set (dispatch, switches, vector math, F16C, lookup tables, AMX) in `cpu/`.
+#[path = "ops/mod.rs"]
 mod kernels;
 mod layout;
 mod like;
 mod num;
-mod ops;
+mod operators;
 mod options;
 mod parallel;
 mod quant;
@@ -53,6 +56,7 @@ mod shape;
 mod storage;
 mod transfer;
 mod view;
+#[path = "cpu/vmath/mod.rs"]
 mod vmath;
 
 pub use self::core::Tensor;

@@ -1,12 +1,15 @@
 //! Kernels on top of the iteration engine.
 
+#[path = "../cpu/amx/mod.rs"]
 mod amx;
 mod cast;
 mod columns;
 mod elementwise;
 mod extreme;
+#[path = "../cpu/f16c.rs"]
 mod f16c;
 mod index;
+#[path = "../cpu/isa.rs"]
 pub(crate) mod isa;
 mod join;
 mod mask;
@@ -25,7 +28,9 @@ mod loops;
 mod matmul;
 mod reduce;
 mod softmax;
+#[path = "../cpu/switch.rs"]
 mod switch;
+#[path = "../cpu/table.rs"]
 mod table;
 
 /// A pointer (or a matrix holding one) shared by the pieces of one parallel kernel
