@@ -61,11 +61,14 @@ pub use allocators::{
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "jemalloc")))]
 pub use allocators::{JemallocAllocator, JemallocStats};
+#[doc(hidden)]
+pub use config::SIZE_SPELLINGS;
 pub use config::{
-    ALLOC_CONF_ENV, AllocConf, ConfigError, DEFAULT_CUDA_MEMORY_FRACTION, KEYS as ALLOC_CONF_KEYS, SIZE_SPELLINGS,
-    parse_size,
+    ALLOC_CONF_ENV, AllocConf, ConfigError, DEFAULT_CUDA_MEMORY_FRACTION, KEYS as ALLOC_CONF_KEYS, MAX_SIZE, parse_size,
 };
 pub use observer::{TagStats, tag_stats};
+// What `register_allocator!` expands to: public for the macro, out of the docs.
+#[doc(hidden)]
 pub use registration::AllocatorFactory;
 pub use registry::{
     ALLOCATOR_ENV, AllocatorRegistry, CONFIGURED_PRIORITY, DEFAULT_PRIORITY, DEVICE_PRIORITY, RegistryEntry,

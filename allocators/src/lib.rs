@@ -81,9 +81,15 @@ pub use attributes::{AllocationAttributes, AllocatorAttributes};
 pub use bfc::{
     BFC_DUMP_ON_OOM_ENV, BfcAllocator, BfcBuilder, BinSummary, ChunkInfo, DEFAULT_FIRST_FIT_ABOVE,
     DEFAULT_GROWTH_GRANULE, DEFAULT_MAX_INTERNAL_FRAGMENTATION, DEFAULT_PEAK_HEADROOM, ExpandableInfo,
-    MAX_GROWTH_GRANULE, MIN_ALLOCATION_SIZE, MemoryDump, NUM_BINS, ParseSplitPolicyError, RegionInfo, SplitPolicy,
+    MAX_GROWTH_GRANULE, MIN_ALLOCATION_SIZE, MemoryDump, ParseSplitPolicyError, RegionInfo, SplitPolicy,
 };
-pub use builder::{AllocatorBuilder, BackendOptions, Fill, FromOptions, JUNK_PATTERN};
+pub use builder::{AllocatorBuilder, BackendOptions, Fill, FromOptions};
+// Internals that the other crates of the workspace build on: public for them, out of the docs.
+#[doc(hidden)]
+pub use bfc::NUM_BINS;
+#[doc(hidden)]
+pub use builder::JUNK_PATTERN;
+#[doc(hidden)]
 pub use counters::{CounterSnapshot, FLUSH_BYTES, LimitHit, StatsCounters};
 pub use error::{AllocError, AllocErrorKind, BuildError};
 pub use expandable::{ExpandableMemory, OsMemory};
@@ -93,11 +99,11 @@ pub use huge_pages::{HUGE_PAGE, HugePageMemory, HugePageSubAllocator};
 #[cfg_attr(docsrs, doc(cfg(feature = "jemalloc")))]
 pub use jemalloc::{JemallocAllocator, JemallocStats, JemallocStatsError};
 pub use memory_space::MemorySpace;
+#[doc(hidden)]
 pub use per_thread::{PerThread, ThreadValue};
-pub use pool::{
-    DEFAULT_LARGE_THRESHOLD, PoolAllocator, PoolBuilder, PoolStats, SizeRounding, THREAD_CACHE_MAX_CLASS,
-    physical_memory,
-};
+#[doc(hidden)]
+pub use pool::THREAD_CACHE_MAX_CLASS;
+pub use pool::{DEFAULT_LARGE_THRESHOLD, PoolAllocator, PoolBuilder, PoolStats, SizeRounding, physical_memory};
 pub use stats::AllocatorStats;
 pub use sub_allocator::{OsSubAllocator, SubAllocator};
 pub use system::SystemAllocator;

@@ -27,6 +27,9 @@ use core::cell::{Cell, RefCell};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
+// `tensormem::scope` is the one users call (it also installs tensormem's observer); these are
+// what it is built on.
+#[doc(hidden)]
 pub use scope::{ScopeGuard, current_scope, current_tag, scope};
 pub use tag::Tag;
 

@@ -109,19 +109,21 @@ impl Shard {
     fn alloc(&self, bytes: u64, shared: &Shared, limited: bool) {
         bump(&self.allocs, 1);
         bump(&self.bytes_allocated, bytes);
-        let in_use = if limited {
-            shared.in_use.load(Relaxed)
+        raise(&self.largest, bytes);
+        // With a limit, `try_reserve` already raised the shared peak to the total it granted.
+        // Reading the shared total here instead could see another thread's refused reservation
+        // in the moment before it is taken back, and report a peak above the limit.
+        if limited {
+            return;
+        }
+        let delta = self.delta.load(Relaxed) + bytes as i64;
+        let in_use = if delta <= FLUSH_BYTES {
+            self.delta.store(delta, Relaxed);
+            self.base.load(Relaxed) + delta
         } else {
-            let delta = self.delta.load(Relaxed) + bytes as i64;
-            if delta <= FLUSH_BYTES {
-                self.delta.store(delta, Relaxed);
-                self.base.load(Relaxed) + delta
-            } else {
-                self.flush(delta, shared)
-            }
+            self.flush(delta, shared)
         };
         raise(&self.high, in_use.max(0) as u64);
-        raise(&self.largest, bytes);
     }
 
     #[inline(always)]
@@ -286,12 +288,11 @@ impl StatsCounters {
         shared.orphan.allocs.fetch_add(1, Relaxed);
         shared.orphan.bytes_allocated.fetch_add(bytes, Relaxed);
         shared.orphan.largest.fetch_max(bytes, Relaxed);
-        let now = if self.limited {
-            shared.in_use.load(Relaxed)
-        } else {
-            shared.in_use.fetch_add(bytes as i64, Relaxed) + bytes as i64
-        };
-        shared.peak.fetch_max(now.max(0) as u64, Relaxed);
+        // With a limit, `try_reserve` counted the bytes and raised the peak (see `Shard::alloc`).
+        if !self.limited {
+            let now = shared.in_use.fetch_add(bytes as i64, Relaxed) + bytes as i64;
+            shared.peak.fetch_max(now.max(0) as u64, Relaxed);
+        }
     }
 
     #[cold]
@@ -430,5 +431,115 @@ fn bump(a: &AtomicU64, v: u64) {
 fn raise(a: &AtomicU64, v: u64) {
     if v > a.load(Relaxed) {
         a.store(v, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
+
+    use super::*;
+
+    /// The sizes thread `t` allocates, in order: varied, some past `FLUSH_BYTES` so that shards
+    /// flush into the shared total while other threads do the same.
+    fn sizes(t: usize) -> impl Iterator<Item = usize> {
+        (0..5_000).map(move |i| match (i + t) % 7 {
+            0 => 5 << 20,
+            1 => 64,
+            2 => 4096,
+            3 => 300_000,
+            _ => 1 + (i * 37 + t) % 10_000,
+        })
+    }
+
+    #[test]
+    fn counts_and_bytes_are_exact_once_threads_are_quiescent() {
+        let c = Arc::new(StatsCounters::new(None));
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let c = Arc::clone(&c);
+                s.spawn(move || {
+                    for b in sizes(t) {
+                        c.record_alloc(b);
+                        c.record_free(b);
+                    }
+                });
+            }
+        });
+        let snap = c.snapshot();
+        let total: u64 = (0..4).flat_map(sizes).map(|b| b as u64).sum();
+        assert_eq!((snap.num_allocs, snap.num_frees), (20_000, 20_000));
+        assert_eq!(snap.bytes_in_use, 0);
+        assert_eq!(snap.total_bytes_allocated, total);
+        assert_eq!(snap.largest_alloc_size, 5 << 20);
+        // Each thread holds one block at a time: the peak is at least the largest block and at
+        // most four of them plus what the unflushed shard deltas can hide.
+        assert!(snap.peak_bytes_in_use >= 5 << 20, "{snap:?}");
+        assert!(snap.peak_bytes_in_use <= 4 * (5 << 20) + 4 * FLUSH_BYTES as u64, "{snap:?}");
+    }
+
+    #[test]
+    fn a_block_freed_on_another_thread_leaves_nothing_in_use() {
+        let c = Arc::new(StatsCounters::new(None));
+        let (tx, rx) = std::sync::mpsc::channel::<usize>();
+        std::thread::scope(|s| {
+            let a = Arc::clone(&c);
+            s.spawn(move || {
+                for b in sizes(1) {
+                    a.record_alloc(b);
+                    tx.send(b).unwrap();
+                }
+            });
+            let f = Arc::clone(&c);
+            s.spawn(move || {
+                for b in rx {
+                    f.record_free(b);
+                }
+            });
+        });
+        let snap = c.snapshot();
+        assert_eq!((snap.num_allocs, snap.num_frees, snap.bytes_in_use), (5_000, 5_000, 0));
+    }
+
+    #[test]
+    fn a_limit_is_never_exceeded_by_concurrent_reservations() {
+        const LIMIT: u64 = 1 << 20;
+        let c = Arc::new(StatsCounters::new(Some(LIMIT)));
+        let held = Arc::new(AtomicI64::new(0));
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let (c, held) = (Arc::clone(&c), Arc::clone(&held));
+                s.spawn(move || {
+                    let mut mine = Vec::new();
+                    for i in 0..20_000usize {
+                        let b = 1024 * (1 + (i + t) % 64);
+                        if c.try_reserve(b).is_ok() {
+                            c.record_alloc(b);
+                            let now = held.fetch_add(b as i64, SeqCst) + b as i64;
+                            assert!(now as u64 <= LIMIT, "{now} bytes held under a limit of {LIMIT}");
+                            mine.push(b);
+                        } else {
+                            c.record_oom();
+                        }
+                        if mine.len() > 8 || (i % 3 == 0 && !mine.is_empty()) {
+                            let b = mine.remove(0);
+                            held.fetch_sub(b as i64, SeqCst);
+                            c.record_free(b);
+                        }
+                    }
+                    for b in mine {
+                        held.fetch_sub(b as i64, SeqCst);
+                        c.record_free(b);
+                    }
+                });
+            }
+        });
+        let snap = c.snapshot();
+        assert_eq!(snap.bytes_in_use, 0);
+        assert_eq!(snap.num_allocs, snap.num_frees);
+        assert_eq!(snap.num_allocs + snap.num_ooms, 80_000);
+        assert!(snap.peak_bytes_in_use <= LIMIT, "{snap:?}");
+        assert!(snap.num_ooms > 0, "the limit was never reached: the test proves nothing");
     }
 }

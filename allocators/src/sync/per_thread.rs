@@ -259,3 +259,73 @@ impl Drop for Owned {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Count(AtomicU64);
+    impl ThreadValue for Count {
+        type Shared = AtomicU64;
+    }
+
+    #[test]
+    fn each_thread_writes_its_own_value_and_every_count_outlives_its_thread() {
+        let counts: Arc<PerThread<Count>> = Arc::new(PerThread::new(AtomicU64::new(0)));
+        std::thread::scope(|s| {
+            for t in 1..=8u64 {
+                let counts = Arc::clone(&counts);
+                s.spawn(move || {
+                    for _ in 0..10_000 * t {
+                        counts.with(|c, shared| {
+                            // The owner alone writes its value: a load and a store, no lock.
+                            c.0.store(c.0.load(Relaxed) + 1, Relaxed);
+                            shared.fetch_add(1, Relaxed);
+                        });
+                    }
+                });
+            }
+        });
+        // A slot of a thread that ended goes to the next new thread, value and all: no count is
+        // lost, and there are never more slots than threads alive at once.
+        let mut total = 0;
+        counts.for_each(|c| total += c.0.load(Relaxed));
+        assert_eq!(total, 360_000, "every increment of every thread is kept");
+        assert_eq!(counts.shared().load(Relaxed), 360_000);
+        assert!((1..=8).contains(&counts.len()), "{} slots", counts.len());
+    }
+
+    #[test]
+    fn two_objects_never_share_a_threads_value() {
+        let a: PerThread<Count> = PerThread::new(AtomicU64::new(0));
+        let b: PerThread<Count> = PerThread::new(AtomicU64::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for i in 0..1_000 {
+                        let target = if i % 2 == 0 { &a } else { &b };
+                        target.with(|c, _| c.0.store(c.0.load(Relaxed) + 1, Relaxed));
+                    }
+                });
+            }
+        });
+        let (mut sa, mut sb) = (0, 0);
+        a.for_each(|c| sa += c.0.load(Relaxed));
+        b.for_each(|c| sb += c.0.load(Relaxed));
+        assert_eq!((sa, sb), (2_000, 2_000));
+    }
+
+    #[test]
+    fn an_object_dropped_while_its_threads_live_and_one_made_after_start_from_zero() {
+        let first: PerThread<Count> = PerThread::new(AtomicU64::new(0));
+        first.with(|c, _| c.0.store(7, Relaxed));
+        drop(first);
+        // A new object on the same thread (possibly at the same address) gets a fresh value.
+        let second: PerThread<Count> = PerThread::new(AtomicU64::new(0));
+        assert_eq!(second.with(|c, _| c.0.load(Relaxed)), Some(0));
+    }
+}
