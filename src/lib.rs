@@ -34,24 +34,18 @@
 pub use prometheus;
 pub use tensormem_allocators as allocators;
 
-mod chunk_table;
 mod config;
+mod decorators;
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub mod device;
-pub mod history;
-mod observer;
+mod observation;
 mod registration;
 mod registry;
-mod retry;
-mod scope;
 pub mod telemetry;
-pub mod testing;
 mod text_table;
 pub mod timeline;
 mod trace;
-mod tracking;
-mod wrapper;
 
 pub use allocators::{
     AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorAttributes, AllocatorExt, AllocatorStats,
@@ -66,21 +60,22 @@ pub use config::SIZE_SPELLINGS;
 pub use config::{
     ALLOC_CONF_ENV, AllocConf, ConfigError, DEFAULT_CUDA_MEMORY_FRACTION, KEYS as ALLOC_CONF_KEYS, MAX_SIZE, parse_size,
 };
-pub use observer::{TagStats, tag_stats};
+pub use observation::tags::{TagStats, tag_stats};
+pub use observation::{history, testing};
 // What `register_allocator!` expands to: public for the macro, out of the docs.
+pub use decorators::retry::{DEFAULT_MAX_RETRY_WAIT, RetryAllocator};
+pub use decorators::tracking::{TrackingAllocator, TrackingSizes};
+pub use decorators::wrapper::AllocatorWrapper;
+pub use observation::scope::{ScopeGuard, current_scope, scope, with_default_allocator};
 #[doc(hidden)]
 pub use registration::AllocatorFactory;
 pub use registry::{
     ALLOCATOR_ENV, AllocatorRegistry, CONFIGURED_PRIORITY, DEFAULT_PRIORITY, DEVICE_PRIORITY, RegistryEntry,
     RegistryError, SelectionOrigin,
 };
-pub use retry::{DEFAULT_MAX_RETRY_WAIT, RetryAllocator};
-pub use scope::{ScopeGuard, current_scope, scope, with_default_allocator};
 pub use trace::{
     AllocationTrace, PreparedTrace, ReplayReport, TRACE_VERSION, TraceError, TraceEvent, TraceRecorder, replay,
 };
-pub use tracking::{Chunk, TrackingAllocator, TrackingSizes};
-pub use wrapper::AllocatorWrapper;
 
 #[doc(hidden)]
 pub mod __private {

@@ -437,7 +437,7 @@ impl AllocatorRegistry {
     /// error of the global registry, if any.
     pub fn try_get(&self) -> Result<Arc<dyn Allocator>, RegistryError> {
         if self.is_global
-            && let Some(a) = crate::scope::default_override()
+            && let Some(a) = crate::observation::scope::default_override()
         {
             return Ok(a);
         }

@@ -278,7 +278,7 @@ unsafe impl Allocator for TraceRecorder {
         unsafe { self.inner.deallocate_raw(ptr, layout) }
     }
 
-    crate::wrapper::forward_size_queries!(inner);
+    crate::decorators::wrapper::forward_size_queries!(inner);
 
     fn stats(&self) -> Option<AllocatorStats> {
         self.inner.stats()

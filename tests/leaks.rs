@@ -350,7 +350,7 @@ fn a_leak_check_started_while_history_records_both_work() {
     let report = check.finish();
     history::stop();
     bfc.release_cached();
-    let h = history::snapshot();
+    let h = history::recorded();
     assert_eq!(report.leaks.iter().map(|l| l.requested_size).collect::<Vec<_>>(), vec![32]);
     let mine: Vec<(Action, u64, &str, Option<&str>)> = h
         .events
@@ -394,7 +394,7 @@ fn segments_add_up_to_reserved_when_a_peak_headroom_moves_pages() {
     let c = bfc.allocate::<u8>(200 * mib).unwrap(); // 100 MiB of it moved from `a`'s chunk
     history::stop();
     let reserved = bfc.stats().unwrap().bytes_reserved;
-    let h = history::snapshot();
+    let h = history::recorded();
     let segments: i64 = h
         .events
         .iter()
@@ -428,7 +428,7 @@ fn a_pool_reports_its_inner_calls_as_segments() {
     unsafe { pool.deallocate(q, 100) };
     pool.release_cached();
     history::stop();
-    let h = history::snapshot();
+    let h = history::recorded();
     let mine: Vec<(Action, &str)> =
         h.events.iter().filter(|e| e.allocator.starts_with("t.seg.")).map(|e| (e.action, &*e.allocator)).collect();
     assert_eq!(
@@ -455,7 +455,7 @@ fn history_of_a_million_events_stays_bounded() {
         unsafe { cpu.deallocate(p, 16) };
     }
     history::stop();
-    let h = history::snapshot();
+    let h = history::recorded();
     assert_eq!(h.events.len(), 50_000);
     assert!(h.dropped >= 950_000, "dropped {}", h.dropped);
     assert_eq!(h.capacity, 50_000);
@@ -480,7 +480,7 @@ fn history_files_round_trip_and_bad_files_are_errors() {
     history::stop();
     // SAFETY: `p` came from `allocate::<u8>(48)` on `cpu`.
     unsafe { cpu.deallocate(p, 48) };
-    let h = history::snapshot();
+    let h = history::recorded();
     let e = h.events.iter().find(|e| &*e.allocator == "t.json").unwrap();
     assert!(e.backtrace.as_deref().is_some_and(|b| b.contains("leaks")), "{:?}", e.backtrace);
     let json = h.to_json();

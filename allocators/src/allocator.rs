@@ -1,10 +1,11 @@
 //! The [`Allocator`] trait and its typed extension [`AllocatorExt`].
 
 use core::alloc::Layout;
+use core::any::Any;
 use core::fmt;
 use core::ptr::{self, NonNull};
 
-use crate::{AllocError, AllocationAttributes, AllocatorStats, MemoryDump, MemorySpace};
+use crate::{AllocError, AllocationAttributes, AllocatorStats, MemorySpace};
 
 /// A live allocation and its address, as listed by allocators that track every pointer (see
 /// [`Allocator::snapshot_live_chunks`]).
@@ -18,7 +19,7 @@ pub struct LiveChunk {
     pub allocated_size: usize,
     /// The allocation's id (unique within the allocator, from 1).
     pub allocation_id: u64,
-    /// The [scope](crate::observe::scope) it was allocated in, if the allocator records it.
+    /// The scope (`tensormem::scope`) it was allocated in, if the allocator records it.
     #[serde(default)]
     pub tag: Option<crate::observe::Tag>,
 }
@@ -131,9 +132,12 @@ pub unsafe trait Allocator: Send + Sync + fmt::Debug {
         None
     }
 
-    /// For snapshots: a dump of the allocator's memory (regions, bins, chunks), if it has one
-    /// (BFC does).
-    fn snapshot_memory_dump(&self) -> Option<MemoryDump> {
+    /// The backend at the bottom of this allocator, for what only one kind of backend knows (a
+    /// BFC's [memory dump](crate::BfcAllocator::memory_dump), a pool's
+    /// [statistics](crate::PoolAllocator::pool_stats)): a backend returns itself, a decorator
+    /// what it wraps returns, `None` (the default) means the allocator shows no backend.
+    /// [`AllocatorExt::backend_as`] downcasts it.
+    fn backend(&self) -> Option<&dyn Any> {
         None
     }
 
@@ -194,6 +198,23 @@ pub trait AllocatorExt: Allocator {
         // SAFETY: the caller promises `ptr` came from `allocate::<T>(n)` on this allocator,
         // which allocated it with exactly `layout`.
         unsafe { self.deallocate_raw(ptr.cast(), layout) }
+    }
+
+    /// The [backend](Allocator::backend) at the bottom of this allocator if it is a `B`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tensormem_allocators::{Allocator, AllocatorExt, BfcAllocator, PoolAllocator, SystemAllocator};
+    ///
+    /// let bfc: Arc<dyn Allocator> = Arc::new(BfcAllocator::builder().memory_limit(1 << 20).build()?);
+    /// let dump = bfc.backend_as::<BfcAllocator>().map(BfcAllocator::memory_dump);
+    /// assert_eq!(dump.map(|d| d.allocator), Some("bfc".to_owned()));
+    /// assert!(bfc.backend_as::<PoolAllocator>().is_none());
+    /// assert!(SystemAllocator::new().backend_as::<SystemAllocator>().is_some());
+    /// # Ok::<(), tensormem_allocators::BuildError>(())
+    /// ```
+    fn backend_as<B: Allocator + 'static>(&self) -> Option<&B> {
+        self.backend()?.downcast_ref()
     }
 }
 
@@ -265,8 +286,8 @@ unsafe impl<A: Allocator + ?Sized> Allocator for std::sync::Arc<A> {
         (**self).snapshot_live_chunks()
     }
 
-    fn snapshot_memory_dump(&self) -> Option<MemoryDump> {
-        (**self).snapshot_memory_dump()
+    fn backend(&self) -> Option<&dyn Any> {
+        (**self).backend()
     }
 
     fn release_cached(&self) -> usize {

@@ -62,6 +62,11 @@ pub mod observe;
 mod per_thread;
 #[path = "backends/pool/mod.rs"]
 mod pool;
+// The atomics and locks of the lock-free structures, loom's under `--cfg loom`; the tracking
+// allocator's chunk tables in `tensormem` use them too.
+#[doc(hidden)]
+#[path = "sync/primitives.rs"]
+pub mod primitives;
 mod stats;
 #[path = "os/sub_allocator.rs"]
 mod sub_allocator;

@@ -120,7 +120,7 @@ pub(crate) fn run(args: DemoArgs) -> Outcome {
     let result = inference(&args);
     history::stop();
     result?;
-    let h = history::snapshot();
+    let h = history::recorded();
     let history_path = args.out.join("history.json");
     h.save(&history_path).map_err(err)?;
     let page = args.out.join("timeline.html");

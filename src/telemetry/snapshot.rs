@@ -5,7 +5,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::AllocatorRegistry;
-use crate::allocators::{AllocatorStats, LiveChunk, MemoryDump};
+use crate::allocators::{AllocatorExt, AllocatorStats, BfcAllocator, LiveChunk, MemoryDump};
 use crate::telemetry::global_alloc;
 
 /// One allocator in a [`MemorySnapshot`].
@@ -125,7 +125,12 @@ pub fn snapshot_of(registry: &AllocatorRegistry) -> MemorySnapshot {
         .map(|entry| {
             let a = &entry.allocator;
             let read = catch_unwind(AssertUnwindSafe(|| {
-                (a.name().to_owned(), a.stats(), a.snapshot_live_chunks(), a.snapshot_memory_dump())
+                (
+                    a.name().to_owned(),
+                    a.stats(),
+                    a.snapshot_live_chunks(),
+                    a.backend_as::<BfcAllocator>().map(BfcAllocator::memory_dump),
+                )
             }));
             match read {
                 Ok((allocator, stats, live_chunks, memory_dump)) => AllocatorSnapshot {

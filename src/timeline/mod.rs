@@ -29,7 +29,7 @@
 //! assert!(!html.contains("http://") && !html.contains("https://"));
 //! ```
 
-mod layout;
+mod bands;
 
 use crate::allocators::ByteSize;
 use crate::history::History;
@@ -45,7 +45,7 @@ const MARKERS: [&str; 3] = ["<!--SUMMARY-->", "<!--TABLE-->", "/*DATA*/"];
 /// it goes (HTML text in the table, JSON inside the page's data `<script>`), and the template is
 /// filled by position, so no string from the history can be taken for one of its markers.
 pub fn render_html(history: &History) -> String {
-    let (data, tags) = layout::layout(history);
+    let (data, tags) = bands::page_data(history);
     let summary = format!(
         "{} events ({} dropped before the buffer's start), {} allocations drawn as bands, {} summed as other; \
          peak in use {}",

@@ -126,7 +126,7 @@ impl Tensor {
         let nbytes = nbytes_of(op, sizes, dtype)?;
         // After the size check: the strides of a shape whose element count overflows saturate
         // and are not dense; such a shape is a `SizeOverflow`, not a caller's mistake.
-        debug_assert!(strides.len() == sizes.len() && super::layout::is_dense(sizes, &strides));
+        debug_assert!(strides.len() == sizes.len() && super::strides::is_dense(sizes, &strides));
         // SAFETY: forwarded: the caller fills the tensor before anything reads it.
         let storage = unsafe { Storage::new_uninit(op, nbytes, allocator) }?.described(dtype, sizes);
         Ok(Tensor::from_parts(storage, sizes, strides, 0, dtype))

@@ -44,7 +44,6 @@ mod iter;
 // for one instruction set (dispatch, switches, vector math, F16C, lookup tables, AMX) in `cpu/`.
 #[path = "ops/mod.rs"]
 mod kernels;
-mod layout;
 mod like;
 mod num;
 mod operators;
@@ -54,7 +53,8 @@ mod quant;
 mod safetensors;
 mod shape;
 mod storage;
-mod transfer;
+mod strides;
+mod to_allocator;
 mod view;
 #[path = "cpu/vmath/mod.rs"]
 mod vmath;

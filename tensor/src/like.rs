@@ -5,8 +5,8 @@ use core::fmt;
 use core::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use super::layout::preserved_strides;
 use super::storage::{SliceRead, SliceWrite};
+use super::strides::preserved_strides;
 
 use super::{Element, Result, Tensor, TensorError, TensorOptions};
 

@@ -1,6 +1,8 @@
 //! TENSORMEM_ALLOC_CONF parsing: sizes, flags, and errors that name the key.
 
-use tensormem::{AllocConf, Allocator, ConfigError, SizeRounding, SystemAllocator, parse_size};
+use tensormem::{
+    AllocConf, Allocator, AllocatorExt, BfcAllocator, ConfigError, SizeRounding, SystemAllocator, parse_size,
+};
 
 #[test]
 fn the_documented_example_parses() {
@@ -145,7 +147,8 @@ fn cuda_keys_parse_with_or_without_the_feature() {
 
 #[test]
 fn huge_pages_are_on_for_the_pool_and_off_for_the_bfc_unless_configured() {
-    let granule = |a: &dyn Allocator| a.snapshot_memory_dump().and_then(|d| d.expandable).map(|e| e.granule);
+    let granule =
+        |a: &dyn Allocator| a.backend_as::<BfcAllocator>().and_then(|b| b.memory_dump().expandable).map(|e| e.granule);
     let c = AllocConf::parse("pool.huge_pages=off, bfc.huge_pages=yes").unwrap();
     assert_eq!((c.pool_huge_pages, c.bfc_huge_pages), (Some(false), Some(true)));
     assert!(c.configures_bfc(), "a bfc.* key chooses bfc");

@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use tensormem::{
-    AllocationAttributes, Allocator, AllocatorExt, Chunk, SystemAllocator, TrackingAllocator, TrackingSizes,
+    AllocationAttributes, Allocator, AllocatorExt, LiveChunk, SystemAllocator, TrackingAllocator, TrackingSizes,
 };
 
 fn tracker() -> (Arc<SystemAllocator>, TrackingAllocator) {
@@ -30,7 +30,13 @@ fn records_chunks_with_ids_increasing_from_one() {
     for (i, (&p, &(size, _))) in ptrs.iter().zip(&layouts).enumerate() {
         assert_eq!(
             t.chunk(p),
-            Some(Chunk { requested_size: size, allocated_size: size, allocation_id: i as u64 + 1, tag: None })
+            Some(LiveChunk {
+                address: p.as_ptr() as usize,
+                requested_size: size,
+                allocated_size: size,
+                allocation_id: i as u64 + 1,
+                tag: None
+            })
         );
         assert_eq!(t.requested_size(p), Some(size));
         assert_eq!(t.allocated_size(p), Some(size));
@@ -324,7 +330,9 @@ fn a_tracked_bfc_keeps_its_memory_dump_in_snapshots() {
     let bfc = Arc::new(tensormem::BfcAllocator::builder().memory_limit(1 << 20).build().unwrap());
     let tracked = TrackingAllocator::new(bfc);
     let p = tracked.allocate::<u8>(1000).unwrap();
-    let dump = tensormem::Allocator::snapshot_memory_dump(&tracked).expect("the BFC's dump is forwarded");
+    let bfc = tracked.backend_as::<tensormem::BfcAllocator>().expect("the BFC is reached through the tracker");
+    let dump = bfc.memory_dump();
+    assert!(tracked.backend_as::<tensormem::PoolAllocator>().is_none(), "a BFC is no pool");
     assert_eq!(dump.stats.bytes_in_use, 1024);
     assert_eq!(tracked.snapshot_live_chunks().unwrap().len(), 1);
     // SAFETY: freed once with its count.

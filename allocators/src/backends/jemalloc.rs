@@ -88,6 +88,10 @@ impl FromOptions for JemallocAllocator {
 // SAFETY: blocks come from jemalloc, which returns memory valid for the layout and not handed out
 // again until freed; the counters keep peak >= in use.
 unsafe impl Allocator for JemallocAllocator {
+    fn backend(&self) -> Option<&dyn core::any::Any> {
+        Some(self)
+    }
+
     fn name(&self) -> &str {
         &self.backend.options.name
     }

@@ -90,6 +90,10 @@ impl FromOptions for SystemAllocator {
 // SAFETY: blocks come from `System`, which returns memory valid for the layout and not handed
 // out again until freed; the counters keep peak >= in use.
 unsafe impl Allocator for SystemAllocator {
+    fn backend(&self) -> Option<&dyn core::any::Any> {
+        Some(self)
+    }
+
     fn name(&self) -> &str {
         &self.backend.options.name
     }

@@ -14,10 +14,10 @@ use core::any::Any;
 use core::cell::{Cell, RefCell};
 use core::fmt;
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
+use crate::primitives::{AtomicBool, Mutex};
 
 /// Direct-mapped thread-local cache slots, indexed by cache id.
 const CACHE_SLOTS: usize = 32;
@@ -25,6 +25,7 @@ const CACHE_SLOTS: usize = 32;
 /// Unique ids: 0 marks an empty cache slot.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+#[cfg(not(loom))]
 thread_local! {
     /// `(cache id, pointer to this thread's value)`. No destructor, so usable at any point of the
     /// thread's life, even while other thread-locals are being destroyed.
@@ -32,6 +33,14 @@ thread_local! {
         const { [const { Cell::new((0, ptr::null())) }; CACHE_SLOTS] };
     /// The values this thread owns; dropped at thread exit, which hands them back.
     static OWNED: RefCell<Owned> = const { RefCell::new(Owned(Vec::new())) };
+}
+
+// Loom runs its threads on one OS thread: the cache and the owned values must be loom's
+// thread-locals there (dropped when each loom thread ends, as the standard ones are).
+#[cfg(loom)]
+loom::thread_local! {
+    static CACHE: [Cell<(u64, *const ())>; CACHE_SLOTS] = [const { Cell::new((0, ptr::null())) }; CACHE_SLOTS];
+    static OWNED: RefCell<Owned> = RefCell::new(Owned(Vec::new()));
 }
 
 /// What a per-thread value must do when its thread stops or another thread takes it over.
@@ -327,5 +336,79 @@ mod tests {
         // A new object on the same thread (possibly at the same address) gets a fresh value.
         let second: PerThread<Count> = PerThread::new(AtomicU64::new(0));
         assert_eq!(second.with(|c, _| c.0.load(Relaxed)), Some(0));
+    }
+}
+
+/// Loom models of the hand-over between threads. Run with `RUSTFLAGS="--cfg loom" cargo test
+/// --release -p tensormem-allocators --lib loom`.
+#[cfg(all(test, loom))]
+mod loom_models {
+    use core::sync::atomic::Ordering::Relaxed;
+
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::{PerThread, ThreadValue};
+    use crate::primitives::{AtomicU64, loom_model};
+
+    const PREEMPTIONS: usize = 3;
+
+    /// A count that moves into the shared total when its thread exits, as the counters' in-use
+    /// delta does.
+    #[derive(Default)]
+    struct Delta(AtomicU64);
+    impl ThreadValue for Delta {
+        type Shared = AtomicU64;
+        fn retire(&self, shared: &AtomicU64) {
+            shared.fetch_add(self.0.swap(0, Relaxed), Relaxed);
+        }
+    }
+
+    fn total(p: &PerThread<Delta>) -> u64 {
+        p.visit(|values| p.shared().load(Relaxed) + values.map(|v| v.0.load(Relaxed)).sum::<u64>())
+    }
+
+    #[test]
+    fn loom_a_reader_counts_an_exiting_threads_value_once() {
+        loom_model(PREEMPTIONS, || {
+            let p = Arc::new(PerThread::<Delta>::new(AtomicU64::new(0)));
+            let workers: Vec<_> = (0..2)
+                .map(|_| {
+                    let p = Arc::clone(&p);
+                    thread::spawn(move || {
+                        p.with(|v, _| v.0.store(v.0.load(Relaxed) + 1, Relaxed));
+                    })
+                })
+                .collect();
+            // While the threads write and retire: each write is seen once or not yet, never twice.
+            assert!(total(&p) <= 2);
+            for w in workers {
+                w.join().unwrap();
+            }
+            // Loom may end the threads' thread-locals (and so retire their values) after `join`:
+            // retired or not, each write counts once.
+            assert_eq!(total(&p), 2);
+        });
+    }
+
+    #[test]
+    fn loom_a_new_thread_adopts_a_retired_value_and_writes_it_alone() {
+        loom_model(PREEMPTIONS, || {
+            let p = Arc::new(PerThread::<Delta>::new(AtomicU64::new(0)));
+            let p1 = Arc::clone(&p);
+            let first = thread::spawn(move || {
+                p1.with(|v, _| v.0.store(5, Relaxed));
+            });
+            let p2 = Arc::clone(&p);
+            // May start before or after the first exits: it adopts the retired value or gets a
+            // new one, and either way its value is its own (starts at what retire left: 0).
+            let second = thread::spawn(move || p2.with(|v, _| v.0.swap(7, Relaxed)));
+            first.join().unwrap();
+            let seen = second.join().unwrap();
+            assert_eq!(seen, Some(0));
+            assert!(p.len() <= 2);
+            // The second thread's value was retired too: 5 + 7 in the shared total.
+            assert_eq!(total(&p), 12);
+        });
     }
 }

@@ -10,8 +10,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use tensormem_allocators::{
-    AllocationAttributes, Allocator, BfcAllocator, ExpandableMemory, HUGE_PAGE, HugePageMemory, HugePageSubAllocator,
-    PoolAllocator, SubAllocator, SystemAllocator,
+    AllocationAttributes, Allocator, AllocatorExt, BfcAllocator, ExpandableMemory, HUGE_PAGE, HugePageMemory,
+    HugePageSubAllocator, PoolAllocator, SubAllocator, SystemAllocator,
 };
 
 const MIB: usize = 1 << 20;
@@ -204,7 +204,8 @@ fn large_block(pool: &PoolAllocator) -> (u64, u64) {
     // SAFETY: allocated above with `layout`.
     unsafe { pool.deallocate_raw(p, layout) };
     let (_, large) = pool.large_allocator().expect("a large allocator over unlimited host memory");
-    let granule = large.snapshot_memory_dump().and_then(|d| d.expandable).map(|e| e.granule).unwrap();
+    let granule =
+        large.backend_as::<BfcAllocator>().and_then(|b| b.memory_dump().expandable).map(|e| e.granule).unwrap();
     (huge, granule)
 }
 

@@ -1,9 +1,9 @@
 //! `contiguous()` and `to_dtype()`, including quantisation to and from Q8_0/Q4_0.
 
 use crate::dtype::{cast, match_dtype};
-use crate::layout::preserved_strides;
 use crate::quant::{dequantize_into, quantize_into};
 use crate::storage::lock_storages;
+use crate::strides::preserved_strides;
 use crate::{DType, Result, Tensor, TensorError};
 
 use super::loops::{Dest, run_unary};

@@ -25,9 +25,9 @@
 use crate::dtype::{match_dtype, match_float, match_numeric};
 use crate::halfconv::HalfFloat;
 use crate::iter::GRAIN;
-use crate::layout::{Input, elementwise_output};
 use crate::num::{Float, Num};
 use crate::shape::broadcast_shapes;
+use crate::strides::{Input, elementwise_output};
 use crate::vmath::Func;
 use crate::{DType, Element, Result, Tensor, TensorError, TensorOptions};
 

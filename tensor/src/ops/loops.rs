@@ -37,9 +37,9 @@ use core::slice;
 
 use crate::dtype::{cast, match_dtype};
 use crate::iter::{Operand, Plan};
-use crate::layout::is_dense;
 use crate::shape::{Dims, broadcast_strides_to, extent};
 use crate::storage::lock_storages;
+use crate::strides::is_dense;
 use crate::{DType, Element, Result, Tensor, TensorError};
 
 use half::f16;

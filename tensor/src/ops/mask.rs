@@ -2,9 +2,9 @@
 
 use crate::dtype::match_dtype;
 use crate::iter::{Operand, Plan};
-use crate::layout::{Input, elementwise_output};
 use crate::shape::broadcast_shapes;
 use crate::storage::lock_storages;
+use crate::strides::{Input, elementwise_output};
 use crate::{DType, Element, Result, Tensor, TensorError};
 
 use super::elementwise::Scalar;

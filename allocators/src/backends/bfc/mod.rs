@@ -304,8 +304,8 @@ unsafe impl Allocator for BfcAllocator {
         true
     }
 
-    fn snapshot_memory_dump(&self) -> Option<MemoryDump> {
-        Some(BfcAllocator::memory_dump(self))
+    fn backend(&self) -> Option<&dyn core::any::Any> {
+        Some(self)
     }
 
     /// Gives every byte of free memory back that can go: for an expandable region its free tail

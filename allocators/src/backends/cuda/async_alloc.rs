@@ -78,6 +78,10 @@ impl CudaAsyncAllocator {
 // memory, valid in stream order until `cuMemFreeAsync`); the stream is synchronised before a
 // block is returned, so it is valid for any later use; larger alignments are refused.
 unsafe impl Allocator for CudaAsyncAllocator {
+    fn backend(&self) -> Option<&dyn core::any::Any> {
+        Some(self)
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

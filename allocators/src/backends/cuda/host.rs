@@ -35,6 +35,10 @@ impl CudaHostAllocator {
 // SAFETY: blocks come from `cuMemHostAlloc` (page-aligned, host-accessible, valid until
 // `cuMemFreeHost`); alignments above a page are refused; the counters keep peak >= in use.
 unsafe impl Allocator for CudaHostAllocator {
+    fn backend(&self) -> Option<&dyn core::any::Any> {
+        Some(self)
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

@@ -257,6 +257,10 @@ impl PoolAllocator {
 // served it (the same size decides both ways). Peak >= in use: the stats come from
 // `StatsCounters`.
 unsafe impl Allocator for PoolAllocator {
+    fn backend(&self) -> Option<&dyn core::any::Any> {
+        Some(self)
+    }
+
     fn name(&self) -> &str {
         &self.name
     }

@@ -13,7 +13,7 @@
 //! // SAFETY: `p` came from `allocate::<u8>(4096)` on `cpu`.
 //! unsafe { cpu.deallocate(p, 4096) };
 //! history::stop();
-//! let h = history::snapshot();
+//! let h = history::recorded();
 //! let mine: Vec<_> = h.events.iter().filter(|e| &*e.allocator == "doc-history").collect();
 //! assert_eq!(mine.len(), 2);
 //! assert_eq!((mine[0].action, mine[0].size), (Action::Alloc, 4096));
@@ -315,7 +315,7 @@ pub fn start(options: HistoryOptions) -> Result<(), HistoryError> {
     if options.capacity == 0 {
         return Err(HistoryError::ZeroCapacity);
     }
-    crate::observer::hub();
+    crate::observation::hub::hub();
     // The ring grows as events come (up to the capacity), so a large capacity costs nothing
     // until it is used.
     let recorder = Recorder {
@@ -340,8 +340,15 @@ pub fn is_recording() -> bool {
     observe::recording()
 }
 
-/// The events recorded so far (recording goes on if it is on). Empty if nothing was recorded.
+/// Renamed [`recorded`]: a *snapshot* is the memory state of [`crate::telemetry::snapshot`].
+#[doc(hidden)]
+#[deprecated(note = "renamed `history::recorded`")]
 pub fn snapshot() -> History {
+    recorded()
+}
+
+/// The events recorded so far (recording goes on if it is on). Empty if nothing was recorded.
+pub fn recorded() -> History {
     let guard = RECORDER.lock();
     let Some(r) = guard.as_ref() else {
         return History { version: HISTORY_VERSION, start_unix_ms: 0, capacity: 0, dropped: 0, events: Vec::new() };
@@ -362,7 +369,7 @@ pub fn snapshot() -> History {
                 allocator: names.entry(e.allocator).or_insert_with(|| e.allocator.as_str().into()).clone(),
                 tag: Tag::from_raw(e.tag).map(|t| t.as_str().to_owned()),
                 description: e.description.map(String::from),
-                backtrace: e.backtrace.as_deref().map(crate::observer::backtrace::trimmed),
+                backtrace: e.backtrace.as_deref().map(crate::observation::backtrace::trimmed),
             })
             .collect()
     });

@@ -33,7 +33,7 @@ use crate::allocators::{Allocator, observe};
 /// # Ok::<(), tensormem::AllocError>(())
 /// ```
 pub fn scope(tag: &str) -> ScopeGuard {
-    crate::observer::hub();
+    crate::observation::hub::hub();
     observe::scope(tag)
 }
 

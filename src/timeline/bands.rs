@@ -121,7 +121,7 @@ fn clamp(level: i128) -> u64 {
 }
 
 /// Lays out `history`.
-pub(crate) fn layout(history: &History) -> (PageData, Vec<TagRow>) {
+pub(crate) fn page_data(history: &History) -> (PageData, Vec<TagRow>) {
     let n = history.events.len() as u64;
     let mut allocs: Vec<Alloc> = Vec::new();
     let mut open: HashMap<u64, usize> = HashMap::new();

@@ -91,5 +91,5 @@ impl TagLedger {
 /// # Ok::<(), tensormem::AllocError>(())
 /// ```
 pub fn tag_stats() -> Vec<TagStats> {
-    super::hub().tags.stats()
+    super::hub::hub().tags.stats()
 }

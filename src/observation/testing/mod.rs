@@ -58,7 +58,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 pub use report::{Leak, LeakReport};
 
 use crate::allocators::observe;
-use crate::observer::hub;
+use crate::observation::hub::hub;
 
 /// The environment variable that makes leak checks capture allocation backtraces (`1`).
 pub const BACKTRACE_ENV: &str = "TENSORMEM_BACKTRACE";

@@ -5,33 +5,20 @@
 use core::alloc::Layout;
 use core::fmt;
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use core::sync::atomic::Ordering::Relaxed;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use crate::allocators::observe::{self, Tag};
+use crate::allocators::primitives::AtomicU64;
 use crate::allocators::{
-    AllocError, AllocationAttributes, Allocator, AllocatorStats, LiveChunk, MemoryDump, PerThread, StatsCounters,
-    dangling,
+    AllocError, AllocationAttributes, Allocator, AllocatorStats, LiveChunk, PerThread, StatsCounters, dangling,
 };
-use crate::chunk_table::{ChunkTable, Record};
+use chunk_table::{ChunkTable, Record};
 
-/// What a [`TrackingAllocator`] knows of one live allocation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct Chunk {
-    /// The size asked for.
-    pub requested_size: usize,
-    /// The size the inner allocator set aside (its tracked size, or its usable size such as
-    /// jemalloc's size class; the requested size when it cannot say).
-    pub allocated_size: usize,
-    /// Unique within the tracker, from 1; see [`TrackingAllocator`] for the order.
-    pub allocation_id: u64,
-    /// The [scope](crate::scope()) it was allocated in.
-    #[serde(default)]
-    pub tag: Option<Tag>,
-}
+mod chunk_table;
 
 /// TensorFlow's `GetSizes()`: byte totals of a [`TrackingAllocator`], in allocated bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -44,7 +31,7 @@ pub struct TrackingSizes {
     pub live_bytes: u64,
 }
 
-/// Wraps an allocator and records, for every live pointer it handed out, a [`Chunk`]
+/// Wraps an allocator and records, for every live pointer it handed out, a [`LiveChunk`]
 /// (requested size, allocated size, allocation id).
 ///
 /// It answers [`requested_size`](Allocator::requested_size),
@@ -137,8 +124,10 @@ impl TrackingAllocator {
     }
 
     /// The chunk recorded for `ptr`, if it is live here.
-    pub fn chunk(&self, ptr: NonNull<u8>) -> Option<Chunk> {
-        self.find(ptr.as_ptr() as usize).map(|r| Chunk {
+    pub fn chunk(&self, ptr: NonNull<u8>) -> Option<LiveChunk> {
+        let address = ptr.as_ptr() as usize;
+        self.find(address).map(|r| LiveChunk {
+            address,
             requested_size: r.requested,
             allocated_size: r.allocated,
             allocation_id: r.id,
@@ -311,8 +300,8 @@ unsafe impl Allocator for TrackingAllocator {
         Some(TrackingAllocator::live_chunks(self))
     }
 
-    fn snapshot_memory_dump(&self) -> Option<MemoryDump> {
-        self.inner.snapshot_memory_dump()
+    fn backend(&self) -> Option<&dyn std::any::Any> {
+        self.inner.backend()
     }
 
     fn release_cached(&self) -> usize {

@@ -2,7 +2,7 @@
 
 /// Implements the queries of [`Allocator`] a decorator does not change (`tracks_allocation_sizes`,
 /// `requested_size`, `allocated_size`, `allocation_id`, `allocated_size_slow`,
-/// `snapshot_live_chunks`, `snapshot_memory_dump`, `release_cached`) by forwarding them to the
+/// `snapshot_live_chunks`, `backend`, `release_cached`) by forwarding them to the
 /// field `$inner`, for decorators that do not track allocations themselves.
 macro_rules! forward_size_queries {
     ($inner:ident) => {
@@ -30,8 +30,8 @@ macro_rules! forward_size_queries {
             self.$inner.snapshot_live_chunks()
         }
 
-        fn snapshot_memory_dump(&self) -> Option<$crate::allocators::MemoryDump> {
-            self.$inner.snapshot_memory_dump()
+        fn backend(&self) -> Option<&dyn core::any::Any> {
+            self.$inner.backend()
         }
 
         fn release_cached(&self) -> usize {

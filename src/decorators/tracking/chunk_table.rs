@@ -28,18 +28,16 @@
 //!   buffering would allow that with relaxed orderings; no x86 or ARM core does it, the memory
 //!   model does).
 
-use core::sync::atomic::{
-    AtomicU32, AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, fence,
-};
-
-use parking_lot::RwLock;
+use core::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 use crate::allocators::ThreadValue;
+use crate::allocators::primitives::{AtomicU32, AtomicU64, AtomicUsize, RwLock, fence, wait_step};
 
 const EMPTY: usize = 0;
 /// No allocation can start at the last byte of the address space, so this is never a key.
 const TOMB: usize = usize::MAX;
-const INITIAL_CAPACITY: usize = 64;
+/// Under loom, small enough that a model reaches a rebuild in a few inserts.
+const INITIAL_CAPACITY: usize = if cfg!(loom) { 4 } else { 64 };
 
 /// What the tracker records for one live pointer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,12 +81,8 @@ impl Slot {
             let before = self.seq.load(Acquire);
             if before % 2 == 1 {
                 // The owner is rewriting the slot; if it was descheduled mid-write, let it run.
-                spins += 1;
-                if spins.is_multiple_of(64) {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
+                spins = spins.wrapping_add(1);
+                wait_step(spins);
                 continue;
             }
             let key = self.key.load(Relaxed);
@@ -314,5 +308,99 @@ fn find(slots: &[Slot], key: usize) -> Option<&Slot> {
             k if k == key => return Some(slot),
             _ => i = (i + 1) & mask,
         }
+    }
+}
+
+/// Loom models of a table's owner racing other threads. Run with `RUSTFLAGS="--cfg loom" cargo
+/// test --release -p tensormem --no-default-features --lib loom`.
+#[cfg(all(test, loom))]
+mod loom_models {
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::*;
+    use crate::allocators::primitives::loom_model;
+
+    const PREEMPTIONS: usize = 3;
+
+    fn record(n: usize) -> Record {
+        Record { requested: n, allocated: n * 2, id: n as u64, align: 8, tag: n as u32 }
+    }
+
+    /// A key other than `key` whose probe starts at the same slot.
+    fn same_home(key: usize) -> usize {
+        (1..).map(|i| key + i * 64).find(|&k| home(k, INITIAL_CAPACITY) == home(key, INITIAL_CAPACITY)).unwrap()
+    }
+
+    #[test]
+    fn loom_a_reader_sees_a_whole_record_or_none() {
+        loom_model(PREEMPTIONS, || {
+            let t = Arc::new(ChunkTable::default());
+            let owner = {
+                let t = Arc::clone(&t);
+                thread::spawn(move || {
+                    // SAFETY: this thread is the table's only owner-side caller; the key is new.
+                    unsafe { t.insert_owned(0x1000, record(1)) };
+                    // SAFETY: as above.
+                    unsafe { t.remove_owned(0x1000, 1) }
+                })
+            };
+            let seen = t.get(0x1000);
+            assert!(seen.is_none() || seen == Some(record(1)), "{seen:?}");
+            let mut visited = Vec::new();
+            t.for_each_live(|k, r| visited.push((k, r)));
+            assert!(visited.is_empty() || visited == [(0x1000, record(1))], "{visited:?}");
+            assert_eq!(owner.join().unwrap(), (2, 8));
+            assert_eq!(t.get(0x1000), None);
+        });
+    }
+
+    #[test]
+    fn loom_a_cross_thread_free_reads_its_record_even_when_the_owner_reuses_the_slot() {
+        let (old, new) = (0x1000, same_home(0x1000));
+        loom_model(PREEMPTIONS, move || {
+            let t = Arc::new(ChunkTable::default());
+            // SAFETY: no other thread exists yet; the key is new.
+            unsafe { t.insert_owned(old, record(1)) };
+            let remote = {
+                let t = Arc::clone(&t);
+                thread::spawn(move || t.remove_remote(old))
+            };
+            let owner = {
+                let t = Arc::clone(&t);
+                // The owner allocates again; if the remote free made the slot a TOMB first, the
+                // new record takes that very slot.
+                // SAFETY: this thread is the only owner-side caller; the key is new.
+                thread::spawn(move || unsafe { t.insert_owned(new, record(2)) })
+            };
+            assert_eq!(remote.join().unwrap(), Some(record(1)), "the freed record, never the new one");
+            owner.join().unwrap();
+            assert_eq!((t.get(old), t.get(new)), (None, Some(record(2))));
+        });
+    }
+
+    #[test]
+    fn loom_readers_never_see_the_array_being_replaced() {
+        loom_model(PREEMPTIONS, || {
+            let t = Arc::new(ChunkTable::default());
+            // SAFETY: no other thread exists yet; the keys are new.
+            unsafe {
+                t.insert_owned(0x1000, record(1));
+                t.insert_owned(0x2000, record(2));
+            }
+            let owner = {
+                let t = Arc::clone(&t);
+                // The third insert passes three quarters of the small table: a rebuild.
+                // SAFETY: this thread is the only owner-side caller; the key is new.
+                thread::spawn(move || unsafe { t.insert_owned(0x3000, record(3)) })
+            };
+            assert_eq!(t.get(0x1000), Some(record(1)));
+            assert_eq!(t.remove_remote(0x2000), Some(record(2)));
+            owner.join().unwrap();
+            let mut live = Vec::new();
+            t.for_each_live(|k, r| live.push((k, r)));
+            live.sort_unstable_by_key(|e| e.0);
+            assert_eq!(live, [(0x1000, record(1)), (0x3000, record(3))]);
+        });
     }
 }

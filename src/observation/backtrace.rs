@@ -90,10 +90,10 @@ mod tests {
     fn library_frames_are_trimmed_from_the_top_and_the_rest_renumbered() {
         let bt = "   0: std::backtrace_rs::backtrace::libunwind::trace\n             at /rustc/x/backtrace.rs:1:1\n   \
                   1: std::backtrace::Backtrace::create\n   \
-                  2: tensormem::observer::Hub::on_event\n             at ./src/observer/mod.rs:73:5\n   \
+                  2: tensormem::observation::hub::Hub::on_event\n             at ./src/observation/hub.rs:73:5\n   \
                   3: core::bool::<impl bool>::then\n             at /rustc/x/bool.rs:66:24\n   \
                   4: <tensormem_allocators::system::SystemAllocator as tensormem_allocators::allocator::Allocator>::allocate_raw\n   \
-                  5: allocate_raw\n             at ./allocators/src/system.rs:99:22\n   \
+                  5: allocate_raw\n             at ./allocators/src/backends/system.rs:99:22\n   \
                   6: leaky_helper\n             at ./tests/leak.rs:9:9\n   \
                   7: my_engine::load_weights\n             at ./src/main.rs:10:5\n   \
                   8: main\n";

@@ -3,7 +3,7 @@
 use core::fmt;
 
 use crate::allocators::ByteSize;
-use crate::observer::hub;
+use crate::observation::hub::hub;
 
 /// One allocation still live when its check finished.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -60,7 +60,7 @@ pub(super) fn collect(id: u64) -> LeakReport {
             allocator: r.allocator.as_str().to_owned(),
             tag: r.tag.map(|t| t.as_str().to_owned()),
             tensor: r.description.as_deref().map(str::to_owned),
-            backtrace: r.backtrace.as_deref().map(crate::observer::backtrace::trimmed),
+            backtrace: r.backtrace.as_deref().map(crate::observation::backtrace::trimmed),
         })
         .collect();
     leaks.sort_by_key(|l| l.allocation_id);

@@ -2,18 +2,14 @@
 //! (dashmaps: shared across threads, off the unobserved hot path), keeps per-tag totals, and
 //! feeds the history recorder.
 
-pub(crate) mod backtrace;
-mod tags;
-
 use std::backtrace::Backtrace;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 
 use dashmap::{DashMap, DashSet};
 
+use super::tags::TagLedger;
 use crate::allocators::observe::{self, Action, Event, Observer, Tag};
-use tags::TagLedger;
-pub use tags::{TagStats, tag_stats};
 
 /// One live allocation that a leak check or a tag needs to know about.
 #[derive(Clone, Debug)]

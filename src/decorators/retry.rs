@@ -179,7 +179,7 @@ unsafe impl Allocator for RetryAllocator {
         }
     }
 
-    crate::wrapper::forward_size_queries!(inner);
+    crate::decorators::wrapper::forward_size_queries!(inner);
 
     fn stats(&self) -> Option<AllocatorStats> {
         let mut s = self.inner.stats()?;
