@@ -89,6 +89,7 @@ impl Action {
     }
 }
 
+#[doc(hidden)]
 /// One observed event, as handed to the [`Observer`].
 #[derive(Clone, Copy, Debug)]
 pub struct Event<'a> {
@@ -109,6 +110,7 @@ pub struct Event<'a> {
     pub checked: bool,
 }
 
+#[doc(hidden)]
 /// Receives events; installed once per process by the `tensormem` crate.
 pub trait Observer: Send + Sync {
     /// One event. Called on the thread that allocated or freed, with this thread's further
@@ -120,11 +122,13 @@ pub trait Observer: Send + Sync {
     fn describe(&self, address: usize, description: &dyn Fn() -> String);
 }
 
+#[doc(hidden)]
 /// Installs the process's observer. Returns `false` if one was installed already.
 pub fn set_observer(observer: &'static dyn Observer) -> bool {
     OBSERVER.set(observer).is_ok()
 }
 
+#[doc(hidden)]
 /// Turns history recording on or off for every thread.
 pub fn set_recording(on: bool) {
     if on {
@@ -134,11 +138,13 @@ pub fn set_recording(on: bool) {
     }
 }
 
+#[doc(hidden)]
 /// Whether history is being recorded.
 pub fn recording() -> bool {
     WATCH.load(Relaxed) & HISTORY != 0
 }
 
+#[doc(hidden)]
 /// Tells the hooks how many allocation records the observer holds (`delta` added); while any
 /// exist, frees on every thread are reported.
 pub fn add_records(delta: isize) {
@@ -149,12 +155,14 @@ pub fn add_records(delta: isize) {
     }
 }
 
+#[doc(hidden)]
 /// Makes this thread report its allocations to leak check `id` (innermost last).
 pub fn push_check(id: u64) {
     CHECKS.with_borrow_mut(|c| c.push(id));
     set_bits(CHECKED, true);
 }
 
+#[doc(hidden)]
 /// Stops this thread reporting to leak check `id` (wherever it is in the stack).
 pub fn remove_check(id: u64) {
     let _ = CHECKS.try_with(|c| {
@@ -169,6 +177,7 @@ pub fn remove_check(id: u64) {
     });
 }
 
+#[doc(hidden)]
 /// The leak checks this thread reports to, outermost first.
 pub fn thread_checks() -> Vec<u64> {
     CHECKS.try_with(|c| c.try_borrow().map(|c| c.clone()).unwrap_or_default()).unwrap_or_default()
