@@ -64,7 +64,9 @@ fn three_planted_leaks_are_all_reported() {
     assert_eq!(report.leaks[1].allocator, default_name);
     assert!(report.leaks.windows(2).all(|w| w[0].allocation_id < w[1].allocation_id));
     let table = report.to_string();
-    assert!(table.starts_with("3 leaked allocation(s), 264 B requested:"), "{table}");
+    assert!(table.starts_with("3 leaked allocation(s), 264 B requested (peak "), "{table}");
+    // x, mapped_out, the scalar and `fine` (dropped) were all live at once.
+    assert_eq!(report.peak_bytes, 128 + 128 + 8 + 128, "{report}");
     assert!(table.contains("engine/decoder.layer0") && table.contains("tensor f64 []"), "{table}");
     let json = serde_json::to_string(&report).unwrap();
     assert_eq!(serde_json::from_str::<tensormem::testing::LeakReport>(&json).unwrap(), report);

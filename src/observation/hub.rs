@@ -6,7 +6,7 @@ use std::backtrace::Backtrace;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 
-use dashmap::{DashMap, DashSet};
+use dashmap::DashMap;
 
 use super::tags::TagLedger;
 use crate::allocators::observe::{self, Action, Event, Observer, Tag};
@@ -26,10 +26,36 @@ pub(crate) struct Record {
     pub(crate) backtrace: Option<Arc<Backtrace>>,
 }
 
+/// The bytes a leak check's allocations hold now and at most, counted when they are attributed
+/// to it and freed (requested sizes, on whatever thread they are freed): exact, since every
+/// change is one atomic add and the peak one `fetch_max` of the total it produced.
+#[derive(Debug, Default)]
+pub(crate) struct CheckBytes {
+    live: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl CheckBytes {
+    fn add(&self, bytes: usize) {
+        let now = self.live.fetch_add(bytes as u64, Relaxed).saturating_add(bytes as u64);
+        self.peak.fetch_max(now, Relaxed);
+    }
+
+    fn sub(&self, bytes: usize) {
+        // Saturating: a block attributed before a stale record was replaced is not counted twice.
+        let _ = self.live.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(bytes as u64)));
+    }
+
+    /// The most bytes held at once so far.
+    pub(crate) fn peak(&self) -> u64 {
+        self.peak.load(Relaxed)
+    }
+}
+
 pub(crate) struct Hub {
     pub(crate) records: DashMap<usize, Record>,
-    /// The leak checks not finished yet.
-    pub(crate) checks: DashSet<u64>,
+    /// The leak checks not finished yet, with the bytes their allocations hold.
+    pub(crate) checks: DashMap<u64, Arc<CheckBytes>>,
     pub(crate) tags: TagLedger,
     next_id: AtomicU64,
     /// `TENSORMEM_BACKTRACE=1` when the newest leak check started.
@@ -42,7 +68,7 @@ pub(crate) fn hub() -> &'static Hub {
     static INSTALLED: OnceLock<()> = OnceLock::new();
     let hub = HUB.get_or_init(|| Hub {
         records: DashMap::new(),
-        checks: DashSet::new(),
+        checks: DashMap::new(),
         tags: TagLedger::default(),
         next_id: AtomicU64::new(1),
         backtraces: AtomicBool::new(false),
@@ -56,7 +82,16 @@ pub(crate) fn hub() -> &'static Hub {
 impl Hub {
     fn on_alloc(&self, e: &Event<'_>) {
         let checks: Vec<u64> = if e.checked {
-            observe::thread_checks().into_iter().filter(|id| self.checks.contains(id)).collect()
+            observe::thread_checks()
+                .into_iter()
+                .filter(|id| match self.checks.get(id) {
+                    Some(bytes) => {
+                        bytes.add(e.requested);
+                        true
+                    }
+                    None => false,
+                })
+                .collect()
         } else {
             Vec::new()
         };
@@ -80,9 +115,7 @@ impl Hub {
         };
         // A stale record at this address (its free went unreported) is replaced.
         if let Some(old) = self.records.insert(e.address, record) {
-            if let Some(tag) = old.tag {
-                self.tags.free(tag, old.allocated);
-            }
+            self.release(&old);
         } else {
             observe::add_records(1);
         }
@@ -91,8 +124,18 @@ impl Hub {
     fn on_free(&self, address: usize) {
         if let Some((_, r)) = self.records.remove(&address) {
             observe::add_records(-1);
-            if let Some(tag) = r.tag {
-                self.tags.free(tag, r.allocated);
+            self.release(&r);
+        }
+    }
+
+    /// Takes a record that is gone off its tag's and its checks' totals.
+    fn release(&self, r: &Record) {
+        if let Some(tag) = r.tag {
+            self.tags.free(tag, r.allocated);
+        }
+        for id in &r.checks {
+            if let Some(bytes) = self.checks.get(id) {
+                bytes.sub(r.requested);
             }
         }
     }

@@ -5,6 +5,7 @@
 //! `prometheus` (it runs itself as exporter processes) and the `register_macro*` files (each a
 //! different set of startup registrations).
 
+mod budgets;
 mod config;
 mod conformance;
 #[cfg(feature = "cuda")]
@@ -14,6 +15,7 @@ mod headroom_mappings;
 mod http;
 mod memory_efficiency;
 mod memory_space;
+mod peak;
 mod registry;
 mod retry;
 mod snapshot;

@@ -63,6 +63,10 @@ use parking_lot::Mutex;
 
 use crate::allocators::observe::{self, Action, Event, Tag};
 
+mod live;
+
+pub use live::{LiveAllocation, LiveGroup, LiveSet};
+
 /// The current history file version.
 pub const HISTORY_VERSION: u32 = 1;
 
@@ -107,7 +111,8 @@ pub struct HistoryEvent {
     pub backtrace: Option<String>,
 }
 
-/// A recorded history: [`snapshot`] or [`History::from_json`].
+/// A recorded history: [`recorded`] or [`History::from_json`]. [`History::peak`] and
+/// [`History::live_at`] tell what was live at a point of it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct History {
     /// The file format version ([`HISTORY_VERSION`]).

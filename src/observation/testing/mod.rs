@@ -1,4 +1,5 @@
-//! Leak checks for tests: [`LeakCheck`] and [`assert_no_leaks`].
+//! Leak checks and memory budgets for tests: [`LeakCheck`], [`assert_no_leaks`] and
+//! [`assert_peak_below`].
 //!
 //! A check sees every allocation made on its thread (and on threads that [enter](LeakScope::enter)
 //! it) through *any* tensormem allocator: backends, decorators, allocators from the registry or
@@ -57,8 +58,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 pub use report::{Leak, LeakReport};
 
+use crate::allocators::ByteSize;
 use crate::allocators::observe;
-use crate::observation::hub::hub;
+use crate::observation::hub::{CheckBytes, hub};
 
 /// The environment variable that makes leak checks capture allocation backtraces (`1`).
 pub const BACKTRACE_ENV: &str = "TENSORMEM_BACKTRACE";
@@ -68,6 +70,7 @@ static NEXT_CHECK: AtomicU64 = AtomicU64::new(1);
 struct Shared {
     id: u64,
     open: AtomicBool,
+    bytes: Arc<CheckBytes>,
 }
 
 /// An active leak check; see the [module docs](self).
@@ -105,10 +108,11 @@ impl LeakCheck {
         let wants = std::env::var(BACKTRACE_ENV).is_ok_and(|v| v == "1");
         hub.backtraces.store(wants, Relaxed);
         let id = NEXT_CHECK.fetch_add(1, Relaxed);
-        hub.checks.insert(id);
+        let bytes = Arc::new(CheckBytes::default());
+        hub.checks.insert(id, Arc::clone(&bytes));
         observe::push_check(id);
         LeakCheck {
-            shared: Arc::new(Shared { id, open: AtomicBool::new(true) }),
+            shared: Arc::new(Shared { id, open: AtomicBool::new(true), bytes }),
             armed: true,
             _not_send: core::marker::PhantomData,
         }
@@ -119,9 +123,16 @@ impl LeakCheck {
         LeakScope { shared: self.shared.clone() }
     }
 
-    /// Allocations attributed to the check and still live now (the check goes on).
+    /// Allocations attributed to the check and still live now, with the peak so far (the check
+    /// goes on).
     pub fn live(&self) -> LeakReport {
-        report::collect(self.shared.id)
+        report::collect(self.shared.id, self.shared.bytes.peak())
+    }
+
+    /// The most bytes (requested sizes) that allocations attributed to the check held at once so
+    /// far, wherever they were freed.
+    pub fn peak_bytes(&self) -> u64 {
+        self.shared.bytes.peak()
     }
 
     /// Ends the check and reports what is still live.
@@ -153,7 +164,7 @@ impl LeakCheck {
         self.shared.open.store(false, Relaxed);
         let hub = hub();
         hub.checks.remove(&id);
-        let report = report::collect(id);
+        let report = report::collect(id, self.shared.bytes.peak());
         hub.detach_check(id);
         report
     }
@@ -213,6 +224,60 @@ pub fn assert_no_leaks<R>(f: impl FnOnce() -> R) -> R {
     let check = LeakCheck::start();
     let out = f();
     check.assert_no_leaks();
+    out
+}
+
+/// Runs `f` under a [`LeakCheck`] of its own and panics if the allocations it made (on this
+/// thread, and on threads that [entered](LeakScope::enter) the check) held `bytes` or more at
+/// once; returns what `f` returned. A memory budget for a test: like leak checks, it sees only
+/// its own threads' allocations, so tests that `cargo test` runs in parallel do not disturb it.
+/// Sizes are the requested ones. It checks the peak only: memory `f` leaves live is not an error
+/// here (combine with [`assert_no_leaks`] for that).
+///
+/// # Panics
+/// When the peak is not below `bytes`; the message gives the peak, the budget and what was still
+/// live when `f` returned.
+///
+/// ```
+/// use tensormem::{AllocatorExt, SystemAllocator};
+/// use tensormem::testing::assert_peak_below;
+///
+/// let cpu = SystemAllocator::new();
+/// let sum = assert_peak_below(8192, || {
+///     let a = cpu.allocate::<u8>(4096).unwrap();
+///     // SAFETY: `a` came from `allocate::<u8>(4096)` on `cpu`.
+///     unsafe { cpu.deallocate(a, 4096) };
+///     let b = cpu.allocate::<u8>(4096).unwrap();
+///     // SAFETY: as above.
+///     unsafe { cpu.deallocate(b, 4096) };
+///     2 + 2
+/// });
+/// assert_eq!(sum, 4); // two 4 KiB blocks, one at a time: a peak of 4096 bytes
+/// ```
+///
+/// ```should_panic
+/// use tensormem::{AllocatorExt, SystemAllocator};
+///
+/// let cpu = SystemAllocator::new();
+/// tensormem::testing::assert_peak_below(1 << 20, || {
+///     let big = cpu.allocate::<u8>(2 << 20).unwrap();
+///     // SAFETY: `big` came from `allocate::<u8>(2 << 20)` on `cpu`.
+///     unsafe { cpu.deallocate(big, 2 << 20) };
+/// });
+/// ```
+#[track_caller]
+pub fn assert_peak_below<R>(bytes: u64, f: impl FnOnce() -> R) -> R {
+    let check = LeakCheck::start();
+    let out = f();
+    let report = check.finish();
+    if report.peak_bytes >= bytes {
+        panic!(
+            "memory budget exceeded: the allocations held {} ({} bytes) at their peak, the budget is below {} ({bytes} bytes)\n{report}",
+            ByteSize(report.peak_bytes),
+            report.peak_bytes,
+            ByteSize(bytes)
+        );
+    }
     out
 }
 

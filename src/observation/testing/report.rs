@@ -32,6 +32,11 @@ pub struct Leak {
 pub struct LeakReport {
     /// The leaks, oldest first.
     pub leaks: Vec<Leak>,
+    /// The most bytes (requested sizes) that the check's allocations held at once, freed or
+    /// not: the check's thread(s)' peak, for memory budgets (see
+    /// [`assert_peak_below`](super::assert_peak_below)).
+    #[serde(default)]
+    pub peak_bytes: u64,
 }
 
 impl LeakReport {
@@ -44,10 +49,15 @@ impl LeakReport {
     pub fn leaked_bytes(&self) -> usize {
         self.leaks.iter().map(|l| l.requested_size).sum()
     }
+
+    /// The peak bytes the check's allocations held at once (the [field](Self::peak_bytes)).
+    pub fn peak_bytes(&self) -> u64 {
+        self.peak_bytes
+    }
 }
 
 /// The live records of check `id`, oldest first.
-pub(super) fn collect(id: u64) -> LeakReport {
+pub(super) fn collect(id: u64, peak_bytes: u64) -> LeakReport {
     let mut leaks: Vec<Leak> = hub()
         .records
         .iter()
@@ -64,7 +74,7 @@ pub(super) fn collect(id: u64) -> LeakReport {
         })
         .collect();
     leaks.sort_by_key(|l| l.allocation_id);
-    LeakReport { leaks }
+    LeakReport { leaks, peak_bytes }
 }
 
 impl fmt::Display for LeakReport {
@@ -72,7 +82,13 @@ impl fmt::Display for LeakReport {
         if self.leaks.is_empty() {
             return writeln!(f, "no leaks");
         }
-        writeln!(f, "{} leaked allocation(s), {} requested:", self.leaks.len(), ByteSize(self.leaked_bytes() as u64))?;
+        writeln!(
+            f,
+            "{} leaked allocation(s), {} requested (peak {}):",
+            self.leaks.len(),
+            ByteSize(self.leaked_bytes() as u64),
+            ByteSize(self.peak_bytes)
+        )?;
         let rows: Vec<Vec<String>> = self
             .leaks
             .iter()
