@@ -548,7 +548,7 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "walks all 2^32 floats: 8-17 minutes in release on 2 cores (cargo test --release --lib -- --ignored exhaustive_accuracy)"]
+    #[ignore = "walks all 2^32 floats, too long for every run (cargo test --release --lib -- --ignored exhaustive_accuracy)"]
     fn exhaustive_accuracy() {
         check(1);
     }
@@ -626,7 +626,7 @@ mod tests {
     /// Every `f32` through each function, in one run through the blocks of every kind and
     /// through the scalar function: the same bits.
     #[test]
-    #[ignore = "walks all 2^32 floats seven times for each kind of blocks the CPU runs: about 5 minutes in release for AVX-512 and AVX2 (cargo test --release --lib -- --ignored every_f32)"]
+    #[ignore = "walks all 2^32 floats seven times for each kind of blocks the CPU runs, too long for every run (cargo test --release --lib -- --ignored every_f32)"]
     fn blocks_give_the_same_bits_on_every_f32() {
         use crate::kernels::isa::{Isa, vectorised};
         let mut xs = vec![0f32; 1 << 24];
