@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use tensormem::ByteSize;
 use tensormem::allocators::observe::Action;
 use tensormem::history::{HISTORY_VERSION, History, HistoryEvent, LiveGroup};
 
@@ -49,7 +50,8 @@ fn the_peak_is_the_first_event_with_the_most_bytes_live() {
     assert_eq!((peak.event, peak.time_ns, peak.bytes), (6, 6, 4000 + 800 + 800 + 1200));
     let sizes: Vec<(u64, u64)> = peak.allocations.iter().map(|a| (a.address, a.size)).collect();
     assert_eq!(sizes, [(0x10_0000, 4000), (0x30_0000, 800), (0x40_0000, 800), (0x50_0000, 1200)]);
-    assert_eq!(peak.allocations[0].event, 1, "each names its alloc event, oldest first");
+    assert_eq!(peak.allocations[0].event, Some(1), "each names its alloc event, oldest first");
+    assert_eq!(peak.allocations[0].time_ns, Some(1));
 }
 
 #[test]
@@ -97,4 +99,39 @@ fn empty_histories_and_frees_of_unknown_blocks_have_no_peak_to_invent() {
     let h = history(twice);
     assert_eq!(h.peak().unwrap().bytes, 30);
     assert_eq!(h.live_at(2).unwrap().allocations[0].allocator.as_ref(), "pool");
+}
+
+#[test]
+fn a_block_from_before_the_history_is_live_until_its_free() {
+    use Action::{Alloc, Free};
+    // Recording started while a 64-byte block was live; it is freed at event 2.
+    let h = history(vec![
+        event(0, Alloc, 0x2000, 10, Some("step"), None),
+        event(1, Alloc, 0x3000, 20, Some("step"), None),
+        event(2, Free, 0x1000, 64, None, None),
+        event(3, Alloc, 0x4000, 40, Some("step"), None),
+    ]);
+    let peak = h.peak().unwrap();
+    assert_eq!((peak.event, peak.bytes), (1, 64 + 10 + 20));
+    let old = &peak.allocations[0];
+    assert_eq!((old.event, old.time_ns, old.address, old.size), (None, None, 0x1000, 64));
+    assert_eq!(peak.by_scope()[0], LiveGroup { key: None, bytes: 64, count: 1 });
+    assert_eq!(h.live_at(3).unwrap().bytes, 70, "gone after its free");
+}
+
+#[test]
+fn the_timeline_page_shows_the_same_peak() {
+    use Action::{Alloc, Free};
+    for h in [
+        encoder(),
+        history(vec![
+            event(0, Alloc, 0x2000, 10, None, None),
+            event(1, Free, 0x1000, 5000, None, None),
+            event(2, Alloc, 0x4000, 40, None, None),
+        ]),
+    ] {
+        let page = tensormem::timeline::render_html(&h);
+        let bytes = h.peak().unwrap().bytes;
+        assert!(page.contains(&format!("peak in use {}", ByteSize(bytes))), "{bytes}");
+    }
 }

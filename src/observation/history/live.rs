@@ -10,10 +10,12 @@ use crate::allocators::observe::Action;
 /// One allocation live at a point of a history.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct LiveAllocation {
-    /// The index of its `alloc` event in [`History::events`].
-    pub event: usize,
-    /// When it was allocated (nanoseconds since recording started).
-    pub time_ns: u64,
+    /// The index of its `alloc` event in [`History::events`]; `None` for a block allocated
+    /// before the history starts (recording began, or the ring buffer dropped its `alloc`, while
+    /// it was live), known from its `free`.
+    pub event: Option<usize>,
+    /// When it was allocated (nanoseconds since recording started); `None` when `event` is.
+    pub time_ns: Option<u64>,
     /// Its address.
     pub address: u64,
     /// Its requested size in bytes.
@@ -49,7 +51,7 @@ pub struct LiveSet {
     pub time_ns: u64,
     /// Requested bytes live, in all.
     pub bytes: u64,
-    /// The allocations, oldest first.
+    /// The allocations, oldest first (those from before the history first).
     pub allocations: Vec<LiveAllocation>,
 }
 
@@ -80,68 +82,101 @@ impl LiveSet {
     }
 }
 
+/// A block of a history: where its `alloc` is (`None`: before the history) and where its `free`
+/// is (`None`: still live at the end), with the event that tells its size.
+struct Block {
+    start: Option<usize>,
+    end: Option<usize>,
+    /// The `alloc` event, or for a block from before the history its `free`.
+    known: usize,
+}
+
+impl Block {
+    /// Live right after event `x`: allocated at or before it and not freed by then.
+    fn live_after(&self, x: usize) -> bool {
+        self.start.is_none_or(|s| s <= x) && self.end.is_none_or(|e| e > x)
+    }
+}
+
 impl History {
-    /// The allocations live right after event `event` (0 = after the first event), as far as
-    /// the history knows: a block allocated before recording started, or whose `alloc` event the
-    /// ring buffer dropped, is not in it. `None` when the history has no such event.
-    pub fn live_at(&self, event: usize) -> Option<LiveSet> {
-        let e = self.events.get(event)?;
-        let mut live: HashMap<(&str, u64), Vec<usize>> = HashMap::new();
-        for (i, e) in self.events[..=event].iter().enumerate() {
+    /// Every block of the history, matching each `free` to the latest live `alloc` of the same
+    /// allocator and address (the timeline page draws the same blocks).
+    fn blocks(&self) -> Vec<Block> {
+        let mut blocks: Vec<Block> = Vec::new();
+        let mut open: HashMap<(&str, u64), Vec<usize>> = HashMap::new();
+        for (i, e) in self.events.iter().enumerate() {
             match e.action {
-                Action::Alloc => live.entry((&e.allocator, e.address)).or_default().push(i),
-                Action::Free => {
-                    if let Some(v) = live.get_mut(&(&*e.allocator, e.address)) {
-                        v.pop();
-                    }
+                Action::Alloc => {
+                    open.entry((&e.allocator, e.address)).or_default().push(blocks.len());
+                    blocks.push(Block { start: Some(i), end: None, known: i });
                 }
+                Action::Free => match open.get_mut(&(&*e.allocator, e.address)).and_then(Vec::pop) {
+                    Some(b) => blocks[b].end = Some(i),
+                    None => blocks.push(Block { start: None, end: Some(i), known: i }),
+                },
                 _ => {}
             }
         }
-        let mut indices: Vec<usize> = live.into_values().flatten().collect();
-        indices.sort_unstable();
-        let allocations: Vec<LiveAllocation> = indices
-            .into_iter()
-            .map(|i| {
-                let a = &self.events[i];
+        blocks
+    }
+
+    /// The allocations live right after event `event` (0 = after the first event). A block
+    /// allocated before the history starts is in it until its `free` (its size is the free's);
+    /// one allocated before and never freed in the history cannot be known, and is not. `None`
+    /// when the history has no such event.
+    pub fn live_at(&self, event: usize) -> Option<LiveSet> {
+        let at = self.events.get(event)?;
+        let mut live: Vec<Block> = self.blocks().into_iter().filter(|b| b.live_after(event)).collect();
+        // Oldest first: blocks from before the history (in the order of their frees), then by
+        // their `alloc` events.
+        live.sort_by_key(|b| (b.start.is_some(), b.start.unwrap_or(b.known)));
+        let allocations: Vec<LiveAllocation> = live
+            .iter()
+            .map(|b| {
+                let e = &self.events[b.known];
+                let alloc = b.start.map(|_| e);
                 LiveAllocation {
-                    event: i,
-                    time_ns: a.time_ns,
-                    address: a.address,
-                    size: a.size,
-                    allocator: Arc::clone(&a.allocator),
-                    tag: a.tag.clone(),
-                    description: a.description.clone(),
-                    backtrace: a.backtrace.clone(),
+                    event: b.start,
+                    time_ns: alloc.map(|e| e.time_ns),
+                    address: e.address,
+                    size: e.size,
+                    allocator: Arc::clone(&e.allocator),
+                    tag: alloc.and_then(|e| e.tag.clone()),
+                    description: alloc.and_then(|e| e.description.clone()),
+                    backtrace: alloc.and_then(|e| e.backtrace.clone()),
                 }
             })
             .collect();
         let bytes = allocations.iter().fold(0u64, |s, a| s.saturating_add(a.size));
-        Some(LiveSet { event, time_ns: e.time_ns, bytes, allocations })
+        Some(LiveSet { event, time_ns: at.time_ns, bytes, allocations })
     }
 
-    /// The allocations live when the most bytes were (the first time that many were): the peak
-    /// of the history's in-use line. `None` when nothing was ever allocated in it.
+    /// The allocations live when the most bytes were (right after the first event at which that
+    /// many were): the top of the timeline page's in-use line. `None` when no bytes were ever
+    /// live in the history.
     pub fn peak(&self) -> Option<LiveSet> {
-        let mut sizes: HashMap<(&str, u64), Vec<u64>> = HashMap::new();
-        let (mut in_use, mut best) = (0u128, None::<(u128, usize)>);
-        for (i, e) in self.events.iter().enumerate() {
-            match e.action {
-                Action::Alloc => {
-                    in_use += u128::from(e.size);
-                    sizes.entry((&e.allocator, e.address)).or_default().push(e.size);
-                    if best.is_none_or(|(b, _)| in_use > b) {
-                        best = Some((in_use, i));
-                    }
-                }
-                Action::Free => {
-                    if let Some(size) = sizes.get_mut(&(&*e.allocator, e.address)).and_then(Vec::pop) {
-                        in_use -= u128::from(size);
-                    }
-                }
-                _ => {}
+        let n = self.events.len();
+        // Bytes coming live (+) and going (-) right after each event; blocks from before the
+        // history are live from its start.
+        let mut delta = vec![0i128; n + 1];
+        let mut level = 0i128;
+        for b in self.blocks() {
+            let size = i128::from(self.events[b.known].size);
+            match b.start {
+                Some(s) => delta[s] += size,
+                None => level += size,
+            }
+            if let Some(e) = b.end {
+                delta[e] -= size;
             }
         }
-        best.and_then(|(_, i)| self.live_at(i))
+        let mut best: Option<(i128, usize)> = None;
+        for (x, d) in delta.iter().take(n).enumerate() {
+            level += d;
+            if level > 0 && best.is_none_or(|(b, _)| level > b) {
+                best = Some((level, x));
+            }
+        }
+        best.and_then(|(_, x)| self.live_at(x))
     }
 }
