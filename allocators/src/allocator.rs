@@ -135,8 +135,8 @@ pub unsafe trait Allocator: Send + Sync + fmt::Debug {
     /// The backend at the bottom of this allocator, for what only one kind of backend knows (a
     /// BFC's [memory dump](crate::BfcAllocator::memory_dump), a pool's
     /// [statistics](crate::PoolAllocator::pool_stats)): a backend returns itself, a decorator
-    /// what it wraps returns, `None` (the default) means the allocator shows no backend.
-    /// [`AllocatorExt::backend_as`] downcasts it.
+    /// returns the backend of the allocator it wraps, and `None` (the default) means the
+    /// allocator shows none. [`AllocatorExt::backend_as`] downcasts it.
     fn backend(&self) -> Option<&dyn Any> {
         None
     }

@@ -42,7 +42,8 @@ impl CheckBytes {
     }
 
     fn sub(&self, bytes: usize) {
-        // Saturating: a block attributed before a stale record was replaced is not counted twice.
+        // Saturating: never below zero, whatever order a stale record's replacement and a free
+        // of the same block come in.
         let _ = self.live.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(bytes as u64)));
     }
 
