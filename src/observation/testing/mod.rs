@@ -272,7 +272,7 @@ pub fn assert_peak_below<R>(bytes: u64, f: impl FnOnce() -> R) -> R {
     let report = check.finish();
     if report.peak_bytes >= bytes {
         panic!(
-            "memory budget exceeded: the allocations held {} ({} bytes) at their peak, the budget is below {} ({bytes} bytes)\n{report}",
+            "memory budget exceeded: the allocations held {} ({} bytes) at their peak; the budget is to stay below {} ({bytes} bytes)\n{report}",
             ByteSize(report.peak_bytes),
             report.peak_bytes,
             ByteSize(bytes)
