@@ -56,12 +56,12 @@
 //!
 //! Each 2-thread group also has a `scaling` row: the default path at 2 threads and at 1 and the
 //! group's baseline at 2 and at 1, in turn, whose 1-thread / 2-thread ratios go to
-//! `tensor_side_by_side.json`. The 2-thread scaling from the same seconds of the
-//! machine, not from two rows run seconds apart. Each takes its turn as a block of calls back to
-//! back (2 ms at least; see `scaling_block`). One call at a time, a 2-thread call woke a
-//! sleeping kernel thread wherever the three calls before it took longer than the kernel
-//! threads' spin (1 ms, `set_kernel_spin`), and on a 2-core machine that spin took a core from
-//! the baseline's calls, so the row under-read both scalings (the copy's 0.93-1.59x, against 1.68-2.70x from rows apart, on a 2-vCPU Xeon).
+//! `tensor_side_by_side.json`: 2-thread scaling from the same seconds of the machine, not from
+//! two rows run seconds apart. Each takes its turn as a block of calls back to back (see
+//! `scaling_block`), not one call at a time: a lone 2-thread call wakes a sleeping kernel thread
+//! whenever the calls before it outlast the kernel threads' spin (`set_kernel_spin`), and on a
+//! machine with as many cores as threads that spin takes a core from the baseline's calls, so
+//! such a row under-reads both scalings (figures: `tensor/benches/README.md`).
 //!
 //! Page faults: every benchmark is timed with `iter_custom`, which also reads `getrusage`'s
 //! minor-fault count around the timed loop; the count per call of the last sample (steady
@@ -134,9 +134,8 @@ static SIDE_BY_SIDE: Mutex<BTreeMap<String, Vec<f64>>> = Mutex::new(BTreeMap::ne
 /// Benchmarks the row `row`: `calls` in rotating order, one of each per iteration, adding each
 /// call's time to [`SIDE_BY_SIDE`]; the row's own time is that of `calls[0]` alone.
 ///
-/// Criterion's rows run seconds apart, on a machine whose speed drifts by more than 5% in that
-/// time (the lent 16-core Xeon: by 30% between two processes); calls side by side see the same
-/// machine.
+/// Criterion's rows run seconds apart, on shared machines whose speed drifts between rows (see
+/// `tensor/benches/README.md`); calls side by side see the same machine.
 fn bench_side_by_side(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, row: &str, calls: &mut [&mut dyn FnMut()]) {
     bench_side_by_side_in_blocks(g, group, row, 1, calls);
 }

@@ -275,7 +275,7 @@ macro_rules! half_element {
             // Through f32, as PyTorch converts (its `Half` and `BFloat16` are made from a
             // `float`): `1 + 2^-11 + 2^-30` is 1.0 in f16, not 1.0009765625. This also rounds
             // every f32 value correctly, which `half`'s own `from_f64` does not (it rounds
-            // values just above a tie down: half-rs issue 151).
+            // values just above a tie down).
             #[inline(always)]
             fn from_f64(v: f64) -> Self { <$t as HalfFloat>::narrow(v as f32) }
             #[inline(always)]

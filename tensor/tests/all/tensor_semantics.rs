@@ -711,7 +711,7 @@ fn view_strides_match_pytorch_also_on_dimensions_of_size_one() {
 #[test]
 fn conversions_to_half_precision_round_through_f32_as_pytorch_does() {
     // bf16.mul_(f32): the f32 product 3.5703127 lies just above a bf16 tie and rounds up
-    // (`half`'s own from_f64 rounds it down: half-rs issue 151).
+    // (`half`'s own from_f64 rounds it down).
     let x = Tensor::from_vec(vec![-1.5625f32], &[1], DType::BF16).unwrap();
     let y = Tensor::from_vec(vec![-2.285f32], &[1], DType::F32).unwrap();
     x.mul_(&y).unwrap();
