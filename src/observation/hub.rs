@@ -82,20 +82,16 @@ pub(crate) fn hub() -> &'static Hub {
 
 impl Hub {
     fn on_alloc(&self, e: &Event<'_>) {
-        let checks: Vec<u64> = if e.checked {
-            observe::thread_checks()
-                .into_iter()
-                .filter(|id| match self.checks.get(id) {
-                    Some(bytes) => {
-                        bytes.add(e.requested);
-                        true
-                    }
-                    None => false,
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
+        // The thread's open checks, each counting the block's bytes.
+        let mut checks = Vec::new();
+        if e.checked {
+            for id in observe::thread_checks() {
+                if let Some(bytes) = self.checks.get(&id) {
+                    bytes.add(e.requested);
+                    checks.push(id);
+                }
+            }
+        }
         if let Some(tag) = e.tag {
             self.tags.alloc(tag, e.allocated);
         }

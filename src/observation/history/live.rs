@@ -125,8 +125,13 @@ impl History {
     /// one allocated before and never freed in the history cannot be known, and is not. `None`
     /// when the history has no such event.
     pub fn live_at(&self, event: usize) -> Option<LiveSet> {
+        self.live_set(self.blocks(), event)
+    }
+
+    /// The live set after `event`, from the history's `blocks`.
+    fn live_set(&self, blocks: Vec<Block>, event: usize) -> Option<LiveSet> {
         let at = self.events.get(event)?;
-        let mut live: Vec<Block> = self.blocks().into_iter().filter(|b| b.live_after(event)).collect();
+        let mut live: Vec<Block> = blocks.into_iter().filter(|b| b.live_after(event)).collect();
         // Oldest first: blocks from before the history (in the order of their frees), then by
         // their `alloc` events.
         live.sort_by_key(|b| (b.start.is_some(), b.start.unwrap_or(b.known)));
@@ -160,7 +165,8 @@ impl History {
         // history are live from its start.
         let mut delta = vec![0i128; n + 1];
         let mut level = 0i128;
-        for b in self.blocks() {
+        let blocks = self.blocks();
+        for b in &blocks {
             let size = i128::from(self.events[b.known].size);
             match b.start {
                 Some(s) => delta[s] += size,
@@ -177,6 +183,6 @@ impl History {
                 best = Some((level, x));
             }
         }
-        best.and_then(|(_, x)| self.live_at(x))
+        best.and_then(|(_, x)| self.live_set(blocks, x))
     }
 }
