@@ -60,8 +60,9 @@ pub use config::SIZE_SPELLINGS;
 pub use config::{
     ALLOC_CONF_ENV, AllocConf, ConfigError, DEFAULT_CUDA_MEMORY_FRACTION, KEYS as ALLOC_CONF_KEYS, MAX_SIZE, parse_size,
 };
+pub use observation::oom::{on_oom, remove_oom_observer};
 pub use observation::tags::{TagStats, tag_stats};
-pub use observation::{history, testing};
+pub use observation::{history, oom, testing};
 // What `register_allocator!` expands to: public for the macro, out of the docs.
 pub use decorators::retry::{DEFAULT_MAX_RETRY_WAIT, RetryAllocator};
 pub use decorators::tracking::{TrackingAllocator, TrackingSizes};

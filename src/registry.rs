@@ -232,6 +232,9 @@ impl AllocatorRegistry {
     }
 
     fn with_defaults() -> Self {
+        // Installs the observer, so that refusals of the allocators picked here are reported
+        // (see `tensormem::oom`).
+        crate::observation::hub::hub();
         let registry = Self::new();
         let mut errors = Vec::new();
         let selected = match env::var_os(ALLOCATOR_ENV) {

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use dashmap::DashMap;
 
 use super::tags::TagLedger;
-use crate::allocators::observe::{self, Action, Event, Observer, Tag};
+use crate::allocators::observe::{self, Action, Event, Observer, Refusal, Tag};
 
 /// One live allocation that a leak check or a tag needs to know about.
 #[derive(Clone, Debug)]
@@ -92,11 +92,12 @@ impl Hub {
                 }
             }
         }
-        if let Some(tag) = e.tag {
-            self.tags.alloc(tag, e.allocated);
-        }
         if checks.is_empty() && e.tag.is_none() {
             return;
+        }
+        let allocator = Tag::intern(e.allocator);
+        if let Some(tag) = e.tag {
+            self.tags.alloc(tag, allocator, e.allocated);
         }
         let backtrace =
             (!checks.is_empty() && self.backtraces.load(Relaxed)).then(|| Arc::new(Backtrace::force_capture()));
@@ -104,7 +105,7 @@ impl Hub {
             id: self.next_id.fetch_add(1, Relaxed),
             requested: e.requested,
             allocated: e.allocated,
-            allocator: Tag::intern(e.allocator),
+            allocator,
             tag: e.tag,
             checks,
             description: None,
@@ -128,7 +129,7 @@ impl Hub {
     /// Takes a record that is gone off its tag's and its checks' totals.
     fn release(&self, r: &Record) {
         if let Some(tag) = r.tag {
-            self.tags.free(tag, r.allocated);
+            self.tags.free(tag, r.allocator, r.allocated);
         }
         for id in &r.checks {
             if let Some(bytes) = self.checks.get(id) {
@@ -164,6 +165,10 @@ impl Observer for Hub {
         if observe::recording() {
             crate::history::record(e);
         }
+    }
+
+    fn refused(&self, refusal: &Refusal<'_>) {
+        crate::observation::oom::report(self, refusal);
     }
 
     fn describe(&self, address: usize, description: &dyn Fn() -> String) {

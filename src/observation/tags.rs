@@ -22,13 +22,16 @@ pub struct TagStats {
     pub num_frees: u64,
 }
 
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 struct Counts {
     in_use: u64,
     peak: u64,
     allocated: u64,
     allocs: u64,
     frees: u64,
+    /// Bytes and allocations alive now, per allocator (a scope uses few): what an OOM report
+    /// ranks scopes by, kept in the same entry so that an event costs one map operation.
+    by_allocator: Vec<(Tag, u64, u64)>,
 }
 
 #[derive(Default)]
@@ -37,19 +40,41 @@ pub(crate) struct TagLedger {
 }
 
 impl TagLedger {
-    pub(crate) fn alloc(&self, tag: Tag, bytes: usize) {
+    pub(crate) fn alloc(&self, tag: Tag, allocator: Tag, bytes: usize) {
         let mut c = self.counts.entry(tag).or_default();
         c.in_use += bytes as u64;
         c.peak = c.peak.max(c.in_use);
         c.allocated += bytes as u64;
         c.allocs += 1;
+        match c.by_allocator.iter_mut().find(|a| a.0 == allocator) {
+            Some(a) => {
+                a.1 += bytes as u64;
+                a.2 += 1;
+            }
+            None => c.by_allocator.push((allocator, bytes as u64, 1)),
+        }
     }
 
-    pub(crate) fn free(&self, tag: Tag, bytes: usize) {
+    pub(crate) fn free(&self, tag: Tag, allocator: Tag, bytes: usize) {
         if let Some(mut c) = self.counts.get_mut(&tag) {
             c.in_use = c.in_use.saturating_sub(bytes as u64);
             c.frees += 1;
+            if let Some(a) = c.by_allocator.iter_mut().find(|a| a.0 == allocator) {
+                a.1 = a.1.saturating_sub(bytes as u64);
+                a.2 = a.2.saturating_sub(1);
+            }
         }
+    }
+
+    /// `(scope, bytes, allocations)` alive now in `allocator`, for every scope holding any.
+    pub(crate) fn live_in(&self, allocator: Tag) -> Vec<(Tag, u64, u64)> {
+        self.counts
+            .iter()
+            .filter_map(|e| {
+                let a = e.value().by_allocator.iter().find(|a| a.0 == allocator)?;
+                (a.2 > 0).then_some((*e.key(), a.1, a.2))
+            })
+            .collect()
     }
 
     /// Every tag seen, largest peak first.
@@ -58,7 +83,7 @@ impl TagLedger {
             .counts
             .iter()
             .map(|e| {
-                let c = *e.value();
+                let c = e.value();
                 TagStats {
                     tag: e.key().as_str().to_owned(),
                     bytes_in_use: c.in_use,

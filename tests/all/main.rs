@@ -15,6 +15,7 @@ mod headroom_mappings;
 mod http;
 mod memory_efficiency;
 mod memory_space;
+mod oom;
 mod peak;
 mod registry;
 mod retry;

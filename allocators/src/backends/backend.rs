@@ -82,11 +82,11 @@ impl Backend {
     #[inline(never)]
     fn out_of_memory(&self, layout: Layout) -> AllocError {
         self.counters.record_oom();
-        observe::out_of_memory(&self.options.name, layout.size());
         let in_use = self.counters.snapshot().bytes_in_use;
         let err = AllocError::new(AllocErrorKind::OutOfMemory, layout, &self.options.name)
             .with_usage(in_use, self.counters.limit());
         tracing::warn!(allocator = %self.options.name, size = layout.size(), align = layout.align(), in_use, "{err}");
+        observe::refused(&self.options.name, &err, None);
         err
     }
 
@@ -94,10 +94,10 @@ impl Backend {
     #[inline(never)]
     fn over_limit(&self, layout: Layout, in_use: u64, limit: u64) -> AllocError {
         self.counters.record_oom();
-        observe::out_of_memory(&self.options.name, layout.size());
         let err =
             AllocError::new(AllocErrorKind::LimitExceeded, layout, &self.options.name).with_usage(in_use, Some(limit));
         tracing::warn!(allocator = %self.options.name, size = layout.size(), in_use, limit, "{err}");
+        observe::refused(&self.options.name, &err, None);
         err
     }
 

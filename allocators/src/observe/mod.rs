@@ -23,6 +23,7 @@
 mod scope;
 mod tag;
 
+use core::alloc::Layout;
 use core::cell::{Cell, RefCell};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -32,6 +33,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 #[doc(hidden)]
 pub use scope::{ScopeGuard, current_scope, current_tag, scope};
 pub use tag::Tag;
+
+use crate::{AllocError, AllocErrorKind};
 
 /// This thread has an active leak check.
 const CHECKED: u32 = 1;
@@ -120,6 +123,10 @@ pub trait Observer: Send + Sync {
     /// A description of the block at `address` (e.g. the shape and dtype of the tensor it
     /// holds), asked for only while something watches this thread.
     fn describe(&self, address: usize, description: &dyn Fn() -> String);
+
+    /// An allocator refused a request (see [`refused`]); called with this thread's further
+    /// allocations unobserved and its further refusals unreported until it returns.
+    fn refused(&self, _refusal: &Refusal<'_>) {}
 }
 
 #[doc(hidden)]
@@ -265,17 +272,94 @@ pub fn segment(action: Action, allocator: &str, address: usize, size: usize) {
     dispatch(s, &event);
 }
 
-/// Reports a request of `size` bytes that `allocator` could not serve.
+/// Reports a request of `size` bytes that `allocator` could not serve, when all it knows is the
+/// size (an [`AllocError`] of kind out-of-memory is made for it); see [`refused`].
 #[cold]
 pub fn out_of_memory(allocator: &str, size: usize) {
-    if !recording() {
-        return;
-    }
+    let layout = Layout::from_size_align(size, 1).unwrap_or(Layout::new::<u8>());
+    refused(allocator, &AllocError::new(AllocErrorKind::OutOfMemory, layout, allocator), None);
+}
+
+/// A block an allocator knows to be live, as it hands it to [`refused`] for an OOM report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveBlock {
+    /// Its address.
+    pub address: usize,
+    /// The bytes asked for.
+    pub requested: usize,
+    /// The bytes set aside for it.
+    pub allocated: usize,
+}
+
+/// How many live blocks an OOM report lists, unless changed.
+pub const DEFAULT_REPORT_ENTRIES: usize = 10;
+
+static REPORT_ENTRIES: AtomicUsize = AtomicUsize::new(DEFAULT_REPORT_ENTRIES);
+
+#[doc(hidden)]
+/// Sets how many of the largest live blocks (and scopes) an OOM report lists.
+pub fn set_report_entries(n: usize) {
+    REPORT_ENTRIES.store(n, Relaxed);
+}
+
+/// How many of its largest live blocks an allocator should hand to [`refused`].
+pub fn report_entries() -> usize {
+    REPORT_ENTRIES.load(Relaxed)
+}
+
+/// Whether a refusal made now would be reported: an observer is installed, and this thread is
+/// neither inside it nor a caching allocator's call into its source. A backend gathers its
+/// largest live blocks for [`refused`] only then, so that an OOM nobody reports costs nothing
+/// extra.
+pub fn reports_wanted() -> bool {
+    let s = STATE.with(Cell::get);
+    OBSERVER.get().is_some() && s & IN_HOOK == 0 && s >> DEPTH_SHIFT == 0
+}
+
+#[doc(hidden)]
+/// A refused request, as handed to [`Observer::refused`].
+#[derive(Clone, Copy, Debug)]
+pub struct Refusal<'a> {
+    /// The allocator that refused.
+    pub allocator: &'a str,
+    /// Its error.
+    pub error: &'a AllocError,
+    /// Its largest live blocks, largest first, when it keeps a table of them.
+    pub largest_live: Option<&'a [LiveBlock]>,
+    /// The innermost scope of the refused thread.
+    pub tag: Option<Tag>,
+}
+
+/// Reports that `allocator` refused a request with `error` (out of memory or over its limit),
+/// with its largest live blocks (largest first, at most [`report_entries`]) when it keeps a
+/// table of them. Call it after releasing the allocator's own locks: the observer builds an OOM
+/// report and runs user callbacks, which may allocate and free.
+///
+/// A refusal inside [`nested`] (a caching allocator's call into its source) is not reported:
+/// the caching allocator may recover, and reports its own refusal if it does not.
+#[cold]
+pub fn refused(allocator: &str, error: &AllocError, largest_live: Option<&[LiveBlock]>) {
     let s = STATE.with(Cell::get);
     let tag = if s & SCOPED != 0 { current_tag() } else { None };
-    let event =
-        Event { action: Action::Oom, address: 0, requested: size, allocated: 0, allocator, tag, checked: false };
-    dispatch(s, &event);
+    if recording() {
+        let event = Event {
+            action: Action::Oom,
+            address: 0,
+            requested: error.requested_size().unwrap_or(0),
+            allocated: 0,
+            allocator,
+            tag,
+            checked: false,
+        };
+        dispatch(s, &event);
+    }
+    if s >> DEPTH_SHIFT != 0 || s & IN_HOOK != 0 {
+        return;
+    }
+    if let Some(o) = OBSERVER.get() {
+        let _hook = InHook::enter();
+        o.refused(&Refusal { allocator, error, largest_live, tag });
+    }
 }
 
 /// Describes the block at `address` (built lazily: only while this thread is watched).

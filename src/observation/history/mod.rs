@@ -421,3 +421,38 @@ pub(crate) fn describe(address: usize, description: &dyn Fn() -> String) {
         e.description = Some(description().into());
     }
 }
+
+/// A block the recorded events show live, for an OOM report.
+pub(crate) struct RingBlock {
+    pub(crate) requested: usize,
+    pub(crate) tag: Option<Tag>,
+    pub(crate) description: Option<Box<str>>,
+    pub(crate) backtrace: Option<Arc<Backtrace>>,
+}
+
+/// The blocks of `allocator` whose newest recorded event is their allocation, by address
+/// (empty when nothing is recorded).
+pub(crate) fn live_blocks(allocator: &str) -> HashMap<usize, RingBlock> {
+    let me = Tag::intern(allocator);
+    let mut live = HashMap::new();
+    let guard = RECORDER.lock();
+    let Some(r) = guard.as_ref() else { return live };
+    for e in r.events.iter().filter(|e| e.allocator == me) {
+        match e.action {
+            Action::Alloc => {
+                let block = RingBlock {
+                    requested: e.size,
+                    tag: Tag::from_raw(e.tag),
+                    description: e.description.clone(),
+                    backtrace: e.backtrace.clone(),
+                };
+                live.insert(e.address, block);
+            }
+            Action::Free => {
+                live.remove(&e.address);
+            }
+            _ => {}
+        }
+    }
+    live
+}

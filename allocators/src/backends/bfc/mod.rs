@@ -258,8 +258,9 @@ unsafe impl Allocator for BfcAllocator {
             }
             Err(failure) => {
                 let (err, dump) = self.fail(&mut state, failure, layout, rounded);
+                let largest = observe::reports_wanted().then(|| state.largest_live(observe::report_entries()));
                 drop(state);
-                observe::out_of_memory(&self.name, layout.size());
+                observe::refused(&self.name, &err, largest.as_deref());
                 if let (Some(path), Some(dump)) = (&self.dump_on_oom, dump) {
                     write_dump(&self.name, path, &dump);
                 }

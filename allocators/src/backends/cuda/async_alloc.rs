@@ -99,16 +99,17 @@ unsafe impl Allocator for CudaAsyncAllocator {
         }
         let fail = |why: Option<CudaError>| {
             self.counters.record_oom();
-            observe::out_of_memory(&self.name, layout.size());
             if let Some(e) = why {
                 tracing::warn!(allocator = %self.name, size = layout.size(), %e, "cuda: allocation failed");
             }
             let in_use = self.counters.snapshot().bytes_in_use;
             let err = AllocError::new(AllocErrorKind::OutOfMemory, layout, &self.name).with_usage(in_use, None);
-            match self.device.memory_info() {
+            let err = match self.device.memory_info() {
                 Ok((free, total)) => err.with_device_memory(self.device.ordinal(), free, total),
                 Err(_) => err,
-            }
+            };
+            observe::refused(&self.name, &err, None);
+            err
         };
         self.device.bind().map_err(|e| fail(Some(e)))?;
         let mut p: sys::CUdeviceptr = 0;

@@ -57,8 +57,9 @@ unsafe impl Allocator for CudaHostAllocator {
         }
         let oom = || {
             self.counters.record_oom();
-            observe::out_of_memory(&self.name, layout.size());
-            AllocError::new(AllocErrorKind::OutOfMemory, layout, &self.name)
+            let err = AllocError::new(AllocErrorKind::OutOfMemory, layout, &self.name);
+            observe::refused(&self.name, &err, None);
+            err
         };
         if self.device.bind().is_err() {
             return Err(oom());

@@ -199,11 +199,11 @@ impl PoolAllocator {
         layout: Layout,
         attrs: &AllocationAttributes,
     ) -> Result<NonNull<u8>, AllocError> {
-        let p = match observe::nested(|| large.allocate_raw(layout, attrs)) {
-            Ok(p) => p,
-            Err(_) if self.release_cached() > 0 => observe::nested(|| large.allocate_raw(layout, attrs))?,
-            Err(e) => return Err(e),
+        let got = match observe::nested(|| large.allocate_raw(layout, attrs)) {
+            Err(_) if self.release_cached() > 0 => observe::nested(|| large.allocate_raw(layout, attrs)),
+            other => other,
         };
+        let p = got.inspect_err(|e| observe::refused(&self.name, e, None))?;
         self.large_allocations.fetch_add(1, Relaxed);
         self.counters.record_alloc(large_size(layout.size()));
         observe::allocated(Layer::Caching, &self.name, p.as_ptr() as usize, layout.size(), large_size(layout.size()));
@@ -244,6 +244,8 @@ impl PoolAllocator {
             }
             Err(e) => {
                 pool.num_ooms += 1;
+                drop(pool);
+                observe::refused(&self.name, &e, None);
                 Err(e)
             }
         }

@@ -10,12 +10,16 @@ mod free_index;
 mod growth;
 mod live;
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use free_index::{FreeIndex, Order};
 pub(crate) use growth::{Growth, GrowthOptions};
 use live::LiveBlocks;
 
 use super::SplitPolicy;
 use super::dump::{BinSummary, ChunkInfo, ExpandableInfo, MemoryDump, RegionInfo};
+use crate::observe::LiveBlock;
 use crate::{AllocatorStats, SubAllocator};
 
 /// log2 of the minimum chunk size.
@@ -509,6 +513,36 @@ impl State {
         Some((c.requested, c.size, c.id))
     }
 
+    /// The `n` largest live blocks (by bytes asked for), largest first; of equal sizes, the
+    /// lowest addresses.
+    pub(crate) fn largest_live(&self, n: usize) -> Vec<LiveBlock> {
+        if n == 0 {
+            return Vec::new();
+        }
+        // A min-heap of the largest so far: a block enters only if it beats the smallest kept,
+        // so a table of equal sizes costs one comparison per block. Addresses are unique, so
+        // the size set aside never decides the order. The chunk table is scanned in memory
+        // order: the slots of merged chunks are free (`check` verifies it), and in-use chunks
+        // are exactly the live blocks.
+        let mut heap: BinaryHeap<Reverse<(usize, Reverse<usize>, usize)>> = BinaryHeap::with_capacity(n + 1);
+        for c in self.chunks.iter().filter(|c| c.in_use()) {
+            let key = (c.requested, Reverse(c.ptr), c.size);
+            if heap.len() == n && heap.peek().is_some_and(|Reverse(min)| key <= *min) {
+                continue;
+            }
+            heap.push(Reverse(key));
+            if heap.len() > n {
+                heap.pop();
+            }
+        }
+        let mut v: Vec<LiveBlock> = heap
+            .into_iter()
+            .map(|Reverse((requested, Reverse(address), allocated))| LiveBlock { address, requested, allocated })
+            .collect();
+        v.sort_by(|a, b| b.requested.cmp(&a.requested).then(a.address.cmp(&b.address)));
+        v
+    }
+
     /// The largest free chunk.
     pub(crate) fn largest_free(&self) -> usize {
         self.by_address.largest().max(self.by_size.largest())
@@ -582,6 +616,10 @@ impl State {
 
     /// Checks every invariant; for tests. Returns a description of the first violation.
     pub(crate) fn check(&self) -> Result<(), String> {
+        // `largest_live` scans the chunk table: a slot out of every region must read as free.
+        if let Some(&h) = self.free_handles.iter().find(|&&h| self.chunks[h as usize].in_use()) {
+            return Err(format!("the unused chunk slot {h} reads as in use"));
+        }
         let mut in_use = 0;
         let mut free_chunks = 0;
         let mut usable = 0;
