@@ -33,6 +33,8 @@ pub(crate) struct PageData {
     /// `[x, bytes]` of segments taken from the allocators' sources.
     pub(crate) reserved: Vec<(u64, u64)>,
     pub(crate) ooms: Vec<u64>,
+    /// The event right after which the most bytes were live (where the page marks the peak).
+    pub(crate) peak_event: Option<u64>,
     pub(crate) strings: Vec<String>,
     /// The most bytes live at once (shown in the page's summary line).
     #[serde(skip)]
@@ -194,6 +196,7 @@ pub(crate) fn page_data(history: &History) -> (PageData, Vec<TagRow>) {
         other_count: rest.len() as u64,
         reserved: series(reserved, n),
         ooms,
+        peak_event: None,
         strings: strings.list,
         peak: sweep(allocs.iter(), n).0,
     };

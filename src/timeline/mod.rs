@@ -3,9 +3,12 @@
 //! [`render_html`] returns one self-contained HTML file (no network, no external script or
 //! font): memory in use over time as stacked bands, one per allocation (the largest
 //! 2000; smaller ones are summed into one grey "other" band on top), the bytes the allocators
-//! reserved from their sources as a red line, OOMs as pink marks; hover a band for its size,
-//! scope, allocator, tensor, lifetime and backtrace; scroll to zoom the time axis (event index),
-//! drag to pan; a per-tag table below.
+//! reserved from their sources as a dashed dark-red line (band colours keep away from red and
+//! pink, so no band reads as it), OOMs as pink marks, the peak in use as a dashed vertical line;
+//! the y axis runs to the larger of peak in use and peak reserved (a checkbox fits it to in use);
+//! both axes are titled. Hover a band for its size, scope, allocator, tensor, lifetime and
+//! backtrace; scroll to zoom the time axis (event index), drag to pan. Below: what was live at
+//! the peak, by scope and by description ([`History::peak`]), and a per-tag table.
 //!
 //! The page's layout work is done here, in Rust, so a history of 100 000 events or more becomes
 //! a page of bounded size that the browser lays out quickly (`tests/timeline_browser.rs` lays
@@ -32,12 +35,15 @@
 mod bands;
 
 use crate::allocators::ByteSize;
-use crate::history::History;
+use crate::history::{History, LiveSet};
 
 const PAGE: &str = include_str!("page.html");
 
 /// The page's markers, in the order they stand in [`PAGE`]; each is replaced exactly once.
-const MARKERS: [&str; 3] = ["<!--SUMMARY-->", "<!--TABLE-->", "/*DATA*/"];
+const MARKERS: [&str; 4] = ["<!--SUMMARY-->", "<!--PEAK-->", "<!--TABLE-->", "/*DATA*/"];
+
+/// Rows of each table of the peak's composition; the rest are summed in one row.
+const PEAK_ROWS: usize = 12;
 
 /// Renders `history` as one self-contained HTML page (see the [module docs](self)).
 ///
@@ -45,7 +51,9 @@ const MARKERS: [&str; 3] = ["<!--SUMMARY-->", "<!--TABLE-->", "/*DATA*/"];
 /// it goes (HTML text in the table, JSON inside the page's data `<script>`), and the template is
 /// filled by position, so no string from the history can be taken for one of its markers.
 pub fn render_html(history: &History) -> String {
-    let (data, tags) = bands::page_data(history);
+    let (mut data, tags) = bands::page_data(history);
+    let peak = history.peak();
+    data.peak_event = peak.as_ref().map(|p| p.event as u64);
     let summary = format!(
         "{} events ({} dropped before the buffer's start), {} allocations drawn as bands, {} summed as other; \
          peak in use {}",
@@ -70,12 +78,52 @@ pub fn render_html(history: &History) -> String {
         ));
     }
     table.push_str("</tbody></table>");
-    fill(PAGE, [&escape(&summary), &table, &script_json(&data)])
+    let composition = peak.as_ref().map_or_else(String::new, composition);
+    fill(PAGE, [&escape(&summary), &composition, &table, &script_json(&data)])
+}
+
+/// The "live at the peak" section: the peak's allocations grouped by scope and by description.
+fn composition(peak: &LiveSet) -> String {
+    let mut out = format!(
+        "<div id=\"peak\"><h2>Live at the peak: {} in {} allocations, after event {} ({:.3} ms)</h2>",
+        ByteSize(peak.bytes),
+        peak.allocations.len(),
+        peak.event,
+        peak.time_ns as f64 / 1e6
+    );
+    for (id, what, groups) in
+        [("peak-scopes", "scope", peak.by_scope()), ("peak-descriptions", "description", peak.by_description())]
+    {
+        out.push_str(&format!(
+            "<table id=\"{id}\" class=\"peak\"><thead><tr><th>{what}</th><th>bytes</th><th>share</th>\
+             <th>allocations</th></tr></thead><tbody>"
+        ));
+        let row = |out: &mut String, key: &str, bytes: u64, count: usize| {
+            let share = if peak.bytes == 0 { 0.0 } else { bytes as f64 * 100.0 / peak.bytes as f64 };
+            out.push_str(&format!(
+                "<tr><td>{}</td><td>{}</td><td>{share:.1}%</td><td>{count}</td></tr>",
+                escape(key),
+                ByteSize(bytes)
+            ));
+        };
+        for g in groups.iter().take(PEAK_ROWS) {
+            row(&mut out, g.key.as_deref().unwrap_or("(none)"), g.bytes, g.count);
+        }
+        if groups.len() > PEAK_ROWS {
+            let rest = &groups[PEAK_ROWS..];
+            let bytes = rest.iter().fold(0u64, |s, g| s.saturating_add(g.bytes));
+            let count = rest.iter().map(|g| g.count).sum();
+            row(&mut out, &format!("({} more)", rest.len()), bytes, count);
+        }
+        out.push_str("</tbody></table>");
+    }
+    out.push_str("</div>");
+    out
 }
 
 /// `template` with each of [`MARKERS`] replaced by its value. The markers are found in the
 /// template alone, before anything is inserted, so inserted text is never searched.
-fn fill(template: &str, values: [&str; 3]) -> String {
+fn fill(template: &str, values: [&str; 4]) -> String {
     let mut out = String::with_capacity(template.len() + values.iter().map(|v| v.len()).sum::<usize>());
     let mut rest = template;
     for (marker, value) in MARKERS.iter().zip(values) {
@@ -132,8 +180,8 @@ mod tests {
 
     #[test]
     fn inserted_text_is_never_taken_for_a_marker() {
-        let out = fill("a<!--SUMMARY-->b<!--TABLE-->c/*DATA*/d", ["/*DATA*/<!--TABLE-->", "T", "J"]);
-        assert_eq!(out, "a/*DATA*/<!--TABLE-->bTcJd");
+        let out = fill("a<!--SUMMARY-->b<!--PEAK-->c<!--TABLE-->d/*DATA*/e", ["/*DATA*/<!--TABLE-->", "P", "T", "J"]);
+        assert_eq!(out, "a/*DATA*/<!--TABLE-->bPcTdJe");
     }
 
     #[test]

@@ -118,9 +118,37 @@ fn known_history() -> History {
 }
 
 #[test]
+fn the_page_shows_what_was_live_at_the_peak() {
+    let history = known_history();
+    let peak = history.peak().unwrap();
+    let html = render_html(&history);
+    let heading = format!(
+        "<h2>Live at the peak: {} in {} allocations, after event {} ",
+        tensormem::ByteSize(peak.bytes),
+        peak.allocations.len(),
+        peak.event
+    );
+    assert!(html.contains(&heading), "{heading} in the page");
+    // Every scope's share of the peak, largest first, matching the live set.
+    let scopes = peak.by_scope();
+    assert_eq!(scopes.len(), 3);
+    let table = &html[html.find("<table id=\"peak-scopes\"").unwrap()..];
+    let table = &table[..table.find("</table>").unwrap()];
+    let mut at = 0;
+    for g in &scopes {
+        let row = format!("<tr><td>{}</td><td>{}</td>", g.key.as_deref().unwrap(), tensormem::ByteSize(g.bytes));
+        let found = table[at..].find(&row).unwrap_or_else(|| panic!("{row} after {at} in {table}"));
+        at += found + row.len();
+    }
+    assert!(html.contains("<table id=\"peak-descriptions\""));
+    assert!(html.contains(&format!("\"peak_event\":{}", peak.event)), "the data marks the peak");
+}
+
+#[test]
 fn the_page_loads_without_errors_and_draws_every_band() {
     let Some(browser) = chromium() else { return };
-    let html = render_html(&known_history());
+    let history = known_history();
+    let html = render_html(&history);
     assert!(!html.contains("http://") && !html.contains("https://") && !html.contains("<script src"));
     let (dom, stderr) = load(&browser, "known", &html, true);
     assert_eq!(status(&dom, "ready"), "1", "the script did not finish: {stderr}");
@@ -130,6 +158,12 @@ fn the_page_loads_without_errors_and_draws_every_band() {
     assert_eq!(status(&dom, "drawn"), "37");
     // The per-tag table: 13 allocations in embed (i = 0, 3, .., 36).
     assert!(dom.contains("<td>embed</td><td>13</td>"), "{dom}");
+    // The y axis reaches the reserved 64 MiB, far above the peak in use; the peak is marked.
+    let max_in_use: f64 = status(&dom, "max-in-use").parse().unwrap();
+    assert_eq!(status(&dom, "max-reserved"), (64u64 << 20).to_string());
+    assert_eq!(status(&dom, "max-y"), (64u64 << 20).to_string());
+    assert!(max_in_use > 0.0 && max_in_use < (64u64 << 20) as f64, "{max_in_use}");
+    assert_eq!(status(&dom, "peak-x"), history.peak().unwrap().event.to_string());
 }
 
 #[test]
