@@ -3,6 +3,7 @@
 //! ```text
 //! tensormem demo [--allocator NAME] [--serve ADDR] [--steps N] [--out DIR]
 //! tensormem replay TRACE [--allocator NAME]...
+//! tensormem tune TRACE [--max-slowdown F] [--jobs N]
 //! tensormem timeline HISTORY.json -o OUT.html [--force]
 //! tensormem summary SNAPSHOT.json
 //! ```
@@ -15,6 +16,7 @@ mod demo;
 mod files;
 mod output;
 mod replay;
+mod tune;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -28,7 +30,7 @@ use crate::output::{Failure, flush_out, sayln, stdout_error};
 pub(crate) type Outcome = Result<(), Failure>;
 
 #[derive(Parser, Debug)]
-#[command(name = "tensormem", version, about = "Memory layer for ML runtimes: demo, replay, timeline, summary")]
+#[command(name = "tensormem", version, about = "Memory layer for ML runtimes: demo, replay, tune, timeline, summary")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -41,6 +43,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Replays a recorded allocation trace on allocators and prints the report.
     Replay(replay::ReplayArgs),
+    /// Replays a trace over a grid of bfc and pool configurations, ranks them by peak reserved
+    /// over peak requested, and prints the TENSORMEM_ALLOC_CONF line of the best one.
+    Tune(tune::TuneArgs),
     /// Renders a history file (from `demo` or `tensormem::history`) as an HTML timeline.
     Timeline {
         /// The history file (JSON).
@@ -67,6 +72,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Replay(args) => replay::run(args),
+        Command::Tune(args) => tune::run(args),
         Command::Timeline { history, out, force } => timeline(&history, &out, force),
         Command::Summary { snapshot } => summary(&snapshot),
     };

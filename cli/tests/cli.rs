@@ -295,3 +295,62 @@ fn has_cuda_device() -> bool {
     #[cfg(not(feature = "cuda"))]
     false
 }
+
+/// The `resvd/req` column of `replay`'s row for `allocator`.
+fn replayed_ratio(trace: &str, allocator: &str, conf: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tensormem"))
+        .args(["replay", trace, "--allocator", allocator])
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap())
+        .env_remove("TENSORMEM_ALLOCATOR")
+        .env("TENSORMEM_ALLOC_CONF", conf)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let row = stdout.lines().find(|l| l.starts_with(&format!("{allocator} "))).unwrap_or_else(|| panic!("{stdout}"));
+    row.split_whitespace().nth(8).unwrap().to_owned()
+}
+
+#[test]
+fn tune_ranks_configurations_and_its_lines_reproduce_their_figures() {
+    let trace = "benches/traces/torch_gpt2_inference.json";
+    let out = tensormem(&["tune", trace]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // rank allocator resvd/req use/req ns/op failed configuration
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.len() == 7 && w[0].parse::<usize>().is_ok())
+        .collect();
+    assert_eq!(rows.len(), 18, "{stdout}");
+    let ratios: Vec<f64> = rows.iter().map(|w| w[2].parse().unwrap()).collect();
+    assert!(ratios.windows(2).all(|p| p[0] <= p[1]), "ranked by reserved/requested: {ratios:?}");
+    assert!(ratios.iter().all(|&r| r >= 1.0), "{ratios:?}");
+    // The recommended line, set in the environment, reproduces the ratio printed for it.
+    let last = stdout.lines().last().unwrap();
+    let (allocator, conf) = last
+        .strip_prefix("TENSORMEM_ALLOCATOR=")
+        .and_then(|r| r.split_once(" TENSORMEM_ALLOC_CONF="))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let shown: Vec<&str> = conf.split(',').filter(|i| !i.starts_with("bfc.memory_limit=")).collect();
+    let row = rows.iter().find(|w| w[1] == allocator && w[6] == shown.join(",")).expect("the best is in the table");
+    assert_eq!(replayed_ratio(trace, allocator, conf), row[2]);
+    // So does the best BFC row's configuration (the BFC's limit is the same default in both).
+    let bfc = rows.iter().find(|w| w[1] == "bfc").unwrap();
+    assert_eq!(replayed_ratio(trace, "bfc", bfc[6]), bfc[2]);
+}
+
+#[test]
+fn tune_rejects_bad_bounds_and_files() {
+    let out = tensormem(&["tune", "benches/traces/kv_cache_stress.json", "--max-slowdown", "0.5"]);
+    assert_one_line_error(&out, "--max-slowdown must be a number of at least 1 (got 0.5)");
+    let out = tensormem(&["tune", "benches/traces/kv_cache_stress.json", "--max-slowdown", "NaN"]);
+    assert_one_line_error(&out, "--max-slowdown");
+    let out = tensormem(&["tune", "benches/traces/kv_cache_stress.json", "--jobs", "0"]);
+    assert_one_line_error(&out, "--jobs must be at least 1");
+    let out = tensormem(&["tune", "no/such/trace.json"]);
+    assert_one_line_error(&out, "no/such/trace.json");
+    let out = tensormem(&["tune", "Cargo.toml"]);
+    assert_one_line_error(&out, "Cargo.toml");
+}
