@@ -17,6 +17,11 @@
 //! scope of every scoped allocation and the scopes holding the most bytes; a leak check or
 //! history adds descriptions (`tensor f32 [1024, 1024]`) and, when recorded, backtraces.
 //!
+//! A report is made per refusal of a backend: a [`RetryAllocator`](crate::RetryAllocator) that
+//! tries again after frees makes one per refused attempt. A caching allocator's call into its
+//! source is not reported (the caching allocator may recover, and reports its own refusal if
+//! not). The global Rust heap's refusals go to Rust's allocation error handler, not here.
+//!
 //! Building a report allocates only from the Rust heap, never from the allocator that refused,
 //! and happens only on the refusal path: a successful allocation pays nothing for it. A refusal
 //! inside an OOM callback (or while a report is built) is not reported again, and a callback that
