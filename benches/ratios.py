@@ -83,14 +83,26 @@ if any((root / f"replay_{t}").is_dir() for t in TRACES):
         if x is not None and y is not None:
             print(f"| {label} | {x / y:.2f} | {x:.1f} ns vs {y:.1f} ns |")
 
+# --- benches/global_allocator.rs -----------------------------------------------------------
+groups = sorted(p.name for p in root.glob("global_*_*t") if p.is_dir())
+if groups:
+    print()
+    print("| global allocator: 256 allocs + frees per step | bare | global | global / bare (target <= 1.05) |")
+    print("|---|---:|---:|---:|")
+    for g in groups:
+        x, y = mean(g, "global"), mean(g, "bare")
+        if x and y:
+            print(f"| {g} | {y:.0f} ns | {x:.0f} ns | {x / y:.3f} |")
+    for g in groups:
+        x, y = mean(g, "global_leak_check"), mean(g, "global")
+        if x and y:
+            print(f"| {g}: inside a leak check, cost per allocation (alloc + free) | | {x:.0f} ns | {(x - y) / 256:.0f} ns |")
+
 # --- benches/telemetry.rs ------------------------------------------------------------------
-if (root / "global_alloc_workload").is_dir():
+if (root / "render_16_allocators").is_dir():
     print()
     print("| telemetry | value | figures |")
     print("|---|---:|---|")
-    x, y = mean("global_alloc_workload", "counting"), mean("global_alloc_workload", "system")
-    if x and y:
-        print(f"| CountingGlobalAlloc / System on 256 allocs + frees (target <= 1.20) | {x / y:.2f} | {x:.0f} ns vs {y:.0f} ns |")
     p = root / "render_16_allocators" / "new" / "estimates.json"
     if p.exists():
         r = json.loads(p.read_text())["mean"]["point_estimate"]

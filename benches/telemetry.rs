@@ -1,45 +1,21 @@
-//! Telemetry costs: CountingGlobalAlloc against the plain system allocator on an
-//! allocation-heavy workload; rendering the exposition of 16 allocators; and the allocation path
-//! of a registered allocator with and without a collector (the collector reads stats only when
-//! scraped, so the two should be the same).
+//! Telemetry costs: rendering the exposition of 16 allocators, and the allocation path of a
+//! registered allocator with and without a collector (the collector reads stats only when
+//! scraped, so the two should be the same). The process heap's counting is measured with
+//! `GlobalAllocator` in `global_allocator.rs`.
 //!
 //! Ratios: `python3 benches/ratios.py` after `cargo bench --bench telemetry`.
 
 // criterion_group! generates an undocumented `pub fn benches()`.
 #![allow(missing_docs)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::Layout;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use tensormem::telemetry::{AllocatorCollector, CountingGlobalAlloc};
+use criterion::{Criterion, criterion_group, criterion_main};
+use tensormem::telemetry::AllocatorCollector;
 use tensormem::{AllocationAttributes, Allocator, AllocatorExt, AllocatorRegistry, SystemAllocator};
-
-/// 256 allocations of mixed sizes, then their frees in another order: an allocation-heavy step.
-fn workload(a: &impl GlobalAlloc) {
-    let mut ptrs = [(core::ptr::null_mut::<u8>(), Layout::new::<u8>()); 256];
-    for (i, slot) in ptrs.iter_mut().enumerate() {
-        let layout = Layout::from_size_align(16 + (i * 37) % 2000, 8).unwrap();
-        // SAFETY: non-zero size.
-        *slot = (unsafe { a.alloc(layout) }, layout);
-    }
-    for i in (0..256).map(|i| (i * 97) % 256) {
-        let (p, layout) = ptrs[i];
-        // SAFETY: allocated above with `layout`, freed once.
-        unsafe { a.dealloc(black_box(p), layout) };
-    }
-}
-
-fn global_alloc_overhead(c: &mut Criterion) {
-    let mut group = c.benchmark_group("global_alloc_workload");
-    group.throughput(Throughput::Elements(256));
-    group.bench_function("system", |b| b.iter(|| workload(&System)));
-    let counting = CountingGlobalAlloc::new(System);
-    group.bench_function("counting", |b| b.iter(|| workload(&counting)));
-    group.finish();
-}
 
 fn render(c: &mut Criterion) {
     let registry = Arc::new(AllocatorRegistry::new());
@@ -81,6 +57,6 @@ fn alloc_path_with_collector(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    targets = global_alloc_overhead, render, alloc_path_with_collector
+    targets = render, alloc_path_with_collector
 }
 criterion_main!(benches);

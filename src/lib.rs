@@ -39,6 +39,7 @@ mod decorators;
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub mod device;
+mod global_allocator;
 mod observation;
 mod registration;
 mod registry;
@@ -60,6 +61,7 @@ pub use config::SIZE_SPELLINGS;
 pub use config::{
     ALLOC_CONF_ENV, AllocConf, ConfigError, DEFAULT_CUDA_MEMORY_FRACTION, KEYS as ALLOC_CONF_KEYS, MAX_SIZE, parse_size,
 };
+pub use global_allocator::{GLOBAL_ALLOCATOR_ENV, GLOBAL_ALLOCATOR_NAME, GlobalAllocator, GlobalBackend};
 pub use observation::oom::{on_oom, remove_oom_observer};
 pub use observation::tags::{TagStats, tag_stats};
 pub use observation::{history, oom, testing};

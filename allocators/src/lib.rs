@@ -112,3 +112,7 @@ pub use pool::{DEFAULT_LARGE_THRESHOLD, PoolAllocator, PoolBuilder, PoolStats, S
 pub use stats::AllocatorStats;
 pub use sub_allocator::{OsSubAllocator, SubAllocator};
 pub use system::SystemAllocator;
+/// jemalloc as a `GlobalAlloc`, for `tensormem::GlobalAllocator`'s `jemalloc` backend.
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[doc(hidden)]
+pub use tikv_jemallocator::Jemalloc as JemallocGlobal;

@@ -65,6 +65,11 @@ pub(crate) struct Hub {
 
 /// The hub, installed as the allocators' observer on first use.
 pub(crate) fn hub() -> &'static Hub {
+    // Made once, unobserved: its maps are the observer's, not the program's.
+    observe::unobserved(make_hub)
+}
+
+fn make_hub() -> &'static Hub {
     static HUB: OnceLock<Hub> = OnceLock::new();
     static INSTALLED: OnceLock<()> = OnceLock::new();
     let hub = HUB.get_or_init(|| Hub {

@@ -116,5 +116,5 @@ impl TagLedger {
 /// # Ok::<(), tensormem::AllocError>(())
 /// ```
 pub fn tag_stats() -> Vec<TagStats> {
-    super::hub::hub().tags.stats()
+    crate::allocators::observe::unobserved(|| super::hub::hub().tags.stats())
 }

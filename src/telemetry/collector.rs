@@ -105,7 +105,7 @@ const HEAP_NAMES: [&str; 2] = ["global", "global_heap"];
 /// the registration [`get_by_name`](AllocatorRegistry::get_by_name) serves, the highest), plus
 /// jemalloc's process figures, and, for the global registry (or when asked with
 /// [`with_process_heap`](Self::with_process_heap)), the process-wide heap of a
-/// [`CountingGlobalAlloc`](crate::telemetry::CountingGlobalAlloc) when installed, as allocator
+/// [`GlobalAllocator`](crate::GlobalAllocator) when installed, as allocator
 /// `global` (`global_heap` if an allocator is registered as `global`).
 ///
 /// An allocator whose `stats()` panics is left out of that scrape and counted in
@@ -162,7 +162,7 @@ impl AllocatorCollector {
     }
 
     /// Adds (or leaves out) the process heap of an installed
-    /// [`CountingGlobalAlloc`](crate::telemetry::CountingGlobalAlloc).
+    /// [`GlobalAllocator`](crate::GlobalAllocator).
     #[must_use]
     pub fn with_process_heap(mut self, on: bool) -> Self {
         self.process_heap = on;

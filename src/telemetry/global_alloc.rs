@@ -51,6 +51,9 @@ thread_local! {
     static MY_SLOT: Cell<usize> = const { Cell::new(UNASSIGNED) };
 }
 
+/// Replaced by [`GlobalAllocator`](crate::GlobalAllocator), which counts the same figures and
+/// also reports every allocation to leak checks, scopes and history.
+///
 /// Wraps a [`GlobalAlloc`] (usually [`std::alloc::System`]) and counts the process's heap: bytes
 /// in use, peak, allocations and frees. The figures appear in
 /// [`AllocatorCollector`](crate::telemetry::AllocatorCollector) as allocator `global`, and in
@@ -73,10 +76,15 @@ thread_local! {
 /// drop(v);
 /// ```
 #[derive(Debug)]
+#[doc(hidden)]
+#[deprecated(
+    note = "use `tensormem::GlobalAllocator`: the same figures, and leak checks, scopes and history see the heap"
+)]
 pub struct CountingGlobalAlloc<A> {
     inner: A,
 }
 
+#[allow(deprecated)]
 impl<A> CountingGlobalAlloc<A> {
     /// Counts allocations made through `inner`.
     pub const fn new(inner: A) -> Self {
@@ -105,8 +113,9 @@ fn my_slot() -> Option<&'static Slot> {
     SLOT_TABLE.get(idx)
 }
 
+/// Counts one allocation (`alloc`, `bytes` > 0) or free of the process heap.
 #[inline(always)]
-fn record(bytes: i64, alloc: bool) {
+pub(crate) fn record(bytes: i64, alloc: bool) {
     match my_slot() {
         Some(slot) => {
             let counter = if alloc { &slot.allocs } else { &slot.frees };
@@ -144,8 +153,8 @@ fn flush(slot: &Slot, delta: i64) {
     PEAK.fetch_max(now.max(0) as u64, Relaxed);
 }
 
-/// The process heap's figures when a [`CountingGlobalAlloc`] is the global allocator (`None`
-/// otherwise), from anywhere: no need to name the allocator's type.
+/// The process heap's figures when a [`GlobalAllocator`](crate::GlobalAllocator) is the global
+/// allocator (`None` otherwise), from anywhere: no need to name the allocator's type.
 pub fn process_heap_stats() -> Option<AllocatorStats> {
     global_stats()
 }
@@ -177,6 +186,7 @@ pub(crate) fn global_stats() -> Option<AllocatorStats> {
 
 // SAFETY: every call is forwarded to `inner` with the caller's arguments; the counting around it
 // touches only static atomics and a const thread-local, and never allocates or unwinds.
+#[allow(deprecated)]
 unsafe impl<A: GlobalAlloc> GlobalAlloc for CountingGlobalAlloc<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {

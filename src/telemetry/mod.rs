@@ -3,7 +3,7 @@
 
 #[cfg(feature = "prometheus")]
 mod collector;
-mod global_alloc;
+pub(crate) mod global_alloc;
 mod mapped;
 #[cfg(feature = "http")]
 mod server;
@@ -13,7 +13,9 @@ mod summary;
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use collector::AllocatorCollector;
-pub use global_alloc::{CountingGlobalAlloc, process_heap_stats};
+#[allow(deprecated)]
+pub use global_alloc::CountingGlobalAlloc;
+pub use global_alloc::process_heap_stats;
 pub use mapped::{MappedFile, MappedMemory, mapped_memory, mapped_stats};
 pub use mapped::{MappingRecord, record_mapping};
 #[cfg(feature = "http")]

@@ -34,7 +34,7 @@ pub struct MemorySnapshot {
     pub taken_at_unix_ms: u64,
     /// The allocators, in registration order.
     pub allocators: Vec<AllocatorSnapshot>,
-    /// The process heap, when a [`CountingGlobalAlloc`](crate::telemetry::CountingGlobalAlloc) is
+    /// The process heap, when a [`GlobalAllocator`](crate::GlobalAllocator) is
     /// installed.
     pub global: Option<AllocatorStats>,
     /// Memory mapped from files (model weights), per file.

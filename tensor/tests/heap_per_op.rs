@@ -1,4 +1,4 @@
-//! What a small kernel call asks of the process heap, counted by `CountingGlobalAlloc` as the
+//! What a small kernel call asks of the process heap, counted by `tensormem::GlobalAllocator` as the
 //! `#[global_allocator]` (its own test binary, one test, since the figures are process-wide).
 //!
 //! A tensor's sizes and strides sit inline up to 6 dimensions, as do the iteration plan's and
@@ -6,13 +6,11 @@
 //! allocates only its storage's header (the data comes from the tensor's allocator). Layouts
 //! of more dimensions spill to the heap and give the same values.
 
-use std::alloc::System;
-
-use tensormem::telemetry::CountingGlobalAlloc;
+use tensormem::GlobalAllocator;
 use tensormem_tensor::{DType, Tensor};
 
 #[global_allocator]
-static GLOBAL: CountingGlobalAlloc<System> = CountingGlobalAlloc::new(System);
+static GLOBAL: GlobalAllocator = GlobalAllocator::new();
 
 /// Heap allocations per call of `f`, over `n` calls after a warm-up.
 fn allocs_per_call(n: u64, mut f: impl FnMut()) -> f64 {

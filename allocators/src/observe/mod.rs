@@ -165,13 +165,14 @@ pub fn add_records(delta: isize) {
 #[doc(hidden)]
 /// Makes this thread report its allocations to leak check `id` (innermost last).
 pub fn push_check(id: u64) {
-    CHECKS.with_borrow_mut(|c| c.push(id));
+    unobserved(|| CHECKS.with_borrow_mut(|c| c.push(id)));
     set_bits(CHECKED, true);
 }
 
 #[doc(hidden)]
 /// Stops this thread reporting to leak check `id` (wherever it is in the stack).
 pub fn remove_check(id: u64) {
+    let _hook = InHook::enter();
     let _ = CHECKS.try_with(|c| {
         if let Ok(mut c) = c.try_borrow_mut() {
             if let Some(i) = c.iter().rposition(|&x| x == id) {
@@ -187,6 +188,7 @@ pub fn remove_check(id: u64) {
 #[doc(hidden)]
 /// The leak checks this thread reports to, outermost first.
 pub fn thread_checks() -> Vec<u64> {
+    let _hook = InHook::enter();
     CHECKS.try_with(|c| c.try_borrow().map(|c| c.clone()).unwrap_or_default()).unwrap_or_default()
 }
 
@@ -197,6 +199,9 @@ pub enum Layer {
     Leaf,
     /// Caches memory: nested calls are another caching allocator's business.
     Caching,
+    /// The process's Rust heap (`tensormem::GlobalAllocator`): every block is the program's own,
+    /// whatever allocator call it is made in, so it is reported at any depth.
+    Heap,
 }
 
 /// Runs `f` as a caching allocator's call into its source: allocations and frees in it are
@@ -228,7 +233,7 @@ pub fn allocated(layer: Layer, allocator: &str, address: usize, requested: usize
 #[inline(never)]
 fn allocated_slow(s: u32, layer: Layer, allocator: &str, address: usize, requested: usize, allocated: usize) {
     let action = match (s >> DEPTH_SHIFT != 0, layer) {
-        (false, _) => Action::Alloc,
+        (false, _) | (true, Layer::Heap) => Action::Alloc,
         (true, Layer::Leaf) if recording() => Action::SegmentAlloc,
         (true, _) => return,
     };
@@ -253,7 +258,7 @@ pub fn freed(layer: Layer, allocator: &str, address: usize, size: usize) {
 fn freed_slow(layer: Layer, allocator: &str, address: usize, size: usize) {
     let s = STATE.with(Cell::get);
     let action = match (s >> DEPTH_SHIFT != 0, layer) {
-        (false, _) => Action::Free,
+        (false, _) | (true, Layer::Heap) => Action::Free,
         (true, Layer::Leaf) if recording() => Action::SegmentFree,
         (true, _) => return,
     };
@@ -388,24 +393,32 @@ fn dispatch(s: u32, event: &Event<'_>) {
     }
 }
 
-/// Marks the thread as inside the observer until dropped.
-struct InHook;
+/// Marks the thread as inside the observer until dropped, then restores what it was (so that
+/// marks nest).
+struct InHook {
+    was_in: bool,
+}
 
 impl InHook {
     fn enter() -> Self {
+        let was_in = STATE.with(Cell::get) & IN_HOOK != 0;
         set_bits(IN_HOOK, true);
-        InHook
+        InHook { was_in }
     }
 }
 
 impl Drop for InHook {
     fn drop(&mut self) {
-        set_bits(IN_HOOK, false);
+        if !self.was_in {
+            set_bits(IN_HOOK, false);
+        }
     }
 }
 
-/// Runs `f` with this thread's allocations unobserved (the `#[doc(hidden)]` baseline of the
-/// `observe` bench, and for an observer's own bookkeeping).
+/// Runs `f` with this thread's allocations unobserved: for the bookkeeping of the observation
+/// machinery itself (scopes, leak checks, history), whose allocations are not the program's and
+/// which holds locks that the observer takes (with the global allocator reporting every heap
+/// allocation, an observed allocation under such a lock would re-enter it). Nests.
 #[doc(hidden)]
 pub fn unobserved<R>(f: impl FnOnce() -> R) -> R {
     let _hook = InHook::enter();

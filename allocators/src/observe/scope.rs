@@ -46,6 +46,10 @@ pub struct ScopeGuard {
 /// assert_eq!(current_scope().as_deref(), Some("encoder.layer3"));
 /// ```
 pub fn scope(tag: &str) -> ScopeGuard {
+    super::unobserved(|| scope_unobserved(tag))
+}
+
+fn scope_unobserved(tag: &str) -> ScopeGuard {
     let path = match current_tag() {
         Some(parent) => Tag::intern(&format!("{}/{tag}", parent.as_str())),
         None => Tag::intern(tag),
@@ -90,6 +94,12 @@ impl ScopeGuard {
 impl Drop for ScopeGuard {
     fn drop(&mut self) {
         self.open.store(false, Relaxed);
+        super::unobserved(|| self.close());
+    }
+}
+
+impl ScopeGuard {
+    fn close(&self) {
         if thread::current().id() != self.thread {
             return;
         }

@@ -43,6 +43,11 @@ impl Tag {
         if let Some(&t) = interner().read().ids.get(path) {
             return t;
         }
+        // The interner's own allocations are not the program's, and the observer interns too.
+        super::unobserved(|| Self::insert(path))
+    }
+
+    fn insert(path: &str) -> Tag {
         let mut w = interner().write();
         if let Some(&t) = w.ids.get(path) {
             return t;

@@ -320,6 +320,13 @@ pub fn start(options: HistoryOptions) -> Result<(), HistoryError> {
     if options.capacity == 0 {
         return Err(HistoryError::ZeroCapacity);
     }
+    // The recorder's own allocations are not the program's, and the old recorder is dropped
+    // under the lock that recording takes (see `observe::unobserved`).
+    observe::unobserved(|| start_unobserved(options));
+    Ok(())
+}
+
+fn start_unobserved(options: HistoryOptions) {
     crate::observation::hub::hub();
     // The ring grows as events come (up to the capacity), so a large capacity costs nothing
     // until it is used.
@@ -332,7 +339,6 @@ pub fn start(options: HistoryOptions) -> Result<(), HistoryError> {
     };
     *RECORDER.lock() = Some(recorder);
     observe::set_recording(true);
-    Ok(())
 }
 
 /// Stops recording; what was recorded stays for [`snapshot`].
@@ -354,6 +360,10 @@ pub fn snapshot() -> History {
 
 /// The events recorded so far (recording goes on if it is on). Empty if nothing was recorded.
 pub fn recorded() -> History {
+    observe::unobserved(recorded_unobserved)
+}
+
+fn recorded_unobserved() -> History {
     let guard = RECORDER.lock();
     let Some(r) = guard.as_ref() else {
         return History { version: HISTORY_VERSION, start_unix_ms: 0, capacity: 0, dropped: 0, events: Vec::new() };

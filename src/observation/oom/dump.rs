@@ -52,7 +52,8 @@ fn from_env() -> DumpConfig {
 /// [`OOM_DUMP_ENV`] and [`OOM_DUMP_MAX_ENV`] say. The directory is created at the first dump.
 pub fn set_dump_dir(dir: Option<impl Into<PathBuf>>, max_dumps: u64) {
     crate::observation::hub::hub();
-    *CONFIG.lock() = Some(DumpConfig { dir: dir.map(Into::into), max: max_dumps, written: 0, failure_logged: false });
+    let config = DumpConfig { dir: dir.map(Into::into), max: max_dumps, written: 0, failure_logged: false };
+    observe::unobserved(|| *CONFIG.lock() = Some(config));
 }
 
 /// Writes `report` if a dump directory is set and the process has dumps left.

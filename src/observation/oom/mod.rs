@@ -215,12 +215,17 @@ static REPORTS: AtomicU64 = AtomicU64::new(0);
 pub fn on_oom(callback: impl Fn(&OomReport) + Send + Sync + 'static) -> OomObserverId {
     crate::observation::hub::hub();
     let id = NEXT_CALLBACK.fetch_add(1, Relaxed);
-    CALLBACKS.write().push((id, Arc::new(callback)));
+    let callback: Callback = Arc::new(callback);
+    observe::unobserved(|| CALLBACKS.write().push((id, callback)));
     OomObserverId(id)
 }
 
 /// Removes a callback registered with [`on_oom`]; `false` if it was removed already.
 pub fn remove_oom_observer(id: OomObserverId) -> bool {
+    observe::unobserved(|| remove(id))
+}
+
+fn remove(id: OomObserverId) -> bool {
     let mut callbacks = CALLBACKS.write();
     let before = callbacks.len();
     callbacks.retain(|(i, _)| *i != id.0);

@@ -104,6 +104,11 @@ pub struct LeakScopeGuard {
 impl LeakCheck {
     /// Starts a check on this thread.
     pub fn start() -> LeakCheck {
+        // The check's own bookkeeping is not the program's allocations (see `observe::unobserved`).
+        observe::unobserved(Self::start_unobserved)
+    }
+
+    fn start_unobserved() -> LeakCheck {
         let hub = hub();
         let wants = std::env::var(BACKTRACE_ENV).is_ok_and(|v| v == "1");
         hub.backtraces.store(wants, Relaxed);
@@ -126,7 +131,7 @@ impl LeakCheck {
     /// Allocations attributed to the check and still live now, with the peak so far (the check
     /// goes on).
     pub fn live(&self) -> LeakReport {
-        report::collect(self.shared.id, self.shared.bytes.peak())
+        observe::unobserved(|| report::collect(self.shared.id, self.shared.bytes.peak()))
     }
 
     /// The most bytes (requested sizes) that allocations attributed to the check held at once so
@@ -162,11 +167,13 @@ impl LeakCheck {
         let id = self.shared.id;
         observe::remove_check(id);
         self.shared.open.store(false, Relaxed);
-        let hub = hub();
-        hub.checks.remove(&id);
-        let report = report::collect(id, self.shared.bytes.peak());
-        hub.detach_check(id);
-        report
+        observe::unobserved(|| {
+            let hub = hub();
+            hub.checks.remove(&id);
+            let report = report::collect(id, self.shared.bytes.peak());
+            hub.detach_check(id);
+            report
+        })
     }
 }
 
