@@ -1,18 +1,21 @@
-//! [`CountingGlobalAlloc`]: counts every Rust heap allocation of the process, for use as
-//! `#[global_allocator]`, with no allocation and no lock inside its hooks.
+//! The process heap's counters, kept by [`GlobalAllocator`](crate::GlobalAllocator) (and the
+//! deprecated [`CountingGlobalAlloc`]) with no allocation and no lock inside their hooks.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::Cell;
-use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
 use crate::allocators::AllocatorStats;
 
-/// Threads that get counters of their own; later threads share one.
+/// Threads that get counters of their own at once (a thread's slot is freed when it exits);
+/// threads beyond these share one.
 const SLOTS: usize = 64;
 /// How far a thread's in-use delta drifts before it is added to the shared total.
 const FLUSH_BYTES: i64 = 4 << 20;
 /// Marks a thread that has not asked for a slot yet.
 const UNASSIGNED: usize = usize::MAX;
+/// Marks a thread that counts into the shared slot (all slots were taken, or it is exiting).
+const SHARED: usize = usize::MAX - 1;
 
 /// One thread's counters: written by that thread only (plain loads and stores), except the
 /// shared overflow slot, which is updated with read-modify-writes.
@@ -39,7 +42,8 @@ impl Slot {
 
 static SLOT_TABLE: [Slot; SLOTS] = [const { Slot::new() }; SLOTS];
 static OVERFLOW: Slot = Slot::new();
-static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+/// Bit `i` set: slot `i` has no thread.
+static FREE_SLOTS: AtomicU64 = AtomicU64::new(u64::MAX);
 /// Flushed in-use bytes.
 static IN_USE: AtomicI64 = AtomicI64::new(0);
 static PEAK: AtomicU64 = AtomicU64::new(0);
@@ -49,6 +53,56 @@ thread_local! {
     /// This thread's slot index. Const-initialised with no destructor: reading it never
     /// allocates, even during thread teardown.
     static MY_SLOT: Cell<usize> = const { Cell::new(UNASSIGNED) };
+    /// Gives the thread's slot back when the thread exits (touched once, when it takes one).
+    static SLOT_OWNER: SlotOwner = const { SlotOwner };
+}
+
+/// Its drop, at thread exit, adds the slot's in-use drift to the shared total and frees the
+/// slot for a later thread; the thread's last allocations and frees go to the shared slot.
+struct SlotOwner;
+
+impl Drop for SlotOwner {
+    fn drop(&mut self) {
+        let idx = MY_SLOT.with(|s| s.replace(SHARED));
+        if let Some(slot) = SLOT_TABLE.get(idx) {
+            release(idx, slot);
+        }
+    }
+}
+
+/// Flushes `slot` and marks it free. Only its thread (or, at its exit, its destructor) calls it.
+fn release(idx: usize, slot: &Slot) {
+    let delta = slot.delta.load(Relaxed);
+    flush(slot, delta);
+    // Release: the next owner's plain loads see this thread's last stores.
+    FREE_SLOTS.fetch_or(1 << idx, Release);
+}
+
+/// Takes a free slot for this thread, or the shared one.
+#[cold]
+#[inline(never)]
+fn claim() -> usize {
+    INSTALLED.store(true, Relaxed);
+    let mut free = FREE_SLOTS.load(Acquire);
+    let idx = loop {
+        if free == 0 {
+            break SHARED;
+        }
+        let bit = free.trailing_zeros() as usize;
+        match FREE_SLOTS.compare_exchange_weak(free, free & !(1 << bit), Acquire, Acquire) {
+            Ok(_) => break bit,
+            Err(now) => free = now,
+        }
+    };
+    // Set first: an allocation made while the owner's destructor is registered finds the slot.
+    MY_SLOT.with(|s| s.set(idx));
+    if idx != SHARED && SLOT_OWNER.try_with(|_| ()).is_err() {
+        // The thread is exiting: nothing would give the slot back.
+        MY_SLOT.with(|s| s.set(SHARED));
+        release(idx, &SLOT_TABLE[idx]);
+        return SHARED;
+    }
+    idx
 }
 
 /// Replaced by [`GlobalAllocator`](crate::GlobalAllocator), which counts the same figures and
@@ -59,8 +113,9 @@ thread_local! {
 /// [`AllocatorCollector`](crate::telemetry::AllocatorCollector) as allocator `global`, and in
 /// [`CountingGlobalAlloc::stats`].
 ///
-/// Its hooks allocate nothing and take no lock: the first 64 threads each count into a fixed
-/// slot of their own with plain stores; later threads share one slot with atomic adds. Peak is
+/// Its hooks allocate nothing and take no lock: up to 64 live threads each count into a slot of
+/// their own with plain stores (a thread's slot is freed for another when it exits); threads
+/// beyond those share one slot with atomic adds. Peak is
 /// exact for one thread and within (threads - 1) x 4 MiB otherwise; `realloc` counts as a free
 /// and an allocation.
 ///
@@ -101,15 +156,10 @@ impl<A> CountingGlobalAlloc<A> {
 /// The slot of this thread, or `None` for the shared overflow slot.
 #[inline(always)]
 fn my_slot() -> Option<&'static Slot> {
-    let idx = MY_SLOT.with(|s| {
-        let mut idx = s.get();
-        if idx == UNASSIGNED {
-            idx = NEXT_SLOT.fetch_add(1, Relaxed);
-            s.set(idx);
-            INSTALLED.store(true, Relaxed);
-        }
-        idx
-    });
+    let idx = match MY_SLOT.with(Cell::get) {
+        UNASSIGNED => claim(),
+        idx => idx,
+    };
     SLOT_TABLE.get(idx)
 }
 
