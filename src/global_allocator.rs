@@ -187,7 +187,9 @@ unsafe fn raw_alloc(layout: Layout, zeroed: bool) -> *mut u8 {
         // SAFETY: forwarded with the caller's promise.
         return unsafe { if zeroed { j.alloc_zeroed(layout) } else { j.alloc(layout) } };
     }
-    let _ = backend();
+    // Without jemalloc built in, the first allocation still settles the backend (to system).
+    #[cfg(not(all(feature = "jemalloc", not(target_env = "msvc"))))]
+    backend();
     // SAFETY: forwarded with the caller's promise.
     unsafe { if zeroed { System.alloc_zeroed(layout) } else { System.alloc(layout) } }
 }

@@ -4,6 +4,7 @@
 //! tensormem demo [--allocator NAME] [--serve ADDR] [--steps N] [--out DIR]
 //! tensormem replay TRACE [--allocator NAME]...
 //! tensormem tune TRACE [--max-slowdown F] [--jobs N]
+//! tensormem import-torch SNAPSHOT.pickle -o TRACE.json [--device N] [--force]
 //! tensormem timeline HISTORY.json -o OUT.html [--force]
 //! tensormem summary SNAPSHOT.json
 //! ```
@@ -14,6 +15,7 @@
 
 mod demo;
 mod files;
+mod import_torch;
 mod output;
 mod replay;
 mod tune;
@@ -30,7 +32,7 @@ use crate::output::{Failure, flush_out, sayln, stdout_error};
 pub(crate) type Outcome = Result<(), Failure>;
 
 #[derive(Parser, Debug)]
-#[command(name = "tensormem", version, about = "Memory layer for ML runtimes: demo, replay, tune, timeline, summary")]
+#[command(name = "tensormem", version, about = "Memory layer for ML runtimes: demo, replay, tune, import-torch, timeline, summary")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -46,6 +48,9 @@ enum Command {
     /// Replays a trace over a grid of bfc and pool configurations, ranks them by peak reserved
     /// over peak requested, and prints the TENSORMEM_ALLOC_CONF line of the best one.
     Tune(tune::TuneArgs),
+    /// Converts a PyTorch memory snapshot (`torch.cuda.memory._dump_snapshot`) into a trace for
+    /// `replay` and `tune`.
+    ImportTorch(import_torch::ImportArgs),
     /// Renders a history file (from `demo` or `tensormem::history`) as an HTML timeline.
     Timeline {
         /// The history file (JSON).
@@ -73,6 +78,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Tune(args) => tune::run(args),
+        Command::ImportTorch(args) => import_torch::run(args),
         Command::Timeline { history, out, force } => timeline(&history, &out, force),
         Command::Summary { snapshot } => summary(&snapshot),
     };

@@ -354,3 +354,67 @@ fn tune_rejects_bad_bounds_and_files() {
     let out = tensormem(&["tune", "Cargo.toml"]);
     assert_one_line_error(&out, "Cargo.toml");
 }
+
+#[test]
+fn import_torch_gives_back_the_stream_a_snapshot_was_built_from() {
+    let dir_guard = tmp("import");
+    let out = dir_guard.path().join("trace.json");
+    let snapshot = "cli/tests/fixtures/gpt2_inference_2000.pickle";
+    let run = tensormem(&["import-torch", snapshot, "-o", out.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert!(text(&run.stdout).contains("(1098 allocations, 902 frees;"), "{}", text(&run.stdout));
+    // The fixture was pickled by Python from the first 2000 events of the shipped stream
+    // (`cli/tests/fixtures/make_torch_snapshot.py`): the import gives them back exactly.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let original = tensormem::AllocationTrace::from_json(
+        &std::fs::read_to_string(root.join("benches/traces/torch_gpt2_inference.json")).unwrap(),
+    )
+    .unwrap();
+    let imported = tensormem::AllocationTrace::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(imported.events, original.events[..2000]);
+    assert!(imported.description.contains("gpt2_inference_2000.pickle, device 0"), "{}", imported.description);
+    // It replays and tunes like any trace.
+    let replayed = tensormem(&["replay", out.to_str().unwrap(), "--allocator", "bfc"]);
+    assert!(replayed.status.success(), "{}", text(&replayed.stderr));
+    // Device 1's trace, and a device the snapshot does not have.
+    let one = dir_guard.path().join("one.json");
+    let run = tensormem(&["import-torch", snapshot, "-o", one.to_str().unwrap(), "--device", "1"]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let t = tensormem::AllocationTrace::from_json(&std::fs::read_to_string(&one).unwrap()).unwrap();
+    assert_eq!(t.events, [tensormem::TraceEvent::Alloc(0, 1, 4096, 256)]);
+    let run = tensormem(&["import-torch", snapshot, "-o", one.to_str().unwrap(), "--device", "2", "--force"]);
+    assert_one_line_error(&run, "no device 2: the snapshot has traces for 2 device(s)");
+    // The output is not overwritten without --force.
+    let run = tensormem(&["import-torch", snapshot, "-o", one.to_str().unwrap()]);
+    assert_one_line_error(&run, "exists: pass --force");
+}
+
+#[test]
+fn import_torch_refuses_corrupt_and_hostile_pickles() {
+    let dir_guard = tmp("import-bad");
+    let dir = dir_guard.path();
+    let out = dir.join("t.json");
+    let case = |name: &str, bytes: &[u8], says: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let run = tensormem(&["import-torch", path.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+        assert_one_line_error(&run, name);
+        assert_one_line_error(&run, says);
+        assert!(!out.exists(), "nothing written for {name}");
+    };
+    case("empty.pickle", b"", "not a readable pickle");
+    case("text.pickle", b"{\"device_traces\": []}", "not a readable pickle");
+    let good = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2_inference_2000.pickle")).unwrap();
+    case("truncated.pickle", &good[..good.len() / 2], "not a readable pickle");
+    // The classic pickle that runs a shell command when Python loads it: a reference to
+    // os.system. Refused as not plain data; nothing runs (the marker file is never made).
+    let marker = dir.join("ran");
+    let hostile = format!("cos\nsystem\n(S'touch {}'\ntR.", marker.display());
+    case("hostile.pickle", hostile.as_bytes(), "not a readable pickle of plain data");
+    assert!(!marker.exists());
+    // A pickle of plain data that is not a snapshot: an int, and a dict without device_traces.
+    case("int.pickle", b"\x80\x04K\x05.", "the pickle holds no dict");
+    case("dict.pickle", b"\x80\x04}\x94.", "no 'device_traces' list");
+    let run = tensormem(&["import-torch", dir.join("missing.pickle").to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_one_line_error(&run, "missing.pickle");
+}
