@@ -79,9 +79,9 @@ fn convert(snapshot: &Value, device: usize) -> Result<(Vec<TraceEvent>, Counts),
         return Err(format!("device_traces[{device}] is not a list of events"));
     };
     // Which free marks a request: `free_requested` when the trace has it.
-    let has_requested = events.iter().any(|e| {
-        matches!(e, Value::Dict(d) if matches!(key(d, "action"), Some(Value::String(a)) if a == "free_requested"))
-    });
+    let has_requested = events.iter().any(
+        |e| matches!(e, Value::Dict(d) if matches!(key(d, "action"), Some(Value::String(a)) if a == "free_requested")),
+    );
     let free_action = if has_requested { "free_requested" } else { "free_completed" };
     let mut out = Vec::new();
     let mut counts = Counts::default();
@@ -94,13 +94,16 @@ fn convert(snapshot: &Value, device: usize) -> Result<(Vec<TraceEvent>, Counts),
             return Err(format!("{}: no 'action' string", at()));
         };
         let field = |name: &str| {
-            key(d, name).and_then(uint).ok_or_else(|| format!("{}: '{action}' has no non-negative integer '{name}'", at()))
+            key(d, name)
+                .and_then(uint)
+                .ok_or_else(|| format!("{}: '{action}' has no non-negative integer '{name}'", at()))
         };
         let time = field("time_us")?;
         let start = *t0.get_or_insert(time);
-        let t = time.checked_sub(start).filter(|&t| t >= last).ok_or_else(|| {
-            format!("{}: time_us {time} is earlier than the event before it", at())
-        })?;
+        let t = time
+            .checked_sub(start)
+            .filter(|&t| t >= last)
+            .ok_or_else(|| format!("{}: time_us {time} is earlier than the event before it", at()))?;
         last = t;
         if action == "alloc" {
             let (addr, size) = (field("addr")?, field("size")?);
@@ -127,8 +130,15 @@ fn convert(snapshot: &Value, device: usize) -> Result<(Vec<TraceEvent>, Counts),
 }
 
 pub(crate) fn run(args: ImportArgs) -> Outcome {
+    if crate::same_file(&args.snapshot, &args.out) {
+        return Err(
+            format!("{} is the snapshot being read: choose another file for the trace", args.out.display()).into()
+        );
+    }
     if args.out.is_file() && !args.force {
-        return Err(format!("{} exists: pass --force to overwrite it, or choose another file", args.out.display()).into());
+        return Err(
+            format!("{} exists: pass --force to overwrite it, or choose another file", args.out.display()).into()
+        );
     }
     let file = |e: &dyn std::fmt::Display| format!("{}: {e}", args.snapshot.display());
     let bytes = std::fs::read(&args.snapshot).map_err(|e| file(&e))?;

@@ -32,7 +32,11 @@ use crate::output::{Failure, flush_out, sayln, stdout_error};
 pub(crate) type Outcome = Result<(), Failure>;
 
 #[derive(Parser, Debug)]
-#[command(name = "tensormem", version, about = "Memory layer for ML runtimes: demo, replay, tune, import-torch, timeline, summary")]
+#[command(
+    name = "tensormem",
+    version,
+    about = "Memory layer for ML runtimes: demo, replay, tune, import-torch, timeline, summary"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -121,7 +125,7 @@ fn timeline(history: &Path, out: &Path, force: bool) -> Outcome {
 }
 
 /// Whether `a` and `b` name the same existing file (through links, `..` or another spelling).
-fn same_file(a: &Path, b: &Path) -> bool {
+pub(crate) fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
         (Ok(a), Ok(b)) => a == b,
         _ => false,

@@ -384,9 +384,11 @@ fn import_torch_gives_back_the_stream_a_snapshot_was_built_from() {
     assert_eq!(t.events, [tensormem::TraceEvent::Alloc(0, 1, 4096, 256)]);
     let run = tensormem(&["import-torch", snapshot, "-o", one.to_str().unwrap(), "--device", "2", "--force"]);
     assert_one_line_error(&run, "no device 2: the snapshot has traces for 2 device(s)");
-    // The output is not overwritten without --force.
+    // The output is not overwritten without --force, and never the snapshot itself.
     let run = tensormem(&["import-torch", snapshot, "-o", one.to_str().unwrap()]);
     assert_one_line_error(&run, "exists: pass --force");
+    let run = tensormem(&["import-torch", snapshot, "-o", snapshot, "--force"]);
+    assert_one_line_error(&run, "is the snapshot being read");
 }
 
 #[test]
@@ -404,7 +406,8 @@ fn import_torch_refuses_corrupt_and_hostile_pickles() {
     };
     case("empty.pickle", b"", "not a readable pickle");
     case("text.pickle", b"{\"device_traces\": []}", "not a readable pickle");
-    let good = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2_inference_2000.pickle")).unwrap();
+    let good =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gpt2_inference_2000.pickle")).unwrap();
     case("truncated.pickle", &good[..good.len() / 2], "not a readable pickle");
     // The classic pickle that runs a shell command when Python loads it: a reference to
     // os.system. Refused as not plain data; nothing runs (the marker file is never made).
