@@ -1,5 +1,6 @@
-//! OOM reports written to a directory (`TENSORMEM_OOM_DUMP`), history in reports, and the
-//! `tracing` events: each case that reads the environment runs this binary again as a child
+//! OOM reports written to a directory (`TENSORMEM_OOM_DUMP`), history in reports, the
+//! `tracing` events, and allocation sites of a history recorded with backtraces in its pprof
+//! profile: each case that reads the environment runs this binary again as a child
 //! process, since the dump settings are read once per process; the in-process cases run one
 //! after another, since the dump directory and history are process-wide.
 
@@ -180,6 +181,29 @@ fn history_names_what_an_allocator_without_tables_holds() {
     unsafe { a.deallocate(p, 600 << 10) };
 }
 
+/// Allocates where a backtrace will name it.
+#[inline(never)]
+fn pprof_site_marker(a: &SystemAllocator) -> std::ptr::NonNull<u8> {
+    std::hint::black_box(a.allocate::<u8>(77_777).unwrap())
+}
+
+fn recorded_backtraces_are_allocation_sites_in_pprof() {
+    use std::io::Read;
+    let a = SystemAllocator::new();
+    history::start(HistoryOptions { capacity: 1000, backtraces: true }).unwrap();
+    let p = pprof_site_marker(&a);
+    history::stop();
+    // SAFETY: `p` came from `allocate::<u8>(77_777)` on `a`.
+    unsafe { a.deallocate(p, 77_777) };
+    let gz = history::recorded().to_pprof();
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut raw).unwrap();
+    let has = |s: &str| raw.windows(s.len()).any(|w| w == s.as_bytes());
+    assert!(has("pprof_site_marker"), "the allocating function is a frame");
+    assert!(has("live_bytes_at_peak") && has("bytes_allocated"));
+    assert!(!has("tensormem_allocators::"), "tensormem's own frames are trimmed");
+}
+
 fn main() -> ExitCode {
     if std::env::var_os(CHILD).is_some() {
         return child();
@@ -191,7 +215,8 @@ fn main() -> ExitCode {
     an_unwritable_directory_is_reported_once(&tmp);
     set_dump_dir_overrides_and_none_turns_dumps_off(&tmp);
     history_names_what_an_allocator_without_tables_holds();
+    recorded_backtraces_are_allocation_sites_in_pprof();
     std::fs::remove_dir_all(&tmp).unwrap();
-    println!("oom_dump: 4 cases passed");
+    println!("oom_dump: 5 cases passed");
     ExitCode::SUCCESS
 }

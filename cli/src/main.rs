@@ -6,6 +6,7 @@
 //! tensormem tune TRACE [--max-slowdown F] [--jobs N]
 //! tensormem import-torch SNAPSHOT.pickle -o TRACE.json [--device N] [--force]
 //! tensormem timeline HISTORY.json -o OUT.html [--force]
+//! tensormem pprof HISTORY.json -o OUT.pb.gz [--force]
 //! tensormem summary SNAPSHOT.json
 //! ```
 //!
@@ -35,7 +36,7 @@ pub(crate) type Outcome = Result<(), Failure>;
 #[command(
     name = "tensormem",
     version,
-    about = "Memory layer for ML runtimes: demo, replay, tune, import-torch, timeline, summary"
+    about = "Memory layer for ML runtimes: demo, replay, tune, import-torch, timeline, pprof, summary"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -66,6 +67,18 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Writes a history file as a pprof profile (gzipped protobuf: live bytes at the peak and
+    /// bytes allocated, by allocation site) for `go tool pprof` and other pprof viewers.
+    Pprof {
+        /// The history file (JSON), recorded with backtraces for allocation sites.
+        history: PathBuf,
+        /// Where to write the profile (never the history itself; an existing file only with --force).
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+        /// Overwrite OUT if it exists.
+        #[arg(long)]
+        force: bool,
+    },
     /// Prints the memory summary of a snapshot file (`tensormem::telemetry::snapshot_json`).
     Summary {
         /// The snapshot file (JSON).
@@ -84,6 +97,7 @@ fn main() -> ExitCode {
         Command::Tune(args) => tune::run(args),
         Command::ImportTorch(args) => import_torch::run(args),
         Command::Timeline { history, out, force } => timeline(&history, &out, force),
+        Command::Pprof { history, out, force } => pprof(&history, &out, force),
         Command::Summary { snapshot } => summary(&snapshot),
     };
     match outcome.and_then(|()| flush_out()) {
@@ -108,19 +122,37 @@ fn usage(e: &clap::Error) -> ExitCode {
     }
 }
 
-fn timeline(history: &Path, out: &Path, force: bool) -> Outcome {
+/// Reads the history at `history` for writing a file of another kind to `out`.
+fn read_history(history: &Path, out: &Path, force: bool, what: &str) -> Result<tensormem::history::History, Failure> {
     let text = files::read(history)?;
     files::expect(history, &text, FileKind::History)?;
     let h = tensormem::history::History::from_json(&text).map_err(|e| format!("{}: {e}", history.display()))?;
     if same_file(history, out) {
-        return Err(format!("{} is the history being read: choose another file for the page", out.display()).into());
+        return Err(format!("{} is the history being read: choose another file for the {what}", out.display()).into());
     }
     if out.is_file() && !force {
         return Err(format!("{} exists: pass --force to overwrite it, or choose another file", out.display()).into());
     }
+    Ok(h)
+}
+
+fn timeline(history: &Path, out: &Path, force: bool) -> Outcome {
+    let h = read_history(history, out, force, "page")?;
     let html = tensormem::timeline::render_html(&h);
     std::fs::write(out, html).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
     sayln!("{}: {h}; wrote {}", history.display(), out.display());
+    Ok(())
+}
+
+fn pprof(history: &Path, out: &Path, force: bool) -> Outcome {
+    let h = read_history(history, out, force, "profile")?;
+    let with_sites = h.events.iter().filter(|e| e.backtrace.is_some()).count();
+    std::fs::write(out, h.to_pprof()).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    sayln!(
+        "{}: {h}; wrote {} ({with_sites} allocation sites from recorded backtraces; the rest by scope)",
+        history.display(),
+        out.display()
+    );
     Ok(())
 }
 

@@ -421,3 +421,128 @@ fn import_torch_refuses_corrupt_and_hostile_pickles() {
     let run = tensormem(&["import-torch", dir.join("missing.pickle").to_str().unwrap(), "-o", out.to_str().unwrap()]);
     assert_one_line_error(&run, "missing.pickle");
 }
+
+/// `go`, or `None` (printing why) when it is not installed and `TENSORMEM_REQUIRE_GO` is not 1.
+fn go() -> Option<&'static str> {
+    if Command::new("go").arg("version").output().is_ok_and(|o| o.status.success()) {
+        return Some("go");
+    }
+    assert!(
+        std::env::var("TENSORMEM_REQUIRE_GO").map_or(true, |v| v != "1"),
+        "TENSORMEM_REQUIRE_GO=1 but no go on PATH"
+    );
+    println!(
+        "SKIPPED pprof read by go tool pprof: no go on PATH (install Debian's golang-go, or set TENSORMEM_REQUIRE_GO=1 to fail)"
+    );
+    None
+}
+
+/// A history of four allocations at two sites with backtraces and one without (scope
+/// `decoder/layer0`); the peak (3.5 MiB) holds the weights, the layer's block and the 2 MiB
+/// attention block.
+fn sites_history() -> String {
+    use tensormem::allocators::observe::Action;
+    use tensormem::history::{History, HistoryEvent};
+    let bt = |f: &str, line: u32| {
+        format!(
+            "   0: app::{f}\n             at ./src/model.rs:{line}:9\n   1: app::main\n             at ./src/main.rs:7:5\n"
+        )
+    };
+    let ev = |t: u64, action, address, size: u64, backtrace: Option<String>, tag: Option<&str>| HistoryEvent {
+        time_ns: t,
+        action,
+        address,
+        size,
+        allocator: "cpu".into(),
+        tag: tag.map(str::to_owned),
+        description: None,
+        backtrace,
+    };
+    let events = vec![
+        ev(1, Action::Alloc, 0x1000_0000, 1 << 20, Some(bt("load_weights", 42)), None),
+        ev(2, Action::Alloc, 0x2000_0000, 256 << 10, Some(bt("attention", 77)), None),
+        ev(3, Action::Free, 0x2000_0000, 256 << 10, None, None),
+        ev(4, Action::Alloc, 0x3000_0000, 512 << 10, None, Some("decoder/layer0")),
+        ev(5, Action::Alloc, 0x4000_0000, 2 << 20, Some(bt("attention", 77)), None),
+        ev(6, Action::Free, 0x4000_0000, 2 << 20, None, None),
+    ];
+    History { version: 1, start_unix_ms: 1_700_000_000_000, capacity: 100, dropped: 0, events }.to_json()
+}
+
+#[test]
+fn pprof_profiles_are_read_by_go_tool_pprof() {
+    let dir_guard = tmp("pprof");
+    let dir = dir_guard.path();
+    let history = dir.join("history.json");
+    std::fs::write(&history, sites_history()).unwrap();
+    let profile = dir.join("heap.pb.gz");
+    let run = tensormem(&["pprof", history.to_str().unwrap(), "-o", profile.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert!(text(&run.stdout).contains("3 allocation sites from recorded backtraces"), "{}", text(&run.stdout));
+    let bytes = std::fs::read(&profile).unwrap();
+    assert_eq!(&bytes[..2], [0x1f, 0x8b], "gzip");
+    // The same file again needs --force; the history itself is never the output.
+    assert_one_line_error(
+        &tensormem(&["pprof", history.to_str().unwrap(), "-o", profile.to_str().unwrap()]),
+        "--force",
+    );
+    let same = tensormem(&["pprof", history.to_str().unwrap(), "-o", history.to_str().unwrap(), "--force"]);
+    assert_one_line_error(&same, "is the history being read");
+    let Some(go) = go() else { return };
+    let top = |index: &str| {
+        let out = Command::new(go)
+            .args(["tool", "pprof", "-top", "-nodecount=20", &format!("-sample_index={index}")])
+            .arg(&profile)
+            .env("HOME", dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "go tool pprof: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    // `flat flat% sum% cum cum% name`: the flat bytes of each function.
+    let flat = |report: &str, name: &str| -> String {
+        let line =
+            report.lines().find(|l| l.trim_end().ends_with(name)).unwrap_or_else(|| panic!("{name} in {report}"));
+        line.split_whitespace().next().unwrap().to_owned()
+    };
+    let peak = top("live_bytes_at_peak");
+    assert!(peak.contains("Type: live_bytes_at_peak"), "{peak}");
+    // pprof counts in units of 1024: the peak's 3.5 MiB is 3584kB.
+    assert!(peak.contains("Total samples = 3584kB"), "{peak}");
+    assert_eq!(flat(&peak, "app::attention"), "2048kB");
+    assert_eq!(flat(&peak, "app::load_weights"), "1024kB");
+    assert_eq!(flat(&peak, "layer0"), "512kB", "the scope path stands in for a missing backtrace");
+    let allocated = top("bytes_allocated");
+    assert!(allocated.contains("Total samples = 3840kB"), "{allocated}");
+    assert_eq!(flat(&allocated, "app::attention"), "2304kB", "both attention blocks, 2 MiB + 256 KiB");
+}
+
+#[test]
+fn pprof_refuses_what_is_not_a_history() {
+    let dir_guard = tmp("pprof-bad");
+    let out = dir_guard.path().join("p.pb.gz");
+    assert_one_line_error(
+        &tensormem(&["pprof", "benches/traces/kv_cache_stress.json", "-o", out.to_str().unwrap()]),
+        "kv_cache_stress.json",
+    );
+    assert_one_line_error(
+        &tensormem(&["pprof", "no/such/history.json", "-o", out.to_str().unwrap()]),
+        "no/such/history.json",
+    );
+    let bad = dir_guard.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        "{\"version\":1,\"start_unix_ms\":0,\"capacity\":1,\"dropped\":0,\"events\":[{\"time_ns\":0}]}",
+    )
+    .unwrap();
+    assert_one_line_error(&tensormem(&["pprof", bad.to_str().unwrap(), "-o", out.to_str().unwrap()]), "bad.json");
+    assert!(!out.exists());
+    // A target in a folder that does not exist.
+    let good = dir_guard.path().join("good.json");
+    std::fs::write(&good, sites_history()).unwrap();
+    let nowhere = dir_guard.path().join("missing/dir/p.pb.gz");
+    assert_one_line_error(
+        &tensormem(&["pprof", good.to_str().unwrap(), "-o", nowhere.to_str().unwrap()]),
+        "cannot write",
+    );
+}

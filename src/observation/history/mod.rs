@@ -64,8 +64,10 @@ use parking_lot::Mutex;
 use crate::allocators::observe::{self, Action, Event, Tag};
 
 mod live;
+mod pprof;
 
 pub use live::{LiveAllocation, LiveGroup, LiveSet};
+pub use pprof::PPROF_SAMPLE_TYPES;
 
 /// The current history file version.
 pub const HISTORY_VERSION: u32 = 1;
