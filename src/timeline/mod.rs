@@ -8,7 +8,8 @@
 //! the y axis runs to the larger of peak in use and peak reserved (a checkbox fits it to in use);
 //! both axes are titled. Hover a band for its size, scope, allocator, tensor, lifetime and
 //! backtrace; scroll to zoom the time axis (event index), drag to pan. Below: what was live at
-//! the peak, by scope and by description ([`History::peak`]), and a per-tag table.
+//! the peak, by scope and by description ([`History::peak`]), with a flame graph of where it was
+//! allocated (recorded backtraces, else scope paths), and a per-tag table.
 //!
 //! The page's layout work is done here, in Rust, so a history of 100 000 events or more becomes
 //! a page of bounded size that the browser lays out quickly (`tests/timeline_browser.rs` lays
@@ -33,6 +34,7 @@
 //! ```
 
 mod bands;
+mod flame;
 
 use crate::allocators::ByteSize;
 use crate::history::{History, LiveSet};
@@ -117,6 +119,7 @@ fn composition(peak: &LiveSet) -> String {
         }
         out.push_str("</tbody></table>");
     }
+    out.push_str(&flame::flame_graph(peak, escape));
     out.push_str("</div>");
     out
 }

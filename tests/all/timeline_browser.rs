@@ -141,6 +141,23 @@ fn the_page_shows_what_was_live_at_the_peak() {
         at += found + row.len();
     }
     assert!(html.contains("<table id=\"peak-descriptions\""));
+    // The flame graph of the peak: allocations with a backtrace (those above 60 000 bytes) under
+    // their outermost frame `main`, the others by scope path (`layer0` holds `attn` and `mlp`);
+    // each box titled with its bytes and share.
+    let sum = |f: &dyn Fn(&tensormem::history::LiveAllocation) -> bool| {
+        peak.allocations.iter().filter(|a| f(a)).map(|a| a.size).sum::<u64>()
+    };
+    let traced = sum(&|a| a.backtrace.is_some());
+    let scoped =
+        |prefix: &str| sum(&|a| a.backtrace.is_none() && a.tag.as_deref().is_some_and(|t| t.starts_with(prefix)));
+    assert!(traced > 0 && scoped("layer0/") > 0, "both kinds are live at the peak");
+    for (name, b) in
+        [("main", traced), ("layer0", scoped("layer0/")), ("attn", scoped("layer0/attn")), ("embed", scoped("embed"))]
+    {
+        let title =
+            format!("title=\"{name}: {} ({:.1}%)\"", tensormem::ByteSize(b), b as f64 * 100.0 / peak.bytes as f64);
+        assert!(html.contains(&title), "{title} in the flame graph");
+    }
     assert!(html.contains(&format!("\"peak_event\":{}", peak.event)), "the data marks the peak");
 }
 

@@ -64,7 +64,7 @@ use parking_lot::Mutex;
 use crate::allocators::observe::{self, Action, Event, Tag};
 
 mod live;
-mod pprof;
+pub(crate) mod pprof;
 
 pub use live::{LiveAllocation, LiveGroup, LiveSet};
 pub use pprof::PPROF_SAMPLE_TYPES;

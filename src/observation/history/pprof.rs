@@ -19,14 +19,14 @@ pub const PPROF_SAMPLE_TYPES: [(&str, &str); 2] = [("live_bytes_at_peak", "bytes
 
 /// One stack frame: function name, file and line (0: not known).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct Frame {
-    function: String,
+pub(crate) struct Frame {
+    pub(crate) function: String,
     file: String,
     line: u64,
 }
 
 /// The frames of a backtrace in `std::backtrace::Backtrace`'s format, innermost first.
-fn frames_of(backtrace: &str) -> Vec<Frame> {
+pub(crate) fn frames_of(backtrace: &str) -> Vec<Frame> {
     let mut frames: Vec<Frame> = Vec::new();
     let mut located = false;
     for line in backtrace.lines().map(str::trim) {
@@ -57,11 +57,19 @@ fn frames_of(backtrace: &str) -> Vec<Frame> {
 
 /// The stack of an allocation recorded without a backtrace: its scope path, innermost first,
 /// under `(no backtrace)`.
-fn scope_frames(tag: Option<&str>) -> Vec<Frame> {
+pub(crate) fn scope_frames(tag: Option<&str>) -> Vec<Frame> {
     let frame = |name: &str| Frame { function: name.to_owned(), file: String::new(), line: 0 };
     let mut frames: Vec<Frame> = tag.map(|t| t.split('/').rev().map(frame).collect()).unwrap_or_default();
     frames.push(frame("(no backtrace)"));
     frames
+}
+
+/// The stack of an allocation, innermost first: its backtrace's frames, or else its scope path.
+pub(crate) fn stack_of(backtrace: Option<&str>, tag: Option<&str>) -> Vec<Frame> {
+    match backtrace.map(frames_of) {
+        Some(frames) if !frames.is_empty() => frames,
+        _ => scope_frames(tag),
+    }
 }
 
 /// Protobuf wire encoding, just what `profile.proto` needs.
@@ -139,10 +147,7 @@ impl History {
         // Samples summed by (stack, allocator).
         let mut samples: HashMap<(Vec<Frame>, &str), [u64; 2]> = HashMap::new();
         for (i, e) in self.events.iter().enumerate().filter(|(_, e)| e.action == Action::Alloc) {
-            let stack = match &e.backtrace {
-                Some(bt) if !frames_of(bt).is_empty() => frames_of(bt),
-                _ => scope_frames(e.tag.as_deref()),
-            };
+            let stack = stack_of(e.backtrace.as_deref(), e.tag.as_deref());
             let v = samples.entry((stack, &*e.allocator)).or_default();
             if live_at_peak.contains(&i) {
                 v[0] = v[0].saturating_add(e.size);
