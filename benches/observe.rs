@@ -7,7 +7,7 @@
 //! `oom_report_100k`: a refused request to a BFC holding 100 000 live blocks, with an OOM
 //! callback registered, so that every refusal builds and delivers an `OomReport`: with nothing
 //! watching (the largest live blocks come from the BFC's tables) and with the blocks allocated
-//! in scopes (the hub's 100 000 records are walked for per-scope totals). Target: at most 1 ms.
+//! in four scopes (per-scope totals from the hub's ledger). Target: at most 1 ms.
 //!
 //! Ratios: `python3 benches/ratios.py` after `cargo bench --bench observe`.
 
