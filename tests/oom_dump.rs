@@ -181,6 +181,28 @@ fn history_names_what_an_allocator_without_tables_holds() {
     unsafe { a.deallocate(p, 600 << 10) };
 }
 
+fn an_unbounded_entry_count_lists_everything_and_zero_lists_nothing() {
+    let reports: Arc<Mutex<Vec<OomReport>>> = Arc::default();
+    let sink = Arc::clone(&reports);
+    let id = tensormem::on_oom(move |r| sink.lock().unwrap().push(r.clone()));
+    let a = bfc("oom-entries-edge", 1 << 20);
+    let held: Vec<_> = (0..3).map(|_| a.allocate::<u8>(1000).unwrap()).collect();
+    oom::set_report_entries(usize::MAX);
+    assert!(a.allocate::<u8>(2 << 20).is_err());
+    oom::set_report_entries(0);
+    assert!(a.allocate::<u8>(2 << 20).is_err());
+    oom::set_report_entries(observe::DEFAULT_REPORT_ENTRIES);
+    let got = std::mem::take(&mut *reports.lock().unwrap());
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].largest_allocations.len(), 3);
+    assert!(got[1].largest_allocations.is_empty() && got[1].top_scopes.is_empty());
+    tensormem::remove_oom_observer(id);
+    for p in held {
+        // SAFETY: each came from `allocate::<u8>(1000)` on `a`, freed once.
+        unsafe { a.deallocate(p, 1000) };
+    }
+}
+
 /// Allocates where a backtrace will name it.
 #[inline(never)]
 fn pprof_site_marker(a: &SystemAllocator) -> std::ptr::NonNull<u8> {
@@ -216,7 +238,8 @@ fn main() -> ExitCode {
     set_dump_dir_overrides_and_none_turns_dumps_off(&tmp);
     history_names_what_an_allocator_without_tables_holds();
     recorded_backtraces_are_allocation_sites_in_pprof();
+    an_unbounded_entry_count_lists_everything_and_zero_lists_nothing();
     std::fs::remove_dir_all(&tmp).unwrap();
-    println!("oom_dump: 5 cases passed");
+    println!("oom_dump: 6 cases passed");
     ExitCode::SUCCESS
 }

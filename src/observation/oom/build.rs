@@ -18,7 +18,7 @@ struct Largest {
 
 impl Largest {
     fn new(n: usize) -> Self {
-        Self { n, heap: BinaryHeap::with_capacity(n + 1) }
+        Self { n, heap: BinaryHeap::with_capacity(n.min(1 << 10) + 1) }
     }
 
     fn push(&mut self, b: LiveBlock) {

@@ -524,7 +524,8 @@ impl State {
         // the size set aside never decides the order. The chunk table is scanned in memory
         // order: the slots of merged chunks are free (`check` verifies it), and in-use chunks
         // are exactly the live blocks.
-        let mut heap: BinaryHeap<Reverse<(usize, Reverse<usize>, usize)>> = BinaryHeap::with_capacity(n + 1);
+        let mut heap: BinaryHeap<Reverse<(usize, Reverse<usize>, usize)>> =
+            BinaryHeap::with_capacity(n.min(1 << 10) + 1);
         for c in self.chunks.iter().filter(|c| c.in_use()) {
             let key = (c.requested, Reverse(c.ptr), c.size);
             if heap.len() == n && heap.peek().is_some_and(|Reverse(min)| key <= *min) {
