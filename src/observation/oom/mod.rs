@@ -22,8 +22,10 @@
 //! source is not reported (the caching allocator may recover, and reports its own refusal if
 //! not). The global Rust heap's refusals go to Rust's allocation error handler, not here.
 //!
-//! Building a report allocates only from the Rust heap, never from the allocator that refused,
-//! and happens only on the refusal path: a successful allocation pays nothing for it. A refusal
+//! Building a report allocates only from the Rust heap, never from the allocator that refused
+//! (a `SystemAllocator` refused by `malloc` itself shares the C heap with Rust's, so its report
+//! needs what that heap has left), and happens only on the refusal path: a successful
+//! allocation pays nothing for it. A refusal
 //! inside an OOM callback (or while a report is built) is not reported again, and a callback that
 //! panics is caught and logged; the allocator's caller gets its error either way.
 //!
@@ -207,8 +209,9 @@ static REPORTS: AtomicU64 = AtomicU64::new(0);
 
 /// Calls `callback` with the report of every refusal of any tensormem allocator in the process,
 /// on the thread that was refused, after the allocator's own locks are released (the callback
-/// may allocate and free). Until it returns, that thread's refusals are not reported again. A
-/// callback that panics is caught and logged.
+/// may allocate and free). Until it returns, that thread's refusals are not reported again and
+/// its allocations are not observed (leak checks and history do not see them). A callback that
+/// panics is caught and logged.
 ///
 /// Callbacks stay until [`remove_oom_observer`]; they see every thread's refusals, so a test
 /// that registers one picks out its own allocator's reports by name.
