@@ -44,8 +44,8 @@ fn size_text(bytes: u64) -> String {
     bytes.to_string()
 }
 
-/// The grid: BFC placement/split policy, expandable or not, growth granule, peak headroom and
-/// release threshold; pool rounding and limit.
+/// The grid: BFC split policy, placement (first fit above 64 KiB or best fit), expandable or
+/// not, growth granule, peak headroom and release threshold; pool rounding and limit.
 fn grid(bfc_limit: u64) -> Vec<Candidate> {
     let mut grid = Vec::new();
     let limit = format!("bfc.memory_limit={}", size_text(bfc_limit));
@@ -63,16 +63,20 @@ fn grid(bfc_limit: u64) -> Vec<Candidate> {
         }
         for granule in ["2MiB", "20MiB"] {
             for headroom in ["none", "0.04"] {
-                grid.push(Candidate {
-                    allocator: "bfc",
-                    items: vec![
-                        limit.clone(),
-                        format!("bfc.split={split}"),
-                        "bfc.expandable=true".into(),
-                        format!("bfc.growth_granule={granule}"),
-                        format!("bfc.peak_headroom={headroom}"),
-                    ],
-                });
+                // Placement: first fit by address above 64 KiB (the default), or best fit always.
+                for first_fit in ["64KiB", "none"] {
+                    grid.push(Candidate {
+                        allocator: "bfc",
+                        items: vec![
+                            limit.clone(),
+                            format!("bfc.split={split}"),
+                            format!("bfc.first_fit_above={first_fit}"),
+                            "bfc.expandable=true".into(),
+                            format!("bfc.growth_granule={granule}"),
+                            format!("bfc.peak_headroom={headroom}"),
+                        ],
+                    });
+                }
             }
         }
     }
@@ -205,7 +209,7 @@ mod tests {
     #[test]
     fn every_grid_line_parses_and_builds() {
         let grid = grid(8 << 30);
-        assert_eq!(grid.len(), 18);
+        assert_eq!(grid.len(), 26);
         for c in &grid {
             AllocConf::parse(&c.line()).unwrap_or_else(|e| panic!("{}: {e}", c.line()));
             c.build().unwrap_or_else(|e| panic!("{}: {e}", c.line()));

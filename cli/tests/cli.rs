@@ -323,7 +323,7 @@ fn tune_ranks_configurations_and_its_lines_reproduce_their_figures() {
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
         .filter(|w| w.len() == 7 && w[0].parse::<usize>().is_ok())
         .collect();
-    assert_eq!(rows.len(), 18, "{stdout}");
+    assert_eq!(rows.len(), 26, "{stdout}");
     let ratios: Vec<f64> = rows.iter().map(|w| w[2].parse().unwrap()).collect();
     assert!(ratios.windows(2).all(|p| p[0] <= p[1]), "ranked by reserved/requested: {ratios:?}");
     assert!(ratios.iter().all(|&r| r >= 1.0), "{ratios:?}");
