@@ -13,7 +13,10 @@
 //!   to cache (inside [`nested`]);
 //! - a *caching* backend (BFC, pool) reports `alloc`/`free` of the blocks it hands out, and the
 //!   regions it takes from and returns to its source as segments; called from another caching
-//!   allocator, its blocks are that allocator's memory and it reports none.
+//!   allocator, its blocks are that allocator's memory and it reports none;
+//! - the process's Rust heap (`tensormem::GlobalAllocator`) reports every block as allocator
+//!   `global`, inside allocator calls too ([`Layer::Heap`]);
+//! - a refused request is reported once, by the allocator that refused it, with [`refused`].
 //!
 //! # Cost
 //! With nothing watching (no leak check, scope or history), an allocation costs one read of a
