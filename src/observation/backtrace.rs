@@ -37,20 +37,25 @@ pub(crate) fn trimmed(bt: &Backtrace) -> String {
 /// Trims `text`, a backtrace in `std::backtrace::Backtrace`'s format (a frame is a line
 /// `  N: function` followed by `at file:line:column` lines; files under `cwd` shown as `./..`),
 /// of the leading frames that are the library's: by name, or by a file under `sources`.
-pub(crate) fn trim(text: &str, cwd: &std::path::Path, sources: &[std::path::PathBuf]) -> String {
+/// The frames of `text`, a backtrace in `Backtrace`'s format, innermost first: each function
+/// name with the lines under it (its `at file:line:column` locations). `None` when `text` is not
+/// a frame list (a disabled or unsupported backtrace).
+pub(crate) fn frames(text: &str) -> Option<Vec<(String, Vec<&str>)>> {
     let mut frames: Vec<(String, Vec<&str>)> = Vec::new();
     for line in text.lines() {
         match line.trim_start().split_once(": ") {
             Some((n, function)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
                 frames.push((function.to_owned(), Vec::new()));
             }
-            _ => match frames.last_mut() {
-                Some((_, rest)) => rest.push(line),
-                // Not a frame list (a disabled or unsupported backtrace): keep it as it is.
-                None => return text.to_owned(),
-            },
+            _ => frames.last_mut()?.1.push(line),
         }
     }
+    Some(frames)
+}
+
+pub(crate) fn trim(text: &str, cwd: &std::path::Path, sources: &[std::path::PathBuf]) -> String {
+    // Not a frame list: kept as it is.
+    let Some(frames) = frames(text) else { return text.to_owned() };
     let in_library = |rest: &[&str]| {
         rest.iter().filter_map(|l| l.trim_start().strip_prefix("at ")).next().is_some_and(|at| {
             let file = at.split(':').next().unwrap_or(at);

@@ -25,34 +25,23 @@ pub(crate) struct Frame {
     line: u64,
 }
 
-/// The frames of a backtrace in `std::backtrace::Backtrace`'s format, innermost first.
+/// The frames of a backtrace in `std::backtrace::Backtrace`'s format, innermost first, each
+/// with its first location.
 pub(crate) fn frames_of(backtrace: &str) -> Vec<Frame> {
-    let mut frames: Vec<Frame> = Vec::new();
-    let mut located = false;
-    for line in backtrace.lines().map(str::trim) {
-        if let Some((n, name)) = line.split_once(": ")
-            && n.chars().all(|c| c.is_ascii_digit())
-            && !n.is_empty()
-        {
-            frames.push(Frame { function: name.to_owned(), file: String::new(), line: 0 });
-            located = false;
-        } else if let (Some(at), Some(frame)) = (line.strip_prefix("at "), frames.last_mut())
-            && !located
-        {
-            // `file:line:column`; the file may itself hold colons.
-            let mut parts = at.rsplitn(3, ':');
-            let (_col, line_no, file) = (parts.next(), parts.next(), parts.next());
-            match (file, line_no.and_then(|l| l.parse().ok())) {
-                (Some(file), Some(line_no)) => {
-                    frame.file = file.to_owned();
-                    frame.line = line_no;
-                }
-                _ => frame.file = at.to_owned(),
-            }
-            located = true;
-        }
-    }
+    let frames = crate::observation::backtrace::frames(backtrace).unwrap_or_default();
     frames
+        .into_iter()
+        .map(|(function, rest)| {
+            let at = rest.iter().find_map(|l| l.trim().strip_prefix("at "));
+            // `file:line:column`; the file may itself hold colons.
+            let mut parts = at.unwrap_or("").rsplitn(3, ':');
+            let (_column, line, file) = (parts.next(), parts.next(), parts.next());
+            match (file, line.and_then(|l| l.parse().ok())) {
+                (Some(file), Some(line)) => Frame { function, file: file.to_owned(), line },
+                _ => Frame { function, file: at.unwrap_or("").to_owned(), line: 0 },
+            }
+        })
+        .collect()
 }
 
 /// The stack of an allocation recorded without a backtrace: its scope path, innermost first,
