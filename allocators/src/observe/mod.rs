@@ -28,6 +28,8 @@ mod tag;
 
 use core::alloc::Layout;
 use core::cell::{Cell, RefCell};
+use core::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
@@ -189,9 +191,9 @@ pub fn remove_check(id: u64) {
 }
 
 #[doc(hidden)]
-/// The leak checks this thread reports to, outermost first.
+/// The leak checks this thread reports to, outermost first (for the observer, whose own
+/// allocations, this copy's included, are unobserved).
 pub fn thread_checks() -> Vec<u64> {
-    let _hook = InHook::enter();
     CHECKS.try_with(|c| c.try_borrow().map(|c| c.clone()).unwrap_or_default()).unwrap_or_default()
 }
 
@@ -297,6 +299,48 @@ pub struct LiveBlock {
     pub requested: usize,
     /// The bytes set aside for it.
     pub allocated: usize,
+}
+
+/// Keeps the `n` largest [`LiveBlock`]s pushed into it (by bytes asked for; of equal sizes, the
+/// lowest addresses): what an allocator hands to [`refused`], found in one pass over its table.
+/// A block enters only if it beats the smallest kept, so a table of equal sizes costs one
+/// comparison per block.
+#[derive(Debug)]
+pub struct LargestBlocks {
+    n: usize,
+    /// A min-heap of `(requested, Reverse(address), allocated)`: addresses are unique, so the
+    /// size set aside never decides the order.
+    heap: BinaryHeap<Reverse<(usize, Reverse<usize>, usize)>>,
+}
+
+impl LargestBlocks {
+    /// Keeps at most `n`.
+    pub fn new(n: usize) -> Self {
+        Self { n, heap: BinaryHeap::with_capacity(n.min(1 << 10) + 1) }
+    }
+
+    /// Offers one block.
+    pub fn push(&mut self, b: LiveBlock) {
+        let key = (b.requested, Reverse(b.address), b.allocated);
+        if self.n == 0 || self.heap.len() == self.n && self.heap.peek().is_some_and(|Reverse(min)| key <= *min) {
+            return;
+        }
+        self.heap.push(Reverse(key));
+        if self.heap.len() > self.n {
+            self.heap.pop();
+        }
+    }
+
+    /// The blocks kept, largest first (of equal sizes, the lowest address first).
+    pub fn into_sorted(self) -> Vec<LiveBlock> {
+        let mut v: Vec<LiveBlock> = self
+            .heap
+            .into_iter()
+            .map(|Reverse((requested, Reverse(address), allocated))| LiveBlock { address, requested, allocated })
+            .collect();
+        v.sort_by(|a, b| b.requested.cmp(&a.requested).then(a.address.cmp(&b.address)));
+        v
+    }
 }
 
 /// How many live blocks an OOM report lists, unless changed.
@@ -440,4 +484,31 @@ pub fn watched() -> bool {
 #[inline]
 pub fn scope_tag() -> Option<Tag> {
     if STATE.with(Cell::get) & SCOPED == 0 { None } else { current_tag() }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{LargestBlocks, LiveBlock};
+
+    #[test]
+    fn largest_blocks_keeps_the_n_largest_in_order() {
+        let mut l = LargestBlocks::new(3);
+        for (i, size) in [5usize, 1, 9, 7, 3, 9].into_iter().enumerate() {
+            l.push(LiveBlock { address: 100 + i, requested: size, allocated: size });
+        }
+        let got: Vec<(usize, usize)> = l.into_sorted().iter().map(|b| (b.requested, b.address)).collect();
+        assert_eq!(got, vec![(9, 102), (9, 105), (7, 103)]);
+        let mut ties = LargestBlocks::new(2);
+        for address in [30, 10, 20] {
+            ties.push(LiveBlock { address, requested: 4, allocated: 4 });
+        }
+        let got: Vec<usize> = ties.into_sorted().iter().map(|b| b.address).collect();
+        assert_eq!(got, vec![10, 20], "of equal sizes, the lowest addresses");
+        let mut none = LargestBlocks::new(0);
+        none.push(LiveBlock { address: 1, requested: 1, allocated: 1 });
+        assert!(none.into_sorted().is_empty());
+        let mut huge = LargestBlocks::new(usize::MAX);
+        huge.push(LiveBlock { address: 1, requested: 1, allocated: 1 });
+        assert_eq!(huge.into_sorted().len(), 1);
+    }
 }

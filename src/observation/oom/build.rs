@@ -1,49 +1,13 @@
 //! Building an [`OomReport`] from what the refusing allocator, the hub and the history know.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{OomAllocation, OomReport, OomScope};
-use crate::allocators::observe::{self, LiveBlock, Refusal, Tag};
+use crate::allocators::observe::{self, LargestBlocks, LiveBlock, Refusal, Tag};
 use crate::observation::backtrace::trimmed;
 use crate::observation::history;
 use crate::observation::hub::Hub;
-
-/// Keeps the `n` largest of what is pushed (of equal sizes, the lowest addresses).
-struct Largest {
-    n: usize,
-    heap: BinaryHeap<Reverse<(usize, Reverse<usize>, usize)>>,
-}
-
-impl Largest {
-    fn new(n: usize) -> Self {
-        Self { n, heap: BinaryHeap::with_capacity(n.min(1 << 10) + 1) }
-    }
-
-    fn push(&mut self, b: LiveBlock) {
-        let key = (b.requested, Reverse(b.address), b.allocated);
-        // Only a block that beats the smallest kept enters: equal sizes cost one comparison.
-        if self.n == 0 || self.heap.len() == self.n && self.heap.peek().is_some_and(|Reverse(min)| key <= *min) {
-            return;
-        }
-        self.heap.push(Reverse(key));
-        if self.heap.len() > self.n {
-            self.heap.pop();
-        }
-    }
-
-    /// Largest first; ties by address.
-    fn into_sorted(self) -> Vec<LiveBlock> {
-        let mut v: Vec<LiveBlock> = self
-            .heap
-            .into_iter()
-            .map(|Reverse((requested, Reverse(address), allocated))| LiveBlock { address, requested, allocated })
-            .collect();
-        v.sort_by(|a, b| b.requested.cmp(&a.requested).then(a.address.cmp(&b.address)));
-        v
-    }
-}
 
 /// Adds `bytes` of one allocation to `tag`'s total.
 fn count(scopes: &mut HashMap<Tag, (u64, u64)>, tag: Tag, bytes: usize) {
@@ -56,7 +20,7 @@ pub(super) fn build(hub: &Hub, r: &Refusal<'_>, sequence: u64) -> OomReport {
     let n = observe::report_entries();
     let me = Tag::intern(r.allocator);
     let mut sources = Vec::new();
-    let mut largest = Largest::new(n);
+    let mut largest = LargestBlocks::new(n);
     if let Some(table) = r.largest_live {
         sources.push("allocator".to_owned());
         table.iter().for_each(|&b| largest.push(b));
@@ -158,29 +122,5 @@ pub(super) fn build(hub: &Hub, r: &Refusal<'_>, sequence: u64) -> OomReport {
         largest_allocations,
         top_scopes,
         sources,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn largest_keeps_the_n_largest_in_order() {
-        let mut l = Largest::new(3);
-        for (i, size) in [5usize, 1, 9, 7, 3, 9].into_iter().enumerate() {
-            l.push(LiveBlock { address: 100 + i, requested: size, allocated: size });
-        }
-        let got: Vec<(usize, usize)> = l.into_sorted().iter().map(|b| (b.requested, b.address)).collect();
-        assert_eq!(got, vec![(9, 102), (9, 105), (7, 103)]);
-        let mut ties = Largest::new(2);
-        for address in [30, 10, 20] {
-            ties.push(LiveBlock { address, requested: 4, allocated: 4 });
-        }
-        let got: Vec<usize> = ties.into_sorted().iter().map(|b| b.address).collect();
-        assert_eq!(got, vec![10, 20], "of equal sizes, the lowest addresses");
-        let mut none = Largest::new(0);
-        none.push(LiveBlock { address: 1, requested: 1, allocated: 1 });
-        assert!(none.into_sorted().is_empty());
     }
 }

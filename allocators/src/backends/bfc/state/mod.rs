@@ -10,16 +10,13 @@ mod free_index;
 mod growth;
 mod live;
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
 use free_index::{FreeIndex, Order};
 pub(crate) use growth::{Growth, GrowthOptions};
 use live::LiveBlocks;
 
 use super::SplitPolicy;
 use super::dump::{BinSummary, ChunkInfo, ExpandableInfo, MemoryDump, RegionInfo};
-use crate::observe::LiveBlock;
+use crate::observe::{LargestBlocks, LiveBlock};
 use crate::{AllocatorStats, SubAllocator};
 
 /// log2 of the minimum chunk size.
@@ -514,34 +511,14 @@ impl State {
     }
 
     /// The `n` largest live blocks (by bytes asked for), largest first; of equal sizes, the
-    /// lowest addresses.
+    /// lowest addresses. The chunk table is scanned in memory order: the slots of merged chunks
+    /// are free (`check` verifies it), and in-use chunks are exactly the live blocks.
     pub(crate) fn largest_live(&self, n: usize) -> Vec<LiveBlock> {
-        if n == 0 {
-            return Vec::new();
-        }
-        // A min-heap of the largest so far: a block enters only if it beats the smallest kept,
-        // so a table of equal sizes costs one comparison per block. Addresses are unique, so
-        // the size set aside never decides the order. The chunk table is scanned in memory
-        // order: the slots of merged chunks are free (`check` verifies it), and in-use chunks
-        // are exactly the live blocks.
-        let mut heap: BinaryHeap<Reverse<(usize, Reverse<usize>, usize)>> =
-            BinaryHeap::with_capacity(n.min(1 << 10) + 1);
+        let mut largest = LargestBlocks::new(n);
         for c in self.chunks.iter().filter(|c| c.in_use()) {
-            let key = (c.requested, Reverse(c.ptr), c.size);
-            if heap.len() == n && heap.peek().is_some_and(|Reverse(min)| key <= *min) {
-                continue;
-            }
-            heap.push(Reverse(key));
-            if heap.len() > n {
-                heap.pop();
-            }
+            largest.push(LiveBlock { address: c.ptr, requested: c.requested, allocated: c.size });
         }
-        let mut v: Vec<LiveBlock> = heap
-            .into_iter()
-            .map(|Reverse((requested, Reverse(address), allocated))| LiveBlock { address, requested, allocated })
-            .collect();
-        v.sort_by(|a, b| b.requested.cmp(&a.requested).then(a.address.cmp(&b.address)));
-        v
+        largest.into_sorted()
     }
 
     /// The largest free chunk.
