@@ -3,9 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tensormem::history::{self, HistoryOptions};
 use tensormem::telemetry::{MetricsServer, memory_summary, snapshot_json};
 use tensormem::{AllocConf, AllocatorRegistry, ByteSize, CONFIGURED_PRIORITY, scope};
@@ -157,11 +155,7 @@ fn inference(args: &DemoArgs) -> Outcome {
         (embedding, layers)
     };
     // On standard error, drawn when that is a terminal, whatever standard output is.
-    let bar = ProgressBar::with_draw_target(Some(args.steps), ProgressDrawTarget::stderr());
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg}").map_err(err)?.progress_chars("=> "),
-    );
-    bar.enable_steady_tick(Duration::from_millis(100));
+    let bar = crate::output::progress_bar(args.steps, "{spinner} step {pos}/{len} [{bar:30}] {msg}")?;
     let mut tokens: Vec<i64> = (0..PROMPT as i64).map(|i| (i * 37) % VOCAB as i64).collect();
     for step in 0..args.steps {
         let _s = scope(if step == 0 { "prefill" } else { "decode" });

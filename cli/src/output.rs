@@ -57,3 +57,13 @@ macro_rules! sayln {
 }
 
 pub(crate) use {say, sayln};
+
+/// A progress bar of `len` steps on standard error, drawn with `template` (indicatif's syntax),
+/// ticking while a step runs.
+pub(crate) fn progress_bar(len: u64, template: &str) -> Result<indicatif::ProgressBar, String> {
+    let bar = indicatif::ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());
+    let style = indicatif::ProgressStyle::with_template(template).map_err(|e| e.to_string())?;
+    bar.set_style(style.progress_chars("=> "));
+    bar.enable_steady_tick(std::time::Duration::from_millis(100));
+    Ok(bar)
+}

@@ -2,9 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tensormem::{AllocConf, AllocationTrace, Allocator, BfcAllocator, ByteSize, ReplayReport, SystemAllocator, replay};
 
 use crate::Outcome;
@@ -89,13 +87,8 @@ pub(crate) fn run(args: ReplayArgs) -> Outcome {
             ByteSize(conf.bfc_limit())
         );
     }
-    let bar = ProgressBar::with_draw_target(Some(subjects.len() as u64), ProgressDrawTarget::stderr());
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} replaying on {msg} [{bar:20}] {pos}/{len}")
-            .map_err(|e| e.to_string())?
-            .progress_chars("=> "),
-    );
-    bar.enable_steady_tick(Duration::from_millis(100));
+    let bar =
+        crate::output::progress_bar(subjects.len() as u64, "{spinner} replaying on {msg} [{bar:20}] {pos}/{len}")?;
     let mut rows = Vec::new();
     for (name, allocator) in &subjects {
         bar.set_message(name.clone());

@@ -4,9 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tensormem::{AllocConf, AllocationTrace, Allocator, ReplayReport, SystemAllocator, replay};
 
 use crate::Outcome;
@@ -121,13 +119,10 @@ pub(crate) fn run(args: TuneArgs) -> Outcome {
     let subjects: Vec<Arc<dyn Allocator>> = grid.iter().map(Candidate::build).collect::<Result<_, _>>()?;
     sayln!("{}: {} events, {} configurations", args.trace.display(), trace.events.len(), grid.len());
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let bar = ProgressBar::with_draw_target(Some(grid.len() as u64), ProgressDrawTarget::stderr());
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} replaying configurations [{bar:20}] {pos}/{len} {elapsed}")
-            .map_err(|e| e.to_string())?
-            .progress_chars("=> "),
-    );
-    bar.enable_steady_tick(Duration::from_millis(100));
+    let bar = crate::output::progress_bar(
+        grid.len() as u64,
+        "{spinner} replaying configurations [{bar:20}] {pos}/{len} {elapsed}",
+    )?;
     let next = AtomicUsize::new(0);
     let mut results: Vec<Option<ReplayReport>> = (0..grid.len()).map(|_| None).collect();
     std::thread::scope(|s| {
