@@ -110,6 +110,37 @@ fn in_use_sum(exposition: &str) -> f64 {
         .sum()
 }
 
+/// Starts an exporter process on a free port and waits until it answers. A port found free can
+/// be taken before the exporter binds it (by any process's outgoing connection): the exporter
+/// then exits, and another port is tried.
+fn start_exporter(exe: &std::path::Path, procs: &mut Processes) -> SocketAddr {
+    for _ in 0..5 {
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut child = Command::new(exe)
+            .args(["--exact", "exporter_process", "--nocapture", "--test-threads=1"])
+            .env(EXPORTER_PORT_ENV, addr.port().to_string())
+            .env("TENSORMEM_ALLOC_CONF", "bfc.memory_limit=64MiB,bfc.allow_growth=true")
+            .env_remove("TENSORMEM_ALLOCATOR")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if http_get(addr, "/metrics").is_some() {
+                procs.0.push(child);
+                return addr;
+            }
+            if child.try_wait().unwrap().is_some() {
+                break; // it could not listen there
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("no exporter answered on any of 5 ports");
+}
+
 fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
     let start = Instant::now();
     while !ready() {
@@ -133,22 +164,7 @@ fn a_real_prometheus_scrapes_a_fleet_of_exporters() {
     let exe = std::env::current_exe().unwrap();
 
     let mut procs = Processes(Vec::new());
-    let fleet: Vec<SocketAddr> = (0..3).map(|_| SocketAddr::from(([127, 0, 0, 1], free_port()))).collect();
-    for addr in &fleet {
-        procs.0.push(
-            Command::new(&exe)
-                .args(["--exact", "exporter_process", "--nocapture", "--test-threads=1"])
-                .env(EXPORTER_PORT_ENV, addr.port().to_string())
-                .env("TENSORMEM_ALLOC_CONF", "bfc.memory_limit=64MiB,bfc.allow_growth=true")
-                .env_remove("TENSORMEM_ALLOCATOR")
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-    }
-    for addr in &fleet {
-        wait_for("an exporter to answer", Duration::from_secs(30), || http_get(*addr, "/metrics").is_some());
-    }
+    let fleet: Vec<SocketAddr> = (0..3).map(|_| start_exporter(&exe, &mut procs)).collect();
 
     let dir = std::env::temp_dir().join(format!("tensormem-prometheus-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
