@@ -7,7 +7,7 @@ use std::alloc::System;
 
 use crate::allocators::AllocatorStats;
 use crate::allocators::observe::{self, Layer};
-use crate::telemetry::global_alloc::{global_stats, record};
+use crate::telemetry::global_alloc::{count_alloc, count_free, global_stats};
 
 /// The environment variable that picks [`GlobalAllocator`]'s backend at process start:
 /// `system` (the default) or `jemalloc` (feature `jemalloc`). Another value is reported on
@@ -227,7 +227,7 @@ unsafe fn raw_realloc(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 
 
 #[inline(always)]
 fn allocated(p: *mut u8, size: usize) {
-    record(size as i64, true);
+    count_alloc(size);
     observe::allocated(Layer::Heap, GLOBAL_ALLOCATOR_NAME, p as usize, size, size);
 }
 
@@ -262,7 +262,7 @@ unsafe impl GlobalAlloc for GlobalAllocator {
         observe::freed(Layer::Heap, GLOBAL_ALLOCATOR_NAME, ptr as usize, layout.size());
         // SAFETY: forwarded with the caller's promise (`ptr` allocated here with `layout`).
         unsafe { raw_dealloc(ptr, layout) };
-        record(-(layout.size() as i64), false);
+        count_free(layout.size());
     }
 
     #[inline]
@@ -275,7 +275,7 @@ unsafe impl GlobalAlloc for GlobalAllocator {
         if p.is_null() {
             observe::allocated(Layer::Heap, GLOBAL_ALLOCATOR_NAME, ptr as usize, layout.size(), layout.size());
         } else {
-            record(-(layout.size() as i64), false);
+            count_free(layout.size());
             allocated(p, new_size);
         }
         p
