@@ -50,6 +50,9 @@ pub mod cuda;
 mod error;
 #[path = "os/expandable.rs"]
 mod expandable;
+#[cfg(target_os = "linux")]
+#[path = "os/fake_device.rs"]
+mod fake_device;
 mod format;
 #[path = "os/huge_pages.rs"]
 mod huge_pages;
@@ -73,6 +76,8 @@ mod sub_allocator;
 #[path = "backends/system.rs"]
 mod system;
 pub mod transfer;
+#[path = "os/units.rs"]
+mod units;
 #[path = "sync/word_map.rs"]
 mod word_map;
 
@@ -98,6 +103,10 @@ pub use builder::JUNK_PATTERN;
 pub use counters::{CounterSnapshot, FLUSH_BYTES, LimitHit, StatsCounters};
 pub use error::{AllocError, AllocErrorKind, BuildError};
 pub use expandable::{ExpandableMemory, OsMemory};
+// A GPU's virtual memory rules over host memory, for tests and benches of device bookkeeping.
+#[cfg(target_os = "linux")]
+#[doc(hidden)]
+pub use fake_device::{FakeDevice, FakeDeviceSubAllocator};
 pub use format::ByteSize;
 pub use huge_pages::{HUGE_PAGE, HugePageMemory, HugePageSubAllocator};
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
@@ -116,3 +125,4 @@ pub use system::SystemAllocator;
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[doc(hidden)]
 pub use tikv_jemallocator::Jemalloc as JemallocGlobal;
+pub use units::{UnitDriver, UnitMemory};

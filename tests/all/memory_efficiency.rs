@@ -195,3 +195,95 @@ fn the_configuration_keys_of_the_caching_allocators() {
     let memory = tensormem::allocators::OsMemory;
     assert_eq!(memory.granule(), 4096);
 }
+
+/// A BFC on device memory as `cuda:N` builds it (the default configuration over memory mapped
+/// in the device's 2 MiB granules, each with a physical allocation of its own), on a fake
+/// device that keeps the driver's mapping rules over host memory: it reserves what the host BFC
+/// reserves on every stream, because free units move and go back as host pages do. With one
+/// mapping per commit (given back only whole, never moved) it could not.
+#[test]
+#[cfg(target_os = "linux")]
+fn device_units_reserve_what_host_pages_do_on_every_stream() {
+    use tensormem::allocators::FakeDeviceSubAllocator;
+    let device_bfc = |sub: Arc<dyn tensormem::allocators::SubAllocator>| {
+        BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true).sub_allocator(sub).build().unwrap()
+    };
+    for name in ["torch_gpt2_inference", "torch_gpt2_train_varlen", "transformer_inference", "kv_cache_stress"] {
+        let t = trace(name);
+        let host = ratios(&replay(&t, &default_bfc())).0;
+        let sub = Arc::new(FakeDeviceSubAllocator::new(2 << 20, 80 << 30));
+        let bfc = device_bfc(sub.clone());
+        let r = replay(&t, &bfc);
+        bfc.check_invariants().unwrap();
+        let device = ratios(&r).0;
+        assert_eq!(r.failed_allocations, 0);
+        assert!(device <= host + 0.002 && device <= 1.055, "{name}: device {device:.3}, host {host:.3}");
+        drop(bfc);
+        let driver = sub.memory().driver();
+        assert!(driver.violations().is_empty(), "{name}: {:?}", driver.violations());
+        assert_eq!((driver.used_bytes(), driver.mappings()), (0, 0), "{name}: everything is given back");
+
+        if name == "torch_gpt2_train_varlen" {
+            let whole = ratios(&replay(&t, &device_bfc(Arc::new(WholeCommits::new())))).0;
+            assert!(whole > device + 0.02, "one mapping per commit: {whole:.3}, units: {device:.3}");
+        }
+    }
+}
+
+/// Device memory as it was mapped before units: one mapping per commit, given back only whole
+/// and never moved (the fake device's units behind flags that say so).
+#[cfg(target_os = "linux")]
+#[derive(Debug)]
+struct WholeCommits(tensormem::allocators::FakeDeviceSubAllocator);
+
+#[cfg(target_os = "linux")]
+impl WholeCommits {
+    fn new() -> Self {
+        Self(tensormem::allocators::FakeDeviceSubAllocator::new(2 << 20, 80 << 30))
+    }
+}
+
+// SAFETY: every call goes to the fake device's unit memory, which keeps the contract; saying
+// that it neither decommits partially nor relocates only makes callers ask less of it.
+#[cfg(target_os = "linux")]
+unsafe impl ExpandableMemory for WholeCommits {
+    fn granule(&self) -> usize {
+        self.0.memory().granule()
+    }
+    fn reserve(&self, bytes: usize) -> std::io::Result<std::ptr::NonNull<u8>> {
+        self.0.memory().reserve(bytes)
+    }
+    unsafe fn commit(&self, ptr: std::ptr::NonNull<u8>, bytes: usize) -> std::io::Result<()> {
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { self.0.memory().commit(ptr, bytes) }
+    }
+    unsafe fn decommit(&self, ptr: std::ptr::NonNull<u8>, bytes: usize) {
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { self.0.memory().decommit(ptr, bytes) }
+    }
+    unsafe fn release(&self, ptr: std::ptr::NonNull<u8>, bytes: usize) {
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { self.0.memory().release(ptr, bytes) }
+    }
+    fn decommits_partially(&self) -> bool {
+        false
+    }
+    fn name(&self) -> &str {
+        "whole-commits"
+    }
+}
+
+// SAFETY: no plain regions; the expandable memory is the fake device's.
+#[cfg(target_os = "linux")]
+unsafe impl tensormem::allocators::SubAllocator for WholeCommits {
+    fn alloc_region(&self, _: usize, _: usize) -> Option<(std::ptr::NonNull<u8>, usize)> {
+        None
+    }
+    unsafe fn free_region(&self, _: std::ptr::NonNull<u8>, _: usize) {}
+    fn max_alignment(&self) -> usize {
+        self.granule()
+    }
+    fn expandable(&self) -> Option<&dyn ExpandableMemory> {
+        Some(self)
+    }
+}

@@ -60,8 +60,9 @@ pub unsafe trait ExpandableMemory: Send + Sync + fmt::Debug {
     unsafe fn release(&self, ptr: NonNull<u8>, bytes: usize);
 
     /// Whether [`decommit`](Self::decommit) may take any granule-aligned part of committed
-    /// memory (true for host pages) or only whole ranges as committed (a GPU mapping can only be
-    /// unmapped whole).
+    /// memory (true for host pages, and for GPU memory mapped in units:
+    /// [`UnitMemory`](crate::UnitMemory)) or only whole ranges as committed (memory that maps
+    /// each commit as one mapping, which can only be unmapped whole).
     fn decommits_partially(&self) -> bool {
         true
     }

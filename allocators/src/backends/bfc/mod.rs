@@ -488,7 +488,8 @@ impl BfcBuilder {
     /// ([`ExpandableMemory::resident`](crate::ExpandableMemory::resident): at least 512 KiB of
     /// a piece, judged from its first 2 MiB); pages that were never touched, and those of other
     /// memory that decommits any page, are given back and fresh ones committed. Where a commit
-    /// can only be unmapped whole (a GPU mapping) it has no effect. `None` turns it off:
+    /// can only be unmapped whole it has no effect (GPU memory is mapped in units that move:
+    /// [`UnitMemory`](crate::UnitMemory)). `None` turns it off:
     /// reserved follows the placement, as with PyTorch's expandable segments.
     ///
     /// Unset (the default): [`DEFAULT_PEAK_HEADROOM`] (4%) over memory that moves pages, none

@@ -1,18 +1,16 @@
 //! Device memory for the BFC: [`CudaSubAllocator`] (regions from `cuMemAlloc`) and
-//! [`CudaMemory`] (address space reserved with `cuMemAddressReserve`, backed on demand with
-//! `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`).
+//! [`CudaMemory`] (address space reserved with `cuMemAddressReserve`, backed on demand in
+//! granule-sized units, each `cuMemCreate` + `cuMemMap`, with `cuMemSetAccess` over each commit).
 
 use core::fmt;
 use core::ptr::NonNull;
-use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
 
 use cudarc::driver::sys;
-use parking_lot::Mutex;
 
 use super::{CudaDevice, CudaError};
-use crate::{ExpandableMemory, MemorySpace, SubAllocator};
+use crate::{ExpandableMemory, MemorySpace, SubAllocator, UnitDriver, UnitMemory};
 
 /// `cuMemAlloc` hands out memory aligned to at least this.
 const CU_MEM_ALLOC_ALIGNMENT: usize = 256;
@@ -22,17 +20,22 @@ fn io_error(e: CudaError) -> io::Error {
 }
 
 /// The device's memory as an [`ExpandableMemory`]: what a [`BfcAllocator`](crate::BfcAllocator)
-/// built on a [`CudaSubAllocator`] grows in (PyTorch's expandable segments). Each commit is one
-/// physical allocation mapped at the end of the reservation; a decommit unmaps and releases
-/// exactly one commit (a GPU mapping cannot be split), so [`decommits_partially`] is false.
+/// built on a [`CudaSubAllocator`] grows in (PyTorch's expandable segments).
 ///
-/// [`decommits_partially`]: ExpandableMemory::decommits_partially
+/// Each granule (2 MiB on current GPUs) of a commit is a physical allocation of its own, mapped
+/// at its place in the reservation ([`UnitMemory`] over the driver's virtual memory calls), so
+/// that any granule-aligned part can be given back and free granules can be moved to where a
+/// block needs memory by mapping them again elsewhere, without copying: a BFC on the device
+/// reserves what it reserves on host pages.
 pub struct CudaMemory {
+    units: UnitMemory<CudaVm>,
+}
+
+/// The driver's virtual memory calls for one device.
+struct CudaVm {
     device: Arc<CudaDevice>,
     granule: usize,
     name: String,
-    /// Committed ranges: start address -> (physical handle, bytes).
-    mapped: Mutex<HashMap<usize, (sys::CUmemGenericAllocationHandle, usize)>>,
 }
 
 impl CudaMemory {
@@ -42,7 +45,7 @@ impl CudaMemory {
     /// The driver's error when the device does not support virtual memory management.
     pub fn new(device: Arc<CudaDevice>) -> Result<CudaMemory, CudaError> {
         device.bind()?;
-        let prop = Self::prop(&device);
+        let prop = CudaVm::prop(&device);
         let mut granule = 0usize;
         // SAFETY: `granule` and `prop` are valid; the context is current.
         super::driver::check("cuMemGetAllocationGranularity", device.ordinal(), unsafe {
@@ -53,9 +56,16 @@ impl CudaMemory {
             )
         })?;
         let name = format!("cuda:{}", device.ordinal());
-        Ok(CudaMemory { device, granule: granule.max(1), name, mapped: Mutex::new(HashMap::new()) })
+        Ok(CudaMemory { units: UnitMemory::new(CudaVm { device, granule: granule.max(1), name }) })
     }
 
+    /// How many granules are mapped now.
+    pub fn mapped_units(&self) -> usize {
+        self.units.mapped_units()
+    }
+}
+
+impl CudaVm {
     fn prop(device: &CudaDevice) -> sys::CUmemAllocationProp {
         // SAFETY: a plain C struct for which all-zero is valid (INVALID/NONE enum values, null
         // pointers); the fields that matter are set below.
@@ -65,13 +75,27 @@ impl CudaMemory {
         prop.location.id = device.raw();
         prop
     }
+
+    fn check(&self, call: &'static str, r: sys::CUresult) -> io::Result<()> {
+        super::driver::check(call, self.device.ordinal(), r).map_err(io_error)
+    }
+
+    /// Logs a failed call that has no caller to return to (unmap, release).
+    fn log(&self, call: &'static str, r: sys::CUresult) {
+        if let Err(e) = super::driver::check(call, self.device.ordinal(), r) {
+            tracing::error!(memory = %self.name, %e, "cuda: {call} failed");
+        }
+    }
 }
 
-// SAFETY: `reserve` returns a `cuMemAddressReserve` range aligned to the granule; `commit` maps
-// physical memory with read/write access for the device over exactly the range asked, which
-// stays valid (for the device) until `decommit` unmaps it; a reservation is freed only by
-// `release`.
-unsafe impl ExpandableMemory for CudaMemory {
+// SAFETY: `cuMemAddressReserve` returns a range aligned to the granule asked for, which the
+// driver hands out to no one else until `cuMemAddressFree`; `cuMemMap` maps a whole physical
+// allocation, and `cuMemSetAccess` makes wholly mapped ranges readable and writable by the
+// device, so they are device memory holding the allocation's bytes until `cuMemUnmap`; mapping
+// the same allocation at another address shows the same bytes there.
+unsafe impl UnitDriver for CudaVm {
+    type Handle = sys::CUmemGenericAllocationHandle;
+
     fn granule(&self) -> usize {
         self.granule
     }
@@ -80,83 +104,54 @@ unsafe impl ExpandableMemory for CudaMemory {
         self.device.bind().map_err(io_error)?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: `ptr` is a valid place; a zero address hint lets the driver choose.
-        let r = unsafe { sys::cuMemAddressReserve(&mut ptr, bytes, self.granule, 0, 0) };
-        super::driver::check("cuMemAddressReserve", self.device.ordinal(), r).map_err(io_error)?;
+        self.check("cuMemAddressReserve", unsafe { sys::cuMemAddressReserve(&mut ptr, bytes, self.granule, 0, 0) })?;
         NonNull::new(ptr as *mut u8).ok_or_else(|| io::Error::other("cuMemAddressReserve returned 0"))
     }
 
-    unsafe fn commit(&self, ptr: NonNull<u8>, bytes: usize) -> io::Result<()> {
-        let ordinal = self.device.ordinal();
+    unsafe fn free_reservation(&self, ptr: NonNull<u8>, bytes: usize) {
+        let _ = self.device.bind();
+        // SAFETY: the caller gives back a reservation with nothing mapped in it.
+        self.log("cuMemAddressFree", unsafe { sys::cuMemAddressFree(ptr.as_ptr() as sys::CUdeviceptr, bytes) });
+    }
+
+    fn create(&self, bytes: usize) -> io::Result<Self::Handle> {
         self.device.bind().map_err(io_error)?;
         let prop = Self::prop(&self.device);
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: `handle` and `prop` are valid; `bytes` is a multiple of the granule.
-        let r = unsafe { sys::cuMemCreate(&mut handle, bytes, &prop, 0) };
-        super::driver::check("cuMemCreate", ordinal, r).map_err(io_error)?;
-        let at = ptr.as_ptr() as sys::CUdeviceptr;
-        // SAFETY: the caller promises `ptr..ptr + bytes` is reserved here and not mapped.
-        let mapped = super::driver::check("cuMemMap", ordinal, unsafe { sys::cuMemMap(at, bytes, 0, handle, 0) });
-        if let Err(e) = mapped {
-            // SAFETY: `handle` was created above and is mapped nowhere.
-            unsafe { sys::cuMemRelease(handle) };
-            return Err(io_error(e));
-        }
+        // SAFETY: `handle` and `prop` are valid; `bytes` is the granule.
+        self.check("cuMemCreate", unsafe { sys::cuMemCreate(&mut handle, bytes, &prop, 0) })?;
+        Ok(handle)
+    }
+
+    unsafe fn destroy(&self, handle: Self::Handle) {
+        let _ = self.device.bind();
+        // SAFETY: the caller's handle from `cuMemCreate`, released once; its memory is freed
+        // when it is mapped nowhere.
+        self.log("cuMemRelease", unsafe { sys::cuMemRelease(handle) });
+    }
+
+    unsafe fn map(&self, at: NonNull<u8>, bytes: usize, handle: Self::Handle) -> io::Result<()> {
+        self.device.bind().map_err(io_error)?;
+        // SAFETY: the caller promises the range is reserved, aligned and unmapped, and `bytes`
+        // the handle's size.
+        self.check("cuMemMap", unsafe { sys::cuMemMap(at.as_ptr() as sys::CUdeviceptr, bytes, 0, handle, 0) })
+    }
+
+    unsafe fn unmap(&self, at: NonNull<u8>, bytes: usize) {
+        let _ = self.device.bind();
+        // SAFETY: the caller gives back one whole mapping that nothing uses.
+        self.log("cuMemUnmap", unsafe { sys::cuMemUnmap(at.as_ptr() as sys::CUdeviceptr, bytes) });
+    }
+
+    unsafe fn set_access(&self, at: NonNull<u8>, bytes: usize) -> io::Result<()> {
+        self.device.bind().map_err(io_error)?;
         // SAFETY: all-zero is a valid access descriptor; the fields are set below.
         let mut access: sys::CUmemAccessDesc = unsafe { core::mem::zeroed() };
         access.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
         access.location.id = self.device.raw();
         access.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        // SAFETY: the range was mapped just above; one descriptor is passed.
-        let r = unsafe { sys::cuMemSetAccess(at, bytes, &access, 1) };
-        if let Err(e) = super::driver::check("cuMemSetAccess", ordinal, r) {
-            // SAFETY: the range was mapped above with `handle`; nothing uses it yet.
-            unsafe {
-                sys::cuMemUnmap(at, bytes);
-                sys::cuMemRelease(handle);
-            }
-            return Err(io_error(e));
-        }
-        self.mapped.lock().insert(ptr.as_ptr() as usize, (handle, bytes));
-        Ok(())
-    }
-
-    unsafe fn decommit(&self, ptr: NonNull<u8>, bytes: usize) {
-        let Some((handle, size)) = self.mapped.lock().remove(&(ptr.as_ptr() as usize)) else {
-            tracing::error!(memory = %self.name, at = ptr.as_ptr() as usize, bytes, "cuda: decommit of a range not committed");
-            return;
-        };
-        debug_assert_eq!(size, bytes, "a GPU mapping is unmapped whole");
-        let _ = self.device.bind();
-        // SAFETY: the range was mapped by `commit` with `handle` and the caller promises nothing
-        // uses it; unmapping then releasing frees the physical memory.
-        unsafe {
-            sys::cuMemUnmap(ptr.as_ptr() as sys::CUdeviceptr, size);
-            sys::cuMemRelease(handle);
-        }
-    }
-
-    unsafe fn release(&self, ptr: NonNull<u8>, bytes: usize) {
-        let start = ptr.as_ptr() as usize;
-        let inside: Vec<(usize, (sys::CUmemGenericAllocationHandle, usize))> = {
-            let mut mapped = self.mapped.lock();
-            let keys: Vec<usize> = mapped.keys().copied().filter(|&a| a >= start && a < start + bytes).collect();
-            keys.into_iter().filter_map(|k| mapped.remove(&k).map(|v| (k, v))).collect()
-        };
-        let _ = self.device.bind();
-        for (at, (handle, size)) in inside {
-            // SAFETY: each range was mapped by `commit` inside this reservation; the caller
-            // promises nothing uses the reservation any more.
-            unsafe {
-                sys::cuMemUnmap(at as sys::CUdeviceptr, size);
-                sys::cuMemRelease(handle);
-            }
-        }
-        // SAFETY: `ptr`/`bytes` is a reservation made by `reserve`, now with nothing mapped.
-        unsafe { sys::cuMemAddressFree(start as sys::CUdeviceptr, bytes) };
-    }
-
-    fn decommits_partially(&self) -> bool {
-        false
+        // SAFETY: the caller promises the range is wholly mapped; one descriptor is passed.
+        self.check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(at.as_ptr() as sys::CUdeviceptr, bytes, &access, 1) })
     }
 
     fn name(&self) -> &str {
@@ -168,9 +163,59 @@ unsafe impl ExpandableMemory for CudaMemory {
     }
 }
 
+impl fmt::Debug for CudaVm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaVm").field("device", &self.name).field("granule", &self.granule).finish()
+    }
+}
+
+// SAFETY: every call goes to `UnitMemory`, which keeps the contract over the driver's calls
+// (see `UnitDriver for CudaVm`).
+unsafe impl ExpandableMemory for CudaMemory {
+    fn granule(&self) -> usize {
+        self.units.granule()
+    }
+
+    fn reserve(&self, bytes: usize) -> io::Result<NonNull<u8>> {
+        self.units.reserve(bytes)
+    }
+
+    unsafe fn commit(&self, ptr: NonNull<u8>, bytes: usize) -> io::Result<()> {
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { self.units.commit(ptr, bytes) }
+    }
+
+    unsafe fn decommit(&self, ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { self.units.decommit(ptr, bytes) }
+    }
+
+    unsafe fn release(&self, ptr: NonNull<u8>, bytes: usize) {
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { self.units.release(ptr, bytes) }
+    }
+
+    fn relocates(&self) -> bool {
+        true
+    }
+
+    unsafe fn relocate(&self, from: NonNull<u8>, to: NonNull<u8>, bytes: usize) -> io::Result<()> {
+        // SAFETY: forwarded with the caller's promise.
+        unsafe { self.units.relocate(from, to, bytes) }
+    }
+
+    fn name(&self) -> &str {
+        self.units.name()
+    }
+
+    fn memory_space(&self) -> MemorySpace {
+        self.units.memory_space()
+    }
+}
+
 impl fmt::Debug for CudaMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaMemory").field("device", &self.name).field("granule", &self.granule).finish()
+        f.debug_struct("CudaMemory").field("units", &self.units).finish()
     }
 }
 

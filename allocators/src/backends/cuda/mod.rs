@@ -5,7 +5,8 @@
 //! - [`CudaDevice`]: a device and its primary context; free/total memory; host-device copies.
 //! - [`CudaSubAllocator`] + [`CudaMemory`]: device memory for the
 //!   [`BfcAllocator`](crate::BfcAllocator), by `cuMemAlloc` regions or expandable
-//!   (`cuMemAddressReserve` + `cuMemCreate` + `cuMemMap` at the device's granularity).
+//!   (`cuMemAddressReserve`, then one `cuMemCreate` + `cuMemMap` per granule, so that free
+//!   granules go back and move like host pages: [`UnitMemory`](crate::UnitMemory)).
 //! - [`CudaAsyncAllocator`]: stream-ordered allocation from a CUDA memory pool.
 //! - [`CudaHostAllocator`]: pinned host memory.
 //!
