@@ -259,3 +259,37 @@ fn skip(test: &str, why: &str) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
+
+#[test]
+fn blocks_lent_to_cudarc_come_back_on_drop() {
+    use tensormem::allocators::cuda::{SliceError, TensormemSlice};
+    let Some((dev, _in_use)) = device() else { return };
+    let stream = cudarc::driver::CudaContext::new(0).unwrap().default_stream();
+    let gpu: Arc<dyn Allocator> = Arc::new(
+        BfcAllocator::builder()
+            .name("cuda:0-cudarc")
+            .memory_limit(256 << 20)
+            .sub_allocator(Arc::new(CudaSubAllocator::new(dev)))
+            .build()
+            .unwrap(),
+    );
+    let check = tensormem::testing::LeakCheck::start();
+    {
+        let mut s = TensormemSlice::<u32>::alloc(&gpu, &stream, 1000).unwrap();
+        assert_eq!(s.len(), 1000);
+        assert_eq!(gpu.stats().unwrap().bytes_in_use, 4096, "rounded to the BFC's chunk");
+        let data: Vec<u32> = (0..1000).collect();
+        stream.memcpy_htod(&data, &mut *s).unwrap();
+        assert_eq!(stream.clone_dtoh(&*s).unwrap(), data);
+        let held = check.live();
+        assert_eq!(held.leaks.len(), 1, "the lent block is live while cudarc holds it: {held}");
+    }
+    assert!(check.finish().is_empty(), "dropping the slice returned the block");
+    assert_eq!(gpu.stats().unwrap().bytes_in_use, 0);
+    // A host allocator's memory cannot be lent; a size that overflows is refused.
+    let host: Arc<dyn Allocator> = Arc::new(tensormem::SystemAllocator::new());
+    let e = TensormemSlice::<f32>::alloc(&host, &stream, 4).unwrap_err();
+    assert!(matches!(e, SliceError::WrongDevice { ordinal: 0, .. }), "{e}");
+    let e = TensormemSlice::<u64>::alloc(&gpu, &stream, usize::MAX / 4).unwrap_err();
+    assert!(matches!(e, SliceError::Alloc(_)), "{e}");
+}

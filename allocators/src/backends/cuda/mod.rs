@@ -9,6 +9,8 @@
 //!   granules go back and move like host pages: [`UnitMemory`](crate::UnitMemory)).
 //! - [`CudaAsyncAllocator`]: stream-ordered allocation from a CUDA memory pool.
 //! - [`CudaHostAllocator`]: pinned host memory.
+//! - [`TensormemSlice`]: a block of any of these device allocators lent to cudarc as a
+//!   `CudaSlice`, for kernels, cuBLAS and copies written against cudarc.
 //!
 //! Every allocator here reports its [`MemorySpace`](crate::MemorySpace); device memory is never
 //! read or written on the host by tensormem.
@@ -17,8 +19,10 @@ mod async_alloc;
 mod driver;
 mod host;
 mod memory;
+mod slice;
 
 pub use async_alloc::CudaAsyncAllocator;
 pub use driver::{CudaDevice, CudaError, device_count, driver_present};
 pub use host::CudaHostAllocator;
 pub use memory::{CudaMemory, CudaSubAllocator};
+pub use slice::{SliceError, TensormemSlice};
