@@ -6,7 +6,9 @@
 //!   (regions doubling from 2 MiB, its split rule, best fit: the BFC before expandable memory),
 //!   the default BFC with `peak_headroom(None)` (no headroom: reserved follows the placement),
 //!   the pool over the system allocator (large requests to its BFC, over transparent huge pages;
-//!   `pool_4k_pages` with `huge_pages(false)`), and jemalloc.
+//!   `pool_4k_pages` with `huge_pages(false)`), jemalloc, and `stream_bfc`: the default BFC as
+//!   the legacy stream's arena of a `StreamOrderedBfc` (what `cuda:N` is), the cost of the
+//!   stream layer for callers that name no stream.
 //! - `replay_written_torch_gpt2_train_varlen/*`: the training stream with every 4 KiB page of
 //!   every block written, on the default BFC, the same without a peak headroom, TensorFlow's
 //!   BFC and the two pools: the page faults an allocator causes or saves.
@@ -26,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tensormem::allocators::{StreamEvents, StreamId, StreamOrderedBfc};
 use tensormem::{
     AllocationAttributes, AllocationTrace, Allocator, BfcAllocator, PoolAllocator, PreparedTrace, SystemAllocator,
 };
@@ -60,6 +63,28 @@ fn pool(huge_pages: bool) -> PoolAllocator {
     PoolAllocator::builder(Arc::new(SystemAllocator::new())).huge_pages(huge_pages).build().unwrap()
 }
 
+/// Host memory has no streams: single-stream replays record no event.
+#[derive(Debug)]
+struct NoEvents;
+
+impl StreamEvents for NoEvents {
+    type Event = ();
+
+    fn record(&self, _stream: StreamId) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn query(&self, _event: &()) -> std::io::Result<bool> {
+        Ok(true)
+    }
+
+    fn wait(&self, _event: &()) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn destroy(&self, _event: ()) {}
+}
+
 fn subjects() -> Vec<(&'static str, Arc<dyn Allocator>)> {
     #[allow(unused_mut)] // jemalloc is pushed only with its feature
     let mut v: Vec<(&'static str, Arc<dyn Allocator>)> = vec![
@@ -68,6 +93,13 @@ fn subjects() -> Vec<(&'static str, Arc<dyn Allocator>)> {
         ("bfc_no_headroom", Arc::new(no_headroom_bfc())),
         ("pool", Arc::new(pool(true))),
         ("pool_4k_pages", Arc::new(pool(false))),
+        (
+            "stream_bfc",
+            Arc::new(
+                StreamOrderedBfc::new(BfcAllocator::builder().memory_limit(64 << 30).allow_growth(true), NoEvents)
+                    .unwrap(),
+            ),
+        ),
     ];
     #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
     v.push(("jemalloc", Arc::new(tensormem::JemallocAllocator::new())));

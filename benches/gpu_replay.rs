@@ -1,7 +1,9 @@
 //! The recorded PyTorch streams replayed on device memory (feature `cuda`; GPU machines only):
-//! the default device BFC (`cuda:N`: expandable `cuMemCreate`/`cuMemMap` memory, need-sized
-//! growth), the BFC over plain `cuMemAlloc` regions (TensorFlow's GPU sub-allocator), and
-//! `cuMemAllocAsync` from a memory pool ([`CudaAsyncAllocator`], CUDA's recommended baseline).
+//! `cuda:N` as the registry builds it (stream-ordered BFC arenas over expandable memory mapped
+//! in 2 MiB units, the legacy stream's arena serving these single-stream replays), the plain BFC
+//! on the same memory, the BFC over plain `cuMemAlloc` regions (TensorFlow's GPU
+//! sub-allocator), and `cuMemAllocAsync` from a memory pool ([`CudaAsyncAllocator`], CUDA's
+//! recommended baseline, allocating and freeing on the legacy stream without synchronising).
 //! PyTorch's caching allocator on the same streams: `benches/torch_replay.py`, run in the same
 //! call on the same machine (figures of both in `benches/README.md`; PyTorch's own figures
 //! for the streams are in `../shared/traces/README.md`).
@@ -21,7 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tensormem::allocators::cuda::{CudaAsyncAllocator, CudaDevice, CudaSubAllocator};
+use tensormem::allocators::StreamOrderedBfc;
+use tensormem::allocators::cuda::{CudaAsyncAllocator, CudaDevice, CudaEvents, CudaSubAllocator};
 use tensormem::{AllocationTrace, Allocator, BfcAllocator, PreparedTrace, replay};
 
 const TRACES: [&str; 2] = ["torch_gpt2_inference", "torch_gpt2_train_varlen"];
@@ -29,19 +32,18 @@ const TRACES: [&str; 2] = ["torch_gpt2_inference", "torch_gpt2_train_varlen"];
 fn subjects(dev: &Arc<CudaDevice>) -> Vec<(&'static str, Arc<dyn Allocator>)> {
     let (_, total) = dev.memory_info().expect("cuMemGetInfo");
     let limit = total / 10 * 9;
-    let bfc = |name: &str, sub: CudaSubAllocator| -> Arc<dyn Allocator> {
-        Arc::new(
-            BfcAllocator::builder()
-                .name(name)
-                .memory_limit(limit)
-                .allow_growth(true)
-                .sub_allocator(Arc::new(sub))
-                .build()
-                .expect("a device BFC"),
-        )
+    let template = |name: &str, sub: CudaSubAllocator| {
+        BfcAllocator::builder().name(name).memory_limit(limit).allow_growth(true).sub_allocator(Arc::new(sub))
     };
+    let bfc = |name: &str, sub: CudaSubAllocator| -> Arc<dyn Allocator> {
+        Arc::new(template(name, sub).build().expect("a device BFC"))
+    };
+    let streams =
+        StreamOrderedBfc::new(template("cuda:0", CudaSubAllocator::new(dev.clone())), CudaEvents::new(dev.clone()))
+            .expect("a stream-ordered device BFC");
     vec![
-        ("bfc_expandable", bfc("cuda:0", CudaSubAllocator::new(dev.clone()))),
+        ("stream_bfc", Arc::new(streams)),
+        ("bfc_expandable", bfc("cuda:0-plain", CudaSubAllocator::new(dev.clone()))),
         ("bfc_cumemalloc", bfc("cuda:0-regions", CudaSubAllocator::regions_only(dev.clone()))),
         ("cumemallocasync", Arc::new(CudaAsyncAllocator::new(dev.clone(), u64::MAX).expect("a memory pool"))),
     ]

@@ -1,12 +1,14 @@
-//! The CUDA devices of the global registry (feature `cuda`): `cuda:N` (a BFC over expandable
-//! device memory), `cuda_async:N` (CUDA's stream-ordered pool), `cuda_host` (pinned host
-//! memory), registered at [`DEVICE_PRIORITY`](crate::DEVICE_PRIORITY) when a driver and devices
+//! The CUDA devices of the global registry (feature `cuda`): `cuda:N` (stream-ordered BFC
+//! arenas over expandable device memory), `cuda_async:N` (CUDA's stream-ordered pool),
+//! `cuda_host` (pinned host memory), registered at [`DEVICE_PRIORITY`](crate::DEVICE_PRIORITY) when a driver and devices
 //! are present; and the devices' free/total memory for telemetry.
 
 use std::sync::{Arc, OnceLock};
 
-use crate::allocators::cuda::{CudaAsyncAllocator, CudaDevice, CudaHostAllocator, CudaSubAllocator, device_count};
-use crate::allocators::{Allocator, BfcAllocator};
+use crate::allocators::cuda::{
+    CudaAsyncAllocator, CudaDevice, CudaEvents, CudaHostAllocator, CudaSubAllocator, device_count,
+};
+use crate::allocators::{Allocator, BfcAllocator, StreamOrderedBfc};
 use crate::{AllocConf, RegistryError};
 
 /// The devices opened by the global registry.
@@ -35,13 +37,12 @@ pub(crate) fn entries(conf: &AllocConf) -> (Entries, Vec<RegistryError>) {
         };
         let total = device.memory_info().map(|(_, t)| t).unwrap_or(0);
         let limit = conf.cuda_limit(total);
-        let bfc = BfcAllocator::builder()
+        let template = BfcAllocator::builder()
             .name(format!("cuda:{ordinal}"))
             .memory_limit(limit)
             .allow_growth(true)
-            .sub_allocator(Arc::new(CudaSubAllocator::new(device.clone())))
-            .build();
-        match bfc {
+            .sub_allocator(Arc::new(CudaSubAllocator::new(device.clone())));
+        match StreamOrderedBfc::new(template, CudaEvents::new(device.clone())) {
             Ok(b) => out.push((format!("cuda:{ordinal}"), Arc::new(b))),
             Err(e) => errors.push(RegistryError::Config(crate::ConfigError::Build(e))),
         }

@@ -5,7 +5,7 @@ use core::any::Any;
 use core::fmt;
 use core::ptr::{self, NonNull};
 
-use crate::{AllocError, AllocationAttributes, AllocatorStats, MemorySpace};
+use crate::{AllocError, AllocationAttributes, AllocatorStats, MemorySpace, StreamOrdered};
 
 /// A live allocation and its address, as listed by allocators that track every pointer (see
 /// [`Allocator::snapshot_live_chunks`]).
@@ -138,6 +138,13 @@ pub unsafe trait Allocator: Send + Sync + fmt::Debug {
     /// returns the backend of the allocator it wraps, and `None` (the default) means the
     /// allocator shows none. [`AllocatorExt::backend_as`] downcasts it.
     fn backend(&self) -> Option<&dyn Any> {
+        None
+    }
+
+    /// The stream-ordered extension ([`StreamOrdered`]: recording uses of a block on other
+    /// device streams) of an allocator that ties blocks to streams; decorators forward their
+    /// inner allocator's, and `None` (the default) means blocks are not tied to streams.
+    fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
         None
     }
 
@@ -288,6 +295,10 @@ unsafe impl<A: Allocator + ?Sized> Allocator for std::sync::Arc<A> {
 
     fn backend(&self) -> Option<&dyn Any> {
         (**self).backend()
+    }
+
+    fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
+        (**self).stream_ordered()
     }
 
     fn release_cached(&self) -> usize {

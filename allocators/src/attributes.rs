@@ -2,6 +2,8 @@
 
 use core::fmt;
 
+use crate::StreamId;
+
 /// Options for one allocation request (TensorFlow's `AllocationAttributes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct AllocationAttributes {
@@ -10,14 +12,28 @@ pub struct AllocationAttributes {
     pub retry_on_failure: bool,
     /// The caller logs this allocation itself, so the allocator need not.
     pub allocation_will_be_logged: bool,
+    /// The device stream whose work will use the block ([`StreamId::LEGACY`] by default). A
+    /// stream-ordered allocator ([`StreamOrdered`](crate::StreamOrdered)) reuses the block for
+    /// later requests of that stream without waiting; other allocators ignore it.
+    #[serde(default)]
+    pub stream: StreamId,
 }
 
 impl AllocationAttributes {
-    /// The defaults: retry on failure, not logged by the caller.
-    pub const DEFAULT: Self = Self { retry_on_failure: true, allocation_will_be_logged: false };
+    /// The defaults: retry on failure, not logged by the caller, the legacy stream.
+    pub const DEFAULT: Self =
+        Self { retry_on_failure: true, allocation_will_be_logged: false, stream: StreamId::LEGACY };
 
     /// Fail at once instead of waiting for memory to be freed.
-    pub const NO_RETRY: Self = Self { retry_on_failure: false, allocation_will_be_logged: false };
+    pub const NO_RETRY: Self =
+        Self { retry_on_failure: false, allocation_will_be_logged: false, stream: StreamId::LEGACY };
+
+    /// These attributes for work on `stream`.
+    #[must_use]
+    pub const fn on_stream(mut self, stream: StreamId) -> Self {
+        self.stream = stream;
+        self
+    }
 }
 
 impl Default for AllocationAttributes {

@@ -71,6 +71,9 @@ mod pool;
 #[path = "sync/primitives.rs"]
 pub mod primitives;
 mod stats;
+mod stream;
+#[path = "backends/stream_bfc.rs"]
+mod stream_bfc;
 #[path = "os/sub_allocator.rs"]
 mod sub_allocator;
 #[path = "backends/system.rs"]
@@ -106,7 +109,7 @@ pub use expandable::{ExpandableMemory, OsMemory};
 // A GPU's virtual memory rules over host memory, for tests and benches of device bookkeeping.
 #[cfg(target_os = "linux")]
 #[doc(hidden)]
-pub use fake_device::{FakeDevice, FakeDeviceSubAllocator};
+pub use fake_device::{FakeDevice, FakeDeviceSubAllocator, FakeStreams};
 pub use format::ByteSize;
 pub use huge_pages::{HUGE_PAGE, HugePageMemory, HugePageSubAllocator};
 #[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
@@ -119,6 +122,8 @@ pub use per_thread::{PerThread, ThreadValue};
 pub use pool::THREAD_CACHE_MAX_CLASS;
 pub use pool::{DEFAULT_LARGE_THRESHOLD, PoolAllocator, PoolBuilder, PoolStats, SizeRounding, physical_memory};
 pub use stats::AllocatorStats;
+pub use stream::{StreamError, StreamEvents, StreamId, StreamOrdered};
+pub use stream_bfc::StreamOrderedBfc;
 pub use sub_allocator::{OsSubAllocator, SubAllocator};
 pub use system::SystemAllocator;
 /// jemalloc as a `GlobalAlloc`, for `tensormem::GlobalAllocator`'s `jemalloc` backend.

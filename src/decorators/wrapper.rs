@@ -34,6 +34,10 @@ macro_rules! forward_size_queries {
             self.$inner.backend()
         }
 
+        fn stream_ordered(&self) -> Option<&dyn $crate::allocators::StreamOrdered> {
+            self.$inner.stream_ordered()
+        }
+
         fn release_cached(&self) -> usize {
             self.$inner.release_cached()
         }

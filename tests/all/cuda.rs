@@ -293,3 +293,154 @@ fn blocks_lent_to_cudarc_come_back_on_drop() {
     let e = TensormemSlice::<u64>::alloc(&gpu, &stream, usize::MAX / 4).unwrap_err();
     assert!(matches!(e, SliceError::Alloc(_)), "{e}");
 }
+
+/// Kernels of the two-stream test: `spin_copy` waits until `*flag != 0`, then copies `n` u32
+/// from `src` to `dst`; `fill` writes `value` to `n` u32 at `dst`. One block each.
+const STREAM_KERNELS: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry spin_copy(.param .u64 flag, .param .u64 src, .param .u64 dst, .param .u32 n)
+{
+    .reg .pred p, q;
+    .reg .b32 r<6>;
+    .reg .b64 rd<10>;
+    ld.param.u64 rd1, [flag];
+    ld.param.u64 rd2, [src];
+    ld.param.u64 rd3, [dst];
+    ld.param.u32 r1, [n];
+    cvta.to.global.u64 rd4, rd1;
+    cvta.to.global.u64 rd5, rd2;
+    cvta.to.global.u64 rd6, rd3;
+SPIN:
+    ld.volatile.global.u32 r2, [rd4];
+    setp.eq.u32 q, r2, 0;
+    @q bra SPIN;
+    mov.u32 r3, %tid.x;
+    mov.u32 r4, %ntid.x;
+LOOP:
+    setp.ge.u32 p, r3, r1;
+    @p bra DONE;
+    mul.wide.u32 rd7, r3, 4;
+    add.s64 rd8, rd5, rd7;
+    add.s64 rd9, rd6, rd7;
+    ld.global.u32 r5, [rd8];
+    st.global.u32 [rd9], r5;
+    add.u32 r3, r3, r4;
+    bra LOOP;
+DONE:
+    ret;
+}
+
+.visible .entry fill(.param .u64 dst, .param .u32 value, .param .u32 n)
+{
+    .reg .pred p;
+    .reg .b32 r<5>;
+    .reg .b64 rd<5>;
+    ld.param.u64 rd1, [dst];
+    ld.param.u32 r1, [value];
+    ld.param.u32 r2, [n];
+    cvta.to.global.u64 rd2, rd1;
+    mov.u32 r3, %tid.x;
+    mov.u32 r4, %ntid.x;
+LOOP:
+    setp.ge.u32 p, r3, r2;
+    @p bra DONE;
+    mul.wide.u32 rd3, r3, 4;
+    add.s64 rd4, rd2, rd3;
+    st.global.u32 [rd4], r1;
+    add.u32 r3, r3, r4;
+    bra LOOP;
+DONE:
+    ret;
+}
+"#;
+
+/// A kernel on stream A waits on a flag, then reads block X, which stream B owns; the host
+/// frees X while A's kernel waits and allocates again for B, whose kernel writes `0xBBBB` into
+/// what it gets; then the flag is set. Returns what A read and whether B got X's address.
+fn two_stream_race(dev: &Arc<CudaDevice>, record: bool) -> (u32, bool) {
+    use core::alloc::Layout;
+    use cudarc::driver::sys;
+    use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
+    use tensormem::allocators::cuda::CudaEvents;
+    use tensormem::allocators::{AllocationAttributes, StreamId, StreamOrdered, StreamOrderedBfc};
+
+    const N: u32 = 1024;
+    let ctx = CudaContext::new(0).unwrap();
+    let (a, b, c) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(STREAM_KERNELS)).unwrap();
+    let (spin_copy, fill) = (module.load_function("spin_copy").unwrap(), module.load_function("fill").unwrap());
+    let template = BfcAllocator::builder()
+        .name("cuda:0-streams")
+        .memory_limit(256 << 20)
+        .allow_growth(true)
+        .sub_allocator(Arc::new(CudaSubAllocator::new(dev.clone())));
+    let alloc = StreamOrderedBfc::new(template, CudaEvents::new(dev.clone())).unwrap();
+    let on = |s: &Arc<CudaStream>| AllocationAttributes::DEFAULT.on_stream(StreamId::from_raw(s.cu_stream() as u64));
+    let layout = Layout::from_size_align(N as usize * 4, 256).unwrap();
+    let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+
+    let flag = alloc.allocate_raw(Layout::from_size_align(256, 256).unwrap(), &on(&c)).unwrap();
+    let out = alloc.allocate_raw(layout, &on(&a)).unwrap();
+    let x = alloc.allocate_raw(layout, &on(&b)).unwrap();
+    let addr = |p: core::ptr::NonNull<u8>| p.as_ptr() as u64;
+    // SAFETY: `flag` is 256 bytes of device memory; the stream is alive.
+    unsafe { sys::cuMemsetD32Async(addr(flag), 0, 1, c.cu_stream()) };
+    c.synchronize().unwrap();
+    // SAFETY: `fill` takes (u64 dst, u32 value, u32 n) and writes n u32 at `x`, which holds N.
+    unsafe { b.launch_builder(&fill).arg(&addr(x)).arg(&0xAAAAu32).arg(&N).launch(one) }.unwrap();
+    b.synchronize().unwrap();
+    // SAFETY: `spin_copy` takes (u64 flag, u64 src, u64 dst, u32 n), reads the flag's first
+    // u32 and copies n u32 between blocks that hold N.
+    unsafe { a.launch_builder(&spin_copy).arg(&addr(flag)).arg(&addr(x)).arg(&addr(out)).arg(&N).launch(one) }.unwrap();
+    /// Sets the flag however this function ends, so the spinning kernel always finishes.
+    struct Release(u64, sys::CUstream);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            // SAFETY: the flag is live device memory until after this guard; the stream is alive.
+            unsafe {
+                sys::cuMemsetD32Async(self.0, 1, 1, self.1);
+                sys::cuStreamSynchronize(self.1);
+            }
+        }
+    }
+    let release = Release(addr(flag), c.cu_stream());
+    if record {
+        alloc.record_stream(x, StreamId::from_raw(a.cu_stream() as u64)).unwrap();
+    }
+    // SAFETY: `x` came from `alloc` with `layout`; A's kernel still reads it (the point).
+    unsafe { alloc.deallocate_raw(x, layout) };
+    let y = alloc.allocate_raw(layout, &on(&b)).unwrap();
+    // SAFETY: `fill` as above, on `y`, which holds N u32.
+    unsafe { b.launch_builder(&fill).arg(&addr(y)).arg(&0xBBBBu32).arg(&N).launch(one) }.unwrap();
+    b.synchronize().unwrap();
+    drop(release);
+    a.synchronize().unwrap();
+    let mut seen = 0u32;
+    // SAFETY: `out` holds N u32 written by A's kernel, which has finished; one u32 is read.
+    unsafe { sys::cuMemcpyDtoH_v2((&mut seen as *mut u32).cast(), addr(out), 4) };
+    // SAFETY: each block came from `alloc` with its layout and is freed once.
+    unsafe {
+        alloc.deallocate_raw(y, layout);
+        alloc.deallocate_raw(out, layout);
+        alloc.deallocate_raw(flag, Layout::from_size_align(256, 256).unwrap());
+    }
+    alloc.synchronize();
+    (seen, y == x)
+}
+
+#[test]
+fn a_block_used_on_another_stream_is_reused_only_after_that_work() {
+    let Some((dev, _in_use)) = device() else { return };
+    // Recorded: the free waits for A's kernel, B gets other memory, A reads its own bytes.
+    let (seen, reused) = two_stream_race(&dev, true);
+    assert!(!reused, "B must not get the block while A's kernel may read it");
+    assert_eq!(seen, 0xAAAA, "A read what was written for it");
+    // Left out on purpose: B reuses the block at once and A reads B's bytes, so the test can
+    // see the race it guards against.
+    let (seen, reused) = two_stream_race(&dev, false);
+    assert!(reused, "without the recording B gets the same block back");
+    assert_eq!(seen, 0xBBBB, "A's read lands after B's write");
+}

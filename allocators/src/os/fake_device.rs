@@ -20,7 +20,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::expandable::{reserve_again, reserve_aligned};
-use crate::{ExpandableMemory, MemorySpace, SubAllocator, UnitDriver, UnitMemory};
+use crate::{ExpandableMemory, MemorySpace, StreamEvents, StreamId, SubAllocator, UnitDriver, UnitMemory};
 
 /// A fake device: physical allocations of its granule up to a capacity, host-backed.
 #[doc(hidden)]
@@ -49,6 +49,7 @@ struct FakeState {
     used: usize,
     peak: usize,
     creates: u64,
+    quiesces: u64,
     violations: Vec<String>,
 }
 
@@ -96,6 +97,7 @@ impl FakeDevice {
             used: 0,
             peak: 0,
             creates: 0,
+            quiesces: 0,
             violations: Vec::new(),
         };
         Self { granule, capacity, name: "fake:0".to_string(), state: Mutex::new(state) }
@@ -114,6 +116,11 @@ impl FakeDevice {
     /// How many physical allocations were created.
     pub fn creates(&self) -> u64 {
         self.state.lock().creates
+    }
+
+    /// How many times the device was asked to finish its queued work before an unmap.
+    pub fn quiesces(&self) -> u64 {
+        self.state.lock().quiesces
     }
 
     /// How many mappings exist now.
@@ -229,6 +236,10 @@ unsafe impl UnitDriver for FakeDevice {
         Ok(())
     }
 
+    fn quiesce(&self) {
+        self.state.lock().quiesces += 1;
+    }
+
     unsafe fn unmap(&self, at: NonNull<u8>, bytes: usize) {
         let start = at.as_ptr() as usize;
         let mut s = self.state.lock();
@@ -327,5 +338,80 @@ unsafe impl SubAllocator for FakeDeviceSubAllocator {
 
     fn expandable(&self) -> Option<&dyn ExpandableMemory> {
         Some(&*self.memory as &dyn ExpandableMemory)
+    }
+}
+
+/// Fake device streams for [`StreamEvents`]: a test queues work on a stream
+/// ([`enqueue`](Self::enqueue)) and says when it is done ([`complete`](Self::complete)); an
+/// event completes once the work queued before it was recorded has.
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct FakeStreams {
+    /// Per stream: (work queued, work completed).
+    state: Mutex<HashMap<StreamId, (u64, u64)>>,
+    queries: core::sync::atomic::AtomicU64,
+    live_events: core::sync::atomic::AtomicI64,
+}
+
+impl FakeStreams {
+    /// Streams with nothing queued.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Queues one piece of work on `stream`.
+    pub fn enqueue(&self, stream: StreamId) {
+        self.state.lock().entry(stream).or_default().0 += 1;
+    }
+
+    /// Completes the work queued on `stream` so far.
+    pub fn complete(&self, stream: StreamId) {
+        let mut s = self.state.lock();
+        let e = s.entry(stream).or_default();
+        e.1 = e.0;
+    }
+
+    /// Completes the oldest unfinished piece of work on `stream`.
+    pub fn complete_one(&self, stream: StreamId) {
+        let mut s = self.state.lock();
+        let e = s.entry(stream).or_default();
+        e.1 = (e.1 + 1).min(e.0);
+    }
+
+    /// How many times an event was queried.
+    pub fn queries(&self) -> u64 {
+        self.queries.load(core::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Events recorded and not destroyed.
+    pub fn live_events(&self) -> i64 {
+        self.live_events.load(core::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl StreamEvents for FakeStreams {
+    /// The stream and how much work was queued on it when the event was recorded.
+    type Event = (StreamId, u64);
+
+    fn record(&self, stream: StreamId) -> io::Result<(StreamId, u64)> {
+        self.live_events.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        Ok((stream, self.state.lock().entry(stream).or_default().0))
+    }
+
+    fn query(&self, &(stream, queued): &(StreamId, u64)) -> io::Result<bool> {
+        self.queries.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        Ok(self.state.lock().get(&stream).is_none_or(|&(_, done)| done >= queued))
+    }
+
+    fn wait(&self, &(stream, queued): &(StreamId, u64)) -> io::Result<()> {
+        // The fake device runs the work the caller waits for.
+        let mut s = self.state.lock();
+        let e = s.entry(stream).or_default();
+        e.1 = e.1.max(queued);
+        Ok(())
+    }
+
+    fn destroy(&self, _event: (StreamId, u64)) {
+        self.live_events.fetch_sub(1, core::sync::atomic::Ordering::Relaxed);
     }
 }

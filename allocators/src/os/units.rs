@@ -70,6 +70,13 @@ pub unsafe trait UnitDriver: Send + Sync + fmt::Debug {
     /// is the handle's size.
     unsafe fn map(&self, at: NonNull<u8>, bytes: usize, handle: Self::Handle) -> io::Result<()>;
 
+    /// Waits until device work queued so far can no longer use memory about to be unmapped.
+    /// A caching allocator frees a block on the host while kernels queued before may still use
+    /// it, and unmapping memory under a running kernel faults it; [`UnitMemory`] calls this once
+    /// before it unmaps units that held blocks (CUDA: `cuCtxSynchronize`, as PyTorch synchronises
+    /// before it unmaps an expandable segment's memory).
+    fn quiesce(&self);
+
     /// Unmaps one mapping made by [`map`](Self::map), exactly as it was mapped.
     ///
     /// # Safety
@@ -213,7 +220,11 @@ unsafe impl<D: UnitDriver> ExpandableMemory for UnitMemory<D> {
                 "decommit of a range not wholly committed"
             );
         }
-        // SAFETY: the caller promises nothing uses the range; these units were mapped in it.
+        if !taken.is_empty() {
+            self.driver.quiesce();
+        }
+        // SAFETY: the caller promises nothing uses the range (and queued device work is done);
+        // these units were mapped in it.
         unsafe { self.drop_units(taken) };
     }
 
@@ -224,8 +235,11 @@ unsafe impl<D: UnitDriver> ExpandableMemory for UnitMemory<D> {
             let keys: Vec<usize> = units.range(start..start + bytes).map(|(&a, _)| a).collect();
             keys.into_iter().filter_map(|a| units.remove(&a).map(|h| (a, h))).collect()
         };
-        // SAFETY: the caller promises nothing uses the reservation; these units were mapped in
-        // it, and once they are gone nothing is.
+        if !inside.is_empty() {
+            self.driver.quiesce();
+        }
+        // SAFETY: the caller promises nothing uses the reservation (and queued device work is
+        // done); these units were mapped in it, and once they are gone nothing is.
         unsafe {
             self.drop_units(inside);
             self.driver.free_reservation(ptr, bytes);
@@ -246,6 +260,9 @@ unsafe impl<D: UnitDriver> ExpandableMemory for UnitMemory<D> {
             ));
         }
         let targets: Vec<usize> = self.unit_addresses(to, bytes).collect();
+        if !sources.is_empty() {
+            self.driver.quiesce();
+        }
         let mut moved = 0;
         let mut failed = None;
         for (&src, &dst) in sources.iter().zip(&targets) {
@@ -363,6 +380,7 @@ mod tests {
         // SAFETY: the first three units of a fresh reservation.
         unsafe { m.commit(base, 3 * G) }.unwrap();
         assert_eq!((m.mapped_units(), m.driver().used_bytes(), m.driver().mappings()), (3, 3 * G, 3));
+        assert_eq!(m.driver().quiesces(), 0, "fresh units need no wait");
         // SAFETY: committed above; each unit gets its own mark.
         unsafe { (0..3).for_each(|u| byte(base, u * G + 5).write(u as u8 + 10)) };
 
@@ -370,6 +388,7 @@ mod tests {
         // SAFETY: the middle unit is committed and unused.
         unsafe { m.decommit(NonNull::new(byte(base, G)).unwrap(), G) };
         assert_eq!((m.mapped_units(), m.driver().used_bytes()), (2, 2 * G));
+        assert_eq!(m.driver().quiesces(), 1, "queued work finishes before units are unmapped");
         // SAFETY: units 0 and 2 are still committed.
         unsafe { assert_eq!((byte(base, 5).read(), byte(base, 2 * G + 5).read()), (10, 12)) };
 
@@ -382,6 +401,7 @@ mod tests {
         unsafe { m.relocate(NonNull::new(byte(base, 2 * G)).unwrap(), NonNull::new(byte(base, 6 * G)).unwrap(), G) }
             .unwrap();
         assert_eq!((m.driver().creates(), m.driver().used_bytes(), m.mapped_units()), (creates, 2 * G, 2));
+        assert_eq!(m.driver().quiesces(), 3, "each move waits once");
         // SAFETY: units 5 and 6 are committed now, writable.
         unsafe {
             assert_eq!((byte(base, 5 * G + 5).read(), byte(base, 6 * G + 5).read()), (10, 12));

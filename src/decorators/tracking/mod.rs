@@ -304,6 +304,10 @@ unsafe impl Allocator for TrackingAllocator {
         self.inner.backend()
     }
 
+    fn stream_ordered(&self) -> Option<&dyn crate::allocators::StreamOrdered> {
+        self.inner.stream_ordered()
+    }
+
     fn release_cached(&self) -> usize {
         self.inner.release_cached()
     }

@@ -353,8 +353,9 @@ impl fmt::Debug for BfcAllocator {
     }
 }
 
-/// Options of a [`BfcAllocator`].
-#[derive(Debug)]
+/// Options of a [`BfcAllocator`]. A clone builds another allocator with the same options (and
+/// the same sub-allocator).
+#[derive(Clone, Debug)]
 pub struct BfcBuilder {
     name: String,
     memory_limit: Option<u64>,

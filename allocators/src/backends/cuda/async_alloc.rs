@@ -5,33 +5,41 @@
 use core::alloc::Layout;
 use core::fmt;
 use core::ptr::NonNull;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::sys;
+use parking_lot::Mutex;
 
 use super::driver::check;
 use super::{CudaDevice, CudaError};
 use crate::observe::{self, Layer};
 use crate::{
-    AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorStats, MemorySpace, StatsCounters, dangling,
+    AllocError, AllocErrorKind, AllocationAttributes, Allocator, AllocatorStats, MemorySpace, StatsCounters,
+    StreamError, StreamId, StreamOrdered, dangling,
 };
 
-/// Stream-ordered device memory from a CUDA memory pool of its own, on a stream of its own.
+/// Stream-ordered device memory from a CUDA memory pool of its own.
 ///
 /// The pool keeps up to `release_threshold` bytes of freed memory cached (CUDA's
 /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`) instead of returning it to the driver at each
 /// synchronisation. Blocks are 256-byte aligned.
 ///
-/// Each allocation waits for its stream (`cuStreamSynchronize`), so the block it returns is
-/// ready for any stream and for copies from the host, as the [`Allocator`] contract requires,
-/// at the price of a synchronisation per operation (`benches/gpu_replay.rs`). Its stats report the pool's own reserved bytes (memory held, in use or
+/// A block is allocated (`cuMemAllocFromPoolAsync`) and freed (`cuMemFreeAsync`) in the order of
+/// the stream named in [`AllocationAttributes::stream`] (the legacy stream by default, with
+/// which the host's synchronous copies and every blocking stream order themselves), without
+/// waiting: work on that stream may use it, work on another stream first waits for it (an
+/// event). A use on another stream recorded with [`StreamOrdered::record_stream`] makes the free
+/// wait for that stream's work on the device (`cuStreamWaitEvent`), so the pool reuses the block
+/// only after it. Its stats report the pool's own reserved bytes (memory held, in use or
 /// cached), and [`release_cached`](Allocator::release_cached) trims the pool to what is in use.
 pub struct CudaAsyncAllocator {
     device: Arc<CudaDevice>,
     pool: sys::CUmemoryPool,
-    stream: sys::CUstream,
     name: String,
     counters: StatsCounters,
+    /// Live blocks: address -> (stream, streams of recorded uses).
+    live: Mutex<HashMap<usize, (StreamId, Vec<StreamId>)>>,
 }
 
 // SAFETY: the pool and stream handles may be used from any thread with the device's context
@@ -60,25 +68,30 @@ impl CudaAsyncAllocator {
         let r = unsafe {
             set_pool_u64(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, release_threshold)
         };
-        let mut stream: sys::CUstream = core::ptr::null_mut();
-        let made = check("cuMemPoolSetAttribute", ordinal, r).and_then(|()| {
-            // SAFETY: `stream` is a valid place; flags 0 = default stream semantics.
-            check("cuStreamCreate", ordinal, unsafe { sys::cuStreamCreate(&mut stream, 0) })
-        });
-        if let Err(e) = made {
+        if let Err(e) = check("cuMemPoolSetAttribute", ordinal, r) {
             // SAFETY: the pool was created above and holds no allocation.
             unsafe { sys::cuMemPoolDestroy(pool) };
             return Err(e);
         }
-        Ok(Self { name: format!("cuda_async:{ordinal}"), device, pool, stream, counters: StatsCounters::new(None) })
+        Ok(Self {
+            name: format!("cuda_async:{ordinal}"),
+            device,
+            pool,
+            counters: StatsCounters::new(None),
+            live: Mutex::new(HashMap::new()),
+        })
     }
 }
 
-// SAFETY: blocks come from `cuMemAllocFromPoolAsync` on our stream (256-byte aligned device
-// memory, valid in stream order until `cuMemFreeAsync`); the stream is synchronised before a
-// block is returned, so it is valid for any later use; larger alignments are refused.
+// SAFETY: blocks come from `cuMemAllocFromPoolAsync` on the caller's stream (256-byte aligned
+// device memory, valid in that stream's order until `cuMemFreeAsync` on the same stream, which
+// first waits for the recorded uses of other streams); larger alignments are refused.
 unsafe impl Allocator for CudaAsyncAllocator {
     fn backend(&self) -> Option<&dyn core::any::Any> {
+        Some(self)
+    }
+
+    fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
         Some(self)
     }
 
@@ -90,7 +103,7 @@ unsafe impl Allocator for CudaAsyncAllocator {
         MemorySpace::Device { ordinal: self.device.ordinal() }
     }
 
-    fn allocate_raw(&self, layout: Layout, _attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
+    fn allocate_raw(&self, layout: Layout, attrs: &AllocationAttributes) -> Result<NonNull<u8>, AllocError> {
         if layout.size() == 0 {
             return Ok(dangling(layout));
         }
@@ -114,13 +127,12 @@ unsafe impl Allocator for CudaAsyncAllocator {
         self.device.bind().map_err(|e| fail(Some(e)))?;
         let mut p: sys::CUdeviceptr = 0;
         let ordinal = self.device.ordinal();
-        // SAFETY: valid place; the pool and stream are ours and alive.
-        let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut p, layout.size(), self.pool, self.stream) };
+        let stream = attrs.stream.raw() as sys::CUstream;
+        // SAFETY: valid place; the pool is ours and alive; the stream is the caller's.
+        let r = unsafe { sys::cuMemAllocFromPoolAsync(&mut p, layout.size(), self.pool, stream) };
         check("cuMemAllocFromPoolAsync", ordinal, r).map_err(|e| fail(Some(e)))?;
-        // SAFETY: the stream is ours and alive.
-        let r = unsafe { sys::cuStreamSynchronize(self.stream) };
-        check("cuStreamSynchronize", ordinal, r).map_err(|e| fail(Some(e)))?;
         let ptr = NonNull::new(p as *mut u8).ok_or_else(|| fail(None))?;
+        self.live.lock().insert(p as usize, (attrs.stream, Vec::new()));
         self.counters.record_alloc(layout.size());
         observe::allocated(Layer::Leaf, &self.name, p as usize, layout.size(), layout.size());
         Ok(ptr)
@@ -132,9 +144,22 @@ unsafe impl Allocator for CudaAsyncAllocator {
         }
         observe::freed(Layer::Leaf, &self.name, ptr.as_ptr() as usize, layout.size());
         self.counters.record_free(layout.size());
+        let (stream, uses) = self.live.lock().remove(&(ptr.as_ptr() as usize)).unwrap_or_default();
         let _ = self.device.bind();
-        // SAFETY: the caller promises `ptr` came from `allocate_raw` here; freed in stream order.
-        unsafe { sys::cuMemFreeAsync(ptr.as_ptr() as sys::CUdeviceptr, self.stream) };
+        let own = stream.raw() as sys::CUstream;
+        for used_on in uses {
+            // The pool reuses the block in `own`'s order: make that order wait for the work
+            // queued on the other stream so far.
+            if let Err(e) = self.wait_for(own, used_on) {
+                // Nothing can order the free after that work: keep the block (lost, not
+                // corrupted).
+                tracing::error!(allocator = %self.name, stream = ?used_on, %e, "cuda: block kept, its free cannot be ordered");
+                return;
+            }
+        }
+        // SAFETY: the caller promises `ptr` came from `allocate_raw` here; freed in the order of
+        // the stream it was allocated on, after the recorded uses.
+        unsafe { sys::cuMemFreeAsync(ptr.as_ptr() as sys::CUdeviceptr, own) };
     }
 
     /// The counters, with `bytes_reserved` and `peak_bytes_reserved` from the pool itself
@@ -151,16 +176,16 @@ unsafe impl Allocator for CudaAsyncAllocator {
         Some(s)
     }
 
-    /// Waits for the frees queued on the allocator's stream, then trims the pool to what is in
+    /// Waits for the device's queued work (frees included), then trims the pool to what is in
     /// use (`cuMemPoolTrimTo(pool, 0)`: PyTorch's `empty_cache` on its `cudaMallocAsync`
     /// backend); returns the bytes the pool gave back to the driver.
     fn release_cached(&self) -> usize {
         let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT;
         let Some(before) = self.pool_bytes(attr) else { return 0 };
-        // SAFETY: the stream and pool are ours and alive (`pool_bytes` made the context
-        // current); trimming keeps every block still allocated.
+        // SAFETY: the pool is ours and alive (`pool_bytes` made the context current); trimming
+        // keeps every block still allocated.
         let trimmed = unsafe {
-            sys::cuStreamSynchronize(self.stream) == sys::cudaError_enum::CUDA_SUCCESS
+            sys::cuCtxSynchronize() == sys::cudaError_enum::CUDA_SUCCESS
                 && sys::cuMemPoolTrimTo(self.pool, 0) == sys::cudaError_enum::CUDA_SUCCESS
         };
         if !trimmed {
@@ -182,6 +207,23 @@ unsafe impl Allocator for CudaAsyncAllocator {
 }
 
 impl CudaAsyncAllocator {
+    /// Makes `stream` wait for the work queued on `other` so far (an event, released at once).
+    fn wait_for(&self, stream: sys::CUstream, other: StreamId) -> Result<(), CudaError> {
+        let ordinal = self.device.ordinal();
+        let mut event: sys::CUevent = core::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: a valid place; the context is current (the caller bound it).
+        check("cuEventCreate", ordinal, unsafe { sys::cuEventCreate(&mut event, flags) })?;
+        // SAFETY: the event was created above; both streams belong to this device; an event may
+        // be destroyed once the wait on it is queued.
+        unsafe {
+            let r = check("cuEventRecord", ordinal, sys::cuEventRecord(event, other.raw() as sys::CUstream))
+                .and_then(|()| check("cuStreamWaitEvent", ordinal, sys::cuStreamWaitEvent(stream, event, 0)));
+            sys::cuEventDestroy_v2(event);
+            r
+        }
+    }
+
     /// A byte-valued attribute of the pool, `None` if the driver refuses it.
     fn pool_bytes(&self, attr: sys::CUmemPool_attribute) -> Option<u64> {
         self.device.bind().ok()?;
@@ -206,12 +248,44 @@ unsafe fn set_pool_u64(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute, 
 impl Drop for CudaAsyncAllocator {
     fn drop(&mut self) {
         let _ = self.device.bind();
-        // SAFETY: the stream and pool are ours; pending frees finish before the pool goes.
+        // SAFETY: the pool is ours; the device's queued frees finish before the pool goes.
         unsafe {
-            sys::cuStreamSynchronize(self.stream);
-            sys::cuStreamDestroy_v2(self.stream);
+            sys::cuCtxSynchronize();
             sys::cuMemPoolDestroy(self.pool);
         }
+    }
+}
+
+impl StreamOrdered for CudaAsyncAllocator {
+    /// Records that work on `stream` uses the block: its free waits for that work on the
+    /// device (no polling: the pool orders reuse itself).
+    fn record_stream(&self, ptr: NonNull<u8>, stream: StreamId) -> Result<(), StreamError> {
+        let address = ptr.as_ptr() as usize;
+        let mut live = self.live.lock();
+        let Some((own, uses)) = live.get_mut(&address) else {
+            return Err(StreamError::NotLive { allocator: self.name.clone(), address });
+        };
+        if *own != stream && !uses.contains(&stream) {
+            uses.push(stream);
+        }
+        Ok(())
+    }
+
+    fn block_stream(&self, ptr: NonNull<u8>) -> Option<StreamId> {
+        self.live.lock().get(&(ptr.as_ptr() as usize)).map(|(s, _)| *s)
+    }
+
+    /// None: frees are queued on the device, ordered after recorded uses.
+    fn pending_frees(&self) -> usize {
+        0
+    }
+
+    fn process_events(&self) -> usize {
+        0
+    }
+
+    fn synchronize(&self) -> usize {
+        0
     }
 }
 

@@ -137,6 +137,13 @@ unsafe impl UnitDriver for CudaVm {
         self.check("cuMemMap", unsafe { sys::cuMemMap(at.as_ptr() as sys::CUdeviceptr, bytes, 0, handle, 0) })
     }
 
+    fn quiesce(&self) {
+        if self.device.bind().is_ok() {
+            // SAFETY: the context is current; waits for the work queued in it.
+            self.log("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() });
+        }
+    }
+
     unsafe fn unmap(&self, at: NonNull<u8>, bytes: usize) {
         let _ = self.device.bind();
         // SAFETY: the caller gives back one whole mapping that nothing uses.

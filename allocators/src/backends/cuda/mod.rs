@@ -7,6 +7,9 @@
 //!   [`BfcAllocator`](crate::BfcAllocator), by `cuMemAlloc` regions or expandable
 //!   (`cuMemAddressReserve`, then one `cuMemCreate` + `cuMemMap` per granule, so that free
 //!   granules go back and move like host pages: [`UnitMemory`](crate::UnitMemory)).
+//! - [`CudaEvents`]: the events of a [`StreamOrderedBfc`](crate::StreamOrderedBfc) over device
+//!   memory (what the registry's `cuda:N` is), which ties blocks to the streams they are
+//!   allocated for.
 //! - [`CudaAsyncAllocator`]: stream-ordered allocation from a CUDA memory pool.
 //! - [`CudaHostAllocator`]: pinned host memory.
 //! - [`TensormemSlice`]: a block of any of these device allocators lent to cudarc as a
@@ -17,12 +20,14 @@
 
 mod async_alloc;
 mod driver;
+mod events;
 mod host;
 mod memory;
 mod slice;
 
 pub use async_alloc::CudaAsyncAllocator;
 pub use driver::{CudaDevice, CudaError, device_count, driver_present};
+pub use events::{CudaEvent, CudaEvents};
 pub use host::CudaHostAllocator;
 pub use memory::{CudaMemory, CudaSubAllocator};
 pub use slice::{SliceError, TensormemSlice};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 
-use crate::{AllocError, AllocationAttributes, Allocator, MemorySpace};
+use crate::{AllocError, AllocationAttributes, Allocator, MemorySpace, StreamError, StreamId};
 
 /// Alignment of the blocks lent to cudarc: what `cuMemAlloc` guarantees, so that any kernel
 /// written for cudarc's own allocations can use them.
@@ -64,11 +64,14 @@ pub enum SliceError {
 /// ```
 ///
 /// # The stream rule
-/// When it drops, kernels already queued on its stream may still use the memory, and the block
-/// goes back to the allocator at once. That is safe when the allocator's blocks are used on that
-/// stream (or on the legacy default stream, which orders itself with every blocking stream):
-/// whoever gets the block next queues work after what is pending. Memory used on another stream
-/// must be synchronised with it (e.g. `stream.synchronize()`) before the slice drops.
+/// The block is allocated for the slice's stream ([`AllocationAttributes::stream`]). When the
+/// slice drops, kernels already queued on that stream may still use the memory and the block
+/// goes back to the allocator at once: a stream-ordered allocator (the registry's `cuda:N`, a
+/// [`StreamOrderedBfc`](crate::StreamOrderedBfc), [`CudaAsyncAllocator`](super::CudaAsyncAllocator))
+/// hands it only to later work of the same stream, which is queued after them. Work on another
+/// stream that uses the slice must be recorded with [`record_stream`](Self::record_stream)
+/// before the slice drops. With an allocator that does not order by stream, every user of its
+/// blocks must run on one stream, or synchronise before the slice drops.
 pub struct TensormemSlice<T> {
     slice: ManuallyDrop<CudaSlice<T>>,
     allocator: Arc<dyn Allocator>,
@@ -103,7 +106,8 @@ impl<T: DeviceRepr> TensormemSlice<T> {
             .checked_mul(len)
             .and_then(|bytes| Layout::from_size_align(bytes.max(1), ALIGN.max(element.align())).ok())
             .ok_or_else(|| AllocError::array_overflow(len, element, allocator.name()))?;
-        let ptr = allocator.allocate_raw(layout, &AllocationAttributes::default())?;
+        let attrs = AllocationAttributes::DEFAULT.on_stream(StreamId::from_raw(stream.cu_stream() as u64));
+        let ptr = allocator.allocate_raw(layout, &attrs)?;
         // SAFETY: `ptr` is device memory of the stream's device (checked above) valid for
         // `len` elements of `T` until it is returned in `drop`, which takes the slice back with
         // `leak` first, so cudarc never frees it.
@@ -121,6 +125,19 @@ impl<T> TensormemSlice<T> {
     /// The block's device address.
     pub fn device_ptr(&self) -> u64 {
         self.ptr.as_ptr() as u64
+    }
+
+    /// Records that work queued on `stream` (not the slice's own) uses the block, so that its
+    /// allocator reuses it only after that work (PyTorch's `record_stream`).
+    ///
+    /// # Errors
+    /// [`StreamError::NotStreamOrdered`] when the allocator does not order blocks by stream
+    /// (synchronise `stream` before the slice drops instead).
+    pub fn record_stream(&self, stream: &CudaStream) -> Result<(), StreamError> {
+        let Some(ordered) = self.allocator.stream_ordered() else {
+            return Err(StreamError::NotStreamOrdered { allocator: self.allocator.name().to_string() });
+        };
+        ordered.record_stream(self.ptr, StreamId::from_raw(stream.cu_stream() as u64))
     }
 }
 
