@@ -258,8 +258,9 @@ unsafe impl<E: StreamEvents> Allocator for StreamOrderedBfc<E> {
                 }
             }
         }
-        self.pending.lock().push_back(Pending { address, layout, stream, events });
-        self.waiting.fetch_add(1, Relaxed);
+        let mut queue = self.pending.lock();
+        queue.push_back(Pending { address, layout, stream, events });
+        self.waiting.store(queue.len(), Relaxed);
     }
 
     fn tracks_allocation_sizes(&self) -> bool {
