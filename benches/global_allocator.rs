@@ -12,8 +12,7 @@
 // criterion_group! generates an undocumented `pub fn benches()`.
 #![allow(missing_docs)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::hint::black_box;
+use std::alloc::System;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -22,22 +21,9 @@ use tensormem::{GlobalAllocator, GlobalBackend};
 
 static GLOBAL: GlobalAllocator = GlobalAllocator::new();
 
-/// 256 allocations of sizes `base + (i * 37) % spread`, then their frees in another order.
-fn step(a: &impl GlobalAlloc, base: usize, spread: usize) {
-    let mut ptrs = [(core::ptr::null_mut::<u8>(), Layout::new::<u8>()); 256];
-    for (i, slot) in ptrs.iter_mut().enumerate() {
-        let layout = Layout::from_size_align(base + (i * 37 * (spread / 2000).max(1)) % spread, 8).unwrap();
-        // SAFETY: non-zero size.
-        let p = unsafe { a.alloc(layout) };
-        assert!(!p.is_null());
-        *slot = (p, layout);
-    }
-    for i in (0..256).map(|i| (i * 97) % 256) {
-        let (p, layout) = ptrs[i];
-        // SAFETY: allocated above with `layout`, freed once.
-        unsafe { a.dealloc(black_box(p), layout) };
-    }
-}
+#[path = "common/heap_step.rs"]
+mod heap_step;
+use heap_step::step;
 
 /// `iters` steps on each of `threads` threads at once; the wall time.
 fn timed(threads: usize, iters: u64, run: impl Fn() + Sync) -> Duration {

@@ -10,8 +10,7 @@
 //! TENSORMEM_GLOBAL_ALLOCATOR=jemalloc cargo run --release --example global_alloc_interleaved
 //! ```
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::hint::black_box;
+use std::alloc::System;
 use std::time::Instant;
 
 use tensormem::{GlobalAllocator, GlobalBackend};
@@ -19,22 +18,9 @@ use tensormem::{GlobalAllocator, GlobalBackend};
 /// Called directly (not this program's `#[global_allocator]`), as the bare backend is.
 static GLOBAL: GlobalAllocator = GlobalAllocator::new();
 
-/// 256 allocations of sizes `base + (i * 37) % spread`, then their frees in another order.
-fn step(a: &impl GlobalAlloc, base: usize, spread: usize) {
-    let mut ptrs = [(core::ptr::null_mut::<u8>(), Layout::new::<u8>()); 256];
-    for (i, slot) in ptrs.iter_mut().enumerate() {
-        let layout = Layout::from_size_align(base + (i * 37 * (spread / 2000).max(1)) % spread, 8).unwrap();
-        // SAFETY: non-zero size.
-        let p = unsafe { a.alloc(layout) };
-        assert!(!p.is_null());
-        *slot = (p, layout);
-    }
-    for i in (0..256).map(|i| (i * 97) % 256) {
-        let (p, layout) = ptrs[i];
-        // SAFETY: allocated above with `layout`, freed once.
-        unsafe { a.dealloc(black_box(p), layout) };
-    }
-}
+#[path = "../benches/common/heap_step.rs"]
+mod heap_step;
+use heap_step::step;
 
 /// Seconds for `steps` steps of `f` on each of `threads` threads at once.
 fn window(threads: usize, steps: usize, f: &(dyn Fn() + Sync)) -> f64 {
