@@ -21,6 +21,7 @@ mod peak;
 mod registry;
 mod retry;
 mod snapshot;
+mod streams;
 #[cfg(feature = "prometheus")]
 mod telemetry;
 mod timeline_browser;
