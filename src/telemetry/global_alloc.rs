@@ -140,20 +140,22 @@ struct SlotOwner;
 impl Drop for SlotOwner {
     fn drop(&mut self) {
         let slot = MINE.with(|s| s.replace(&SHARED));
-        if slot_index(slot).is_some() {
-            release(slot);
-        }
+        release(slot);
     }
 }
 
+/// The table index of `slot`, or `None` for the two markers.
 fn slot_index(slot: &Slot) -> Option<usize> {
-    SLOT_TABLE.iter().position(|s| core::ptr::eq(s, slot))
+    let offset = (slot as *const Slot as usize).wrapping_sub(SLOT_TABLE.as_ptr() as usize);
+    let idx = offset / size_of::<Slot>();
+    (idx < SLOTS).then_some(idx)
 }
 
-/// Flushes `slot` and marks it free. Only its owner (or, at its exit, its destructor) calls it.
+/// Flushes a table slot and marks it free; a marker is left alone. Only the slot's owner (or,
+/// at its exit, its destructor) calls it.
 fn release(slot: &'static Slot) {
-    slot.flush(0, 0, 0);
     let Some(idx) = slot_index(slot) else { return };
+    slot.flush(0, 0, 0);
     // Release: the next owner's plain loads see this thread's last stores.
     FREE_SLOTS.fetch_or(1 << idx, Release);
 }

@@ -281,7 +281,8 @@ unsafe impl<E: StreamEvents> Allocator for StreamOrderedBfc<E> {
 
     fn stats(&self) -> Option<AllocatorStats> {
         let mut total = self.legacy.stats()?;
-        for (_, a) in self.arenas.read().iter() {
+        let arenas = self.arenas.read();
+        for (_, a) in arenas.iter() {
             let Some(s) = a.stats() else { continue };
             total.num_allocs += s.num_allocs;
             total.num_frees += s.num_frees;
@@ -294,6 +295,8 @@ unsafe impl<E: StreamEvents> Allocator for StreamOrderedBfc<E> {
             total.num_alloc_retries += s.num_alloc_retries;
             total.num_ooms += s.num_ooms;
             total.total_bytes_allocated = total.total_bytes_allocated.zip(s.total_bytes_allocated).map(|(a, b)| a + b);
+        }
+        if !arenas.is_empty() {
             // As a BFC reports it: 1 - largest free block / free bytes, over all arenas.
             let free = total.bytes_reserved.saturating_sub(total.bytes_in_use);
             total.fragmentation = Some(match total.largest_free_block_bytes {

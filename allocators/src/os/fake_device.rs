@@ -16,6 +16,7 @@ use core::ptr::NonNull;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
@@ -349,8 +350,8 @@ unsafe impl SubAllocator for FakeDeviceSubAllocator {
 pub struct FakeStreams {
     /// Per stream: (work queued, work completed).
     state: Mutex<HashMap<StreamId, (u64, u64)>>,
-    queries: core::sync::atomic::AtomicU64,
-    live_events: core::sync::atomic::AtomicI64,
+    queries: AtomicU64,
+    live_events: AtomicI64,
 }
 
 impl FakeStreams {
@@ -380,12 +381,12 @@ impl FakeStreams {
 
     /// How many times an event was queried.
     pub fn queries(&self) -> u64 {
-        self.queries.load(core::sync::atomic::Ordering::Relaxed)
+        self.queries.load(Relaxed)
     }
 
     /// Events recorded and not destroyed.
     pub fn live_events(&self) -> i64 {
-        self.live_events.load(core::sync::atomic::Ordering::Relaxed)
+        self.live_events.load(Relaxed)
     }
 }
 
@@ -394,12 +395,12 @@ impl StreamEvents for FakeStreams {
     type Event = (StreamId, u64);
 
     fn record(&self, stream: StreamId) -> io::Result<(StreamId, u64)> {
-        self.live_events.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        self.live_events.fetch_add(1, Relaxed);
         Ok((stream, self.state.lock().entry(stream).or_default().0))
     }
 
     fn query(&self, &(stream, queued): &(StreamId, u64)) -> io::Result<bool> {
-        self.queries.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        self.queries.fetch_add(1, Relaxed);
         Ok(self.state.lock().get(&stream).is_none_or(|&(_, done)| done >= queued))
     }
 
@@ -412,6 +413,6 @@ impl StreamEvents for FakeStreams {
     }
 
     fn destroy(&self, _event: (StreamId, u64)) {
-        self.live_events.fetch_sub(1, core::sync::atomic::Ordering::Relaxed);
+        self.live_events.fetch_sub(1, Relaxed);
     }
 }

@@ -145,10 +145,10 @@ impl<D: UnitDriver> UnitMemory<D> {
     /// # Safety
     /// Each is mapped at its address and nothing uses it any more.
     unsafe fn drop_units(&self, units: impl IntoIterator<Item = (usize, D::Handle)>) {
-        for (at, handle) in units {
-            // SAFETY: the caller's promise; units are never at address 0.
+        for (address, handle) in units {
+            // SAFETY: the caller's promise.
             unsafe {
-                self.driver.unmap(NonNull::new_unchecked(at as *mut u8), self.unit);
+                self.driver.unmap(at(address), self.unit);
                 self.driver.destroy(handle);
             }
         }
