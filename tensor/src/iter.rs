@@ -29,6 +29,13 @@ const LINE: usize = 64;
 /// A plan's dimensions: inline up to 6, as a tensor's (see [`Dims`](super::shape::Dims)).
 type PerDim<T> = SmallVec<[T; 6]>;
 
+/// A kernel's inner loop over one 1-D run: the operands' addresses, their byte strides, the
+/// run's length. The plan calls it through this type-erased reference, so that its loops over
+/// runs, tiles and threads are compiled once per operand count instead of once per kernel (each
+/// kernel's inner loop is still compiled, and vectorised, on its own; only the call per run is
+/// indirect, the way `TensorIterator::for_each` takes a `function_ref`).
+type InnerLoop<'f, const N: usize> = dyn Fn([*mut u8; N], [usize; N], usize) + Sync + 'f;
+
 /// A plan of iteration over `N` operands (operand 0 is the output).
 pub(crate) struct Plan<const N: usize> {
     /// Sizes, innermost first.
@@ -113,6 +120,13 @@ impl<const N: usize> Plan<N> {
     where
         F: Fn([*mut u8; N], [usize; N], usize) + Sync,
     {
+        self.run_erased(grain, f);
+    }
+
+    /// [`run_grain`](Plan::run_grain) over the type-erased inner loop; not inlined into its
+    /// callers, or each kernel would get a copy again.
+    #[inline(never)]
+    fn run_erased(&self, grain: Option<usize>, f: &InnerLoop<'_, N>) {
         let numel = self.numel();
         if numel == 0 {
             return;
@@ -158,10 +172,7 @@ impl<const N: usize> Plan<N> {
     }
 
     /// Elements `begin..end` in iteration order (innermost fastest), in runs along dim 0.
-    fn run_range<F>(&self, begin: usize, end: usize, f: &F)
-    where
-        F: Fn([*mut u8; N], [usize; N], usize),
-    {
+    fn run_range(&self, begin: usize, end: usize, f: &InnerLoop<'_, N>) {
         let nd = self.shape.len();
         let mut idx: PerDim<usize> = smallvec::smallvec![0; nd];
         let mut rem = begin;
@@ -198,10 +209,7 @@ impl<const N: usize> Plan<N> {
     /// from `(t / tiles1 % tiles0) * w`, and outer index `t / (tiles0 * tiles1)`: consecutive
     /// tiles walk down dimension 1, so they read the next cache line of the same pages of the
     /// transposed input, and write long runs of the output's rows.
-    fn run_tiles<F>(&self, begin: usize, end: usize, tiled: [bool; N], (tw, th): (usize, usize), f: &F)
-    where
-        F: Fn([*mut u8; N], [usize; N], usize),
-    {
+    fn run_tiles(&self, begin: usize, end: usize, tiled: [bool; N], (tw, th): (usize, usize), f: &InnerLoop<'_, N>) {
         let (s0, s1) = (self.shape[0], self.shape[1]);
         let (tiles0, tiles1) = (s0.div_ceil(tw), s1.div_ceil(th));
         // Rows of the scratch tile are `pitch` elements apart: a little more than `tw`, so that
