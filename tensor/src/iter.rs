@@ -106,27 +106,16 @@ impl<const N: usize> Plan<N> {
     /// Runs `f` over every 1-D run. `f` receives the operands' addresses, their byte strides,
     /// and the run's length. With `parallel`, large problems are split across rayon's threads
     /// (the caller guarantees that distinct elements of operand 0 are distinct memory).
-    pub(crate) fn run<F>(&self, parallel: bool, f: &F)
-    where
-        F: Fn([*mut u8; N], [usize; N], usize) + Sync,
-    {
+    pub(crate) fn run(&self, parallel: bool, f: &InnerLoop<'_, N>) {
         self.run_grain(parallel.then_some(GRAIN), f);
     }
 
     /// [`run`](Plan::run), split across threads by `grain` elements (see
     /// [`threads_for`](super::parallel::threads_for)) where one is given: a smaller grain than
-    /// [`GRAIN`] for functions that cost more per element.
-    pub(crate) fn run_grain<F>(&self, grain: Option<usize>, f: &F)
-    where
-        F: Fn([*mut u8; N], [usize; N], usize) + Sync,
-    {
-        self.run_erased(grain, f);
-    }
-
-    /// [`run_grain`](Plan::run_grain) over the type-erased inner loop; not inlined into its
-    /// callers, or each kernel would get a copy again.
+    /// [`GRAIN`] for functions that cost more per element. Not inlined into its callers, or each
+    /// kernel would get a copy of the walk again.
     #[inline(never)]
-    fn run_erased(&self, grain: Option<usize>, f: &InnerLoop<'_, N>) {
+    pub(crate) fn run_grain(&self, grain: Option<usize>, f: &InnerLoop<'_, N>) {
         let numel = self.numel();
         if numel == 0 {
             return;
