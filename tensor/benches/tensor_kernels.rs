@@ -482,26 +482,28 @@ fn matmul(c: &mut Criterion) {
     let (av, bv) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
     let mut dst = vec![0f32; M * M];
     let pools = [rayon_pool(1), rayon_pool(2)];
-    // gemm on a rayon pool of `t` workers, with `t` threads.
+    // gemm's f32 kernel on a rayon pool of `t` workers, with `t` threads. Its arguments are
+    // those `gemm::gemm` passes it for a row-major product: the transpose, `b^T * a^T`, into a
+    // destination by columns (the kernels' preferred layout).
     let mut gemm_at = |t: usize| {
         pools[t - 1].install(|| {
-            let par = if t > 1 { gemm::Parallelism::Rayon(t) } else { gemm::Parallelism::None };
+            let par = if t > 1 { gemm_common::Parallelism::Rayon(t) } else { gemm_common::Parallelism::None };
             // SAFETY: all three are M x M row-major buffers of f32; dst is separate.
             unsafe {
-                gemm::gemm(
+                gemm_f32::gemm::f32::get_gemm_fn()(
                     M,
                     M,
                     M,
                     dst.as_mut_ptr(),
-                    1,
                     M as isize,
+                    1,
                     false,
-                    av.as_ptr(),
-                    1,
-                    M as isize,
                     bv.as_ptr(),
-                    1,
                     M as isize,
+                    1,
+                    av.as_ptr(),
+                    M as isize,
+                    1,
                     0.0f32,
                     1.0f32,
                     false,

@@ -17,6 +17,7 @@
 
 use smallvec::SmallVec;
 
+use super::gemm::{self, Parallelism};
 use super::{Shared, piece_range};
 use crate::core::for_each_offset;
 use crate::dtype::match_numeric;
@@ -378,7 +379,7 @@ fn batched<T: Element + Num>(
         plain_strides((k, m), (b.strides()[nb], b.strides()[nb + 1])),
     );
     // Columns `cols` of every batch's result.
-    let columns = |cols: core::ops::Range<usize>, par: gemm::Parallelism| {
+    let columns = |cols: core::ops::Range<usize>, par: Parallelism| {
         if cols.is_empty() {
             return;
         }
@@ -404,10 +405,10 @@ fn batched<T: Element + Num>(
         }
     };
     match split {
-        Split::One => columns(0..m, gemm::Parallelism::None),
-        Split::Gemm(threads) => columns(0..m, gemm::Parallelism::Rayon(threads)),
+        Split::One => columns(0..m, Parallelism::None),
+        Split::Gemm(threads) => columns(0..m, Parallelism::Rayon(threads)),
         Split::Columns(pieces) => crate::parallel::for_each_piece(pieces, |p| {
-            columns(piece_range(m, PIECE_ALIGN, pieces, p), gemm::Parallelism::None);
+            columns(piece_range(m, PIECE_ALIGN, pieces, p), Parallelism::None);
         }),
     }
 }
@@ -435,37 +436,12 @@ unsafe fn product<T: Element + Num>(
     rhs: Mat<T>,
     (dst, ldd): (*mut T, usize),
     (n, k, m): (usize, usize, usize),
-    par: gemm::Parallelism,
+    par: Parallelism,
 ) {
-    use core::any::TypeId;
-    let id = TypeId::of::<T>();
-    if id == TypeId::of::<f32>() || id == TypeId::of::<f64>() || id == TypeId::of::<half::f16>() {
-        // SAFETY: T is one of gemm's types (checked above, so it does not panic); the
-        // matrices are valid with these strides (our contract); `dst` is `n x m` with rows
-        // `ldd` apart, and separate; with `read_dst == false`, `dst` is only written.
-        unsafe {
-            gemm::gemm(
-                n,
-                m,
-                k,
-                dst,
-                1,
-                ldd as isize,
-                false,
-                lhs.ptr,
-                lhs.cs as isize,
-                lhs.rs as isize,
-                rhs.ptr,
-                rhs.cs as isize,
-                rhs.rs as isize,
-                T::ZERO,
-                T::ONE,
-                false,
-                false,
-                false,
-                par,
-            )
-        };
+    if gemm::supports::<T>() {
+        // SAFETY: the caller's promise, which is `gemm`'s (strides of valid layouts fit in
+        // an `isize`).
+        unsafe { gemm::gemm(lhs, rhs, (dst, ldd), (n, k, m), par) };
         return;
     }
     // Integers: i-p-j order, so the inner loop runs along a row of `rhs` and of `dst`.

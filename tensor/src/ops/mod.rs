@@ -8,6 +8,7 @@ mod elementwise;
 mod extreme;
 #[path = "../cpu/f16c.rs"]
 mod f16c;
+mod gemm;
 mod index;
 #[path = "../cpu/isa.rs"]
 pub(crate) mod isa;
