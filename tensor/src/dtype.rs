@@ -352,6 +352,14 @@ macro_rules! match_numeric {
     };
 }
 
+/// Like `match_dtype!` for the integer dtypes only (no bool).
+macro_rules! match_integer {
+    ($dt:expr, $T:ident => $body:expr, _ => $other:expr) => {
+        $crate::dtype::match_types!($dt, $T => $body, _ => $other;
+            U8 => u8, I8 => i8, I16 => i16, I32 => i32, I64 => i64)
+    };
+}
+
 /// Like `match_dtype!` for the floating-point dtypes only.
 macro_rules! match_float {
     ($dt:expr, $T:ident => $body:expr, _ => $other:expr) => {
@@ -360,4 +368,4 @@ macro_rules! match_float {
     };
 }
 
-pub(crate) use {match_dtype, match_float, match_numeric, match_types};
+pub(crate) use {match_dtype, match_float, match_integer, match_numeric, match_types};

@@ -12,7 +12,7 @@
 //! threads: integer results are the same either way, float results differ only in rounding
 //! (the column path's do not differ at all).
 
-use crate::dtype::{match_float, match_numeric};
+use crate::dtype::{match_float, match_integer};
 use crate::halfconv::HalfFloat;
 use crate::iter::GRAIN;
 use crate::num::{Num, Opmath};
@@ -307,7 +307,7 @@ impl Tensor {
                             columns::sum(s, dst, (C::ZERO, 0f64), columns::Mapped { map: T::to_op, add: Num::add }, spill, finish)))?
                     }, _ => {});
                 } else {
-                    match_numeric!(self.dtype(), T => {
+                    match_integer!(self.dtype(), T => {
                         let widen = |v: T| v.to_i64();
                         reduce_columns(&x, c, &out, |s, dst| vectorised!(isa::detected(),
                             columns::sum(s, dst, (0i64, 0i64), columns::Mapped { map: widen, add: i64::wrapping_add }, i64::wrapping_add, |t| t)))?
@@ -320,15 +320,14 @@ impl Tensor {
             reduce_rows(&x, len, &out, |r: &[bool], _| bool::sum_slice(r), i64::wrapping_add, |a, _| a)?;
             return Ok(out);
         }
-        match_numeric!(self.dtype(), T => {
-            if out_dtype == DType::I64 {
-                reduce_rows(&x, len, &out, |r: &[T], _| <T as SumAcc>::sum_slice(r).to_i64(), i64::wrapping_add, |a, _| a)?;
-            } else {
-                match_float!(out_dtype, O => reduce_rows(&x, len, &out, |r: &[T], _| <T as SumAcc>::sum_slice(r).to_f64(),
-                    |a, b| a + b,
-                    |a: f64, n| O::from_f64(if mean { a / n as f64 } else { a }))?, _ => {});
-            }
-        }, _ => {});
+        // A floating-point tensor sums into its own dtype, an integer one into i64: each
+        // dtype is instantiated with its one output only.
+        match_float!(self.dtype(), T => {
+            reduce_rows(&x, len, &out, |r: &[T], _| <T as SumAcc>::sum_slice(r).to_f64(), |a, b| a + b,
+                |a: f64, n| T::from_f64(if mean { a / n as f64 } else { a }))?;
+        }, _ => match_integer!(self.dtype(), T => {
+            reduce_rows(&x, len, &out, |r: &[T], _| <T as SumAcc>::sum_slice(r).to_i64(), i64::wrapping_add, |a, _| a)?;
+        }, _ => {}));
         Ok(out)
     }
 
@@ -365,7 +364,7 @@ impl Tensor {
                             columns::extreme(s, dst, start, T::to_op, extreme_of(is_max), T::from_op)))?
                     }, _ => {});
                 } else {
-                    match_numeric!(self.dtype(), T => {
+                    match_integer!(self.dtype(), T => {
                         let start = if is_max { T::LOWEST } else { T::HIGHEST };
                         reduce_columns(&x, c, &out, |s, dst| vectorised!(isa::detected(),
                             columns::extreme(s, dst, start, |v: T| v, extreme_of(is_max), |v| v)))?
@@ -409,7 +408,7 @@ impl Tensor {
                 |row| extreme::row_extreme::<false, _>(Mapped { row, map: T::to_op }),
                 T::from_op), _ => {});
         } else {
-            match_numeric!(self.dtype(), T => rows!(T,
+            match_integer!(self.dtype(), T => rows!(T,
                 |row| extreme::row_extreme::<true, _>(Mapped { row, map: |v: T| v }),
                 |row| extreme::row_extreme::<false, _>(Mapped { row, map: |v: T| v }),
                 |v: T| v), _ => {});
@@ -430,7 +429,7 @@ impl Tensor {
                     match_float!(self.dtype(), T => reduce_columns(&x, c, &out, |s, dst| vectorised!(isa::detected(),
                         columns::argmax(s, dst, T::to_op)))?, _ => {});
                 } else {
-                    match_numeric!(self.dtype(), T => reduce_columns(&x, c, &out, |s, dst| vectorised!(isa::detected(),
+                    match_integer!(self.dtype(), T => reduce_columns(&x, c, &out, |s, dst| vectorised!(isa::detected(),
                         columns::argmax(s, dst, |v: T| v)))?, _ => {});
                 }
                 return Ok(out);
@@ -446,7 +445,7 @@ impl Tensor {
             match_float!(self.dtype(), T => argmax_rows(&x, len, &out, |row: &[T]| vectorised!(isa::detected(),
                 extreme::first_argmax(Mapped { row, map: T::to_op })))?, _ => {});
         } else {
-            match_numeric!(self.dtype(), T => argmax_rows(&x, len, &out, |row: &[T]| vectorised!(isa::detected(),
+            match_integer!(self.dtype(), T => argmax_rows(&x, len, &out, |row: &[T]| vectorised!(isa::detected(),
                 extreme::first_argmax(Mapped { row, map: |v: T| v })))?,
             _ => return Err(TensorError::UnsupportedDType {
                 op,
