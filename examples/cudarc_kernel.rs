@@ -12,9 +12,9 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::Ptx;
 use tensormem::allocators::cuda::TensormemSlice;
+use tensormem::allocators::cuda::cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
+use tensormem::allocators::cuda::cudarc::nvrtc::Ptx;
 use tensormem::testing::LeakCheck;
 use tensormem::{Allocator, AllocatorRegistry};
 

@@ -264,7 +264,7 @@ fn skip(test: &str, why: &str) {
 fn blocks_lent_to_cudarc_come_back_on_drop() {
     use tensormem::allocators::cuda::{SliceError, TensormemSlice};
     let Some((dev, _in_use)) = device() else { return };
-    let stream = cudarc::driver::CudaContext::new(0).unwrap().default_stream();
+    let stream = tensormem::allocators::cuda::cudarc::driver::CudaContext::new(0).unwrap().default_stream();
     let gpu: Arc<dyn Allocator> = Arc::new(
         BfcAllocator::builder()
             .name("cuda:0-cudarc")
@@ -362,15 +362,15 @@ DONE:
 /// what it gets; then the flag is set. Returns what A read and whether B got X's address.
 fn two_stream_race(dev: &Arc<CudaDevice>, record: bool) -> (u32, bool) {
     use core::alloc::Layout;
-    use cudarc::driver::sys;
-    use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
     use tensormem::allocators::cuda::CudaEvents;
+    use tensormem::allocators::cuda::cudarc::driver::sys;
+    use tensormem::allocators::cuda::cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
     use tensormem::allocators::{AllocationAttributes, StreamId, StreamOrdered, StreamOrderedBfc};
 
     const N: u32 = 1024;
     let ctx = CudaContext::new(0).unwrap();
     let (a, b, c) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
-    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(STREAM_KERNELS)).unwrap();
+    let module = ctx.load_module(tensormem::allocators::cuda::cudarc::nvrtc::Ptx::from_src(STREAM_KERNELS)).unwrap();
     let (spin_copy, fill) = (module.load_function("spin_copy").unwrap(), module.load_function("fill").unwrap());
     let template = BfcAllocator::builder()
         .name("cuda:0-streams")

@@ -13,7 +13,8 @@
 //! - [`CudaAsyncAllocator`]: stream-ordered allocation from a CUDA memory pool.
 //! - [`CudaHostAllocator`]: pinned host memory.
 //! - [`TensormemSlice`]: a block of any of these device allocators lent to cudarc as a
-//!   `CudaSlice`, for kernels, cuBLAS and copies written against cudarc.
+//!   `CudaSlice`, for kernels, cuBLAS and copies written against cudarc ([`cudarc`], re-exported:
+//!   the version whose `CudaSlice` and `CudaStream` these types take and give).
 //!
 //! Every allocator here reports its [`MemorySpace`](crate::MemorySpace); device memory is never
 //! read or written on the host by tensormem.
@@ -24,6 +25,10 @@ mod events;
 mod host;
 mod memory;
 mod slice;
+
+/// The cudarc crate this module is built on (driver API loaded at run time; `nvrtc` for
+/// [`Ptx`](cudarc::nvrtc::Ptx)), so that code lending blocks to cudarc names the same version.
+pub use cudarc;
 
 pub use async_alloc::CudaAsyncAllocator;
 pub use driver::{CudaDevice, CudaError, device_count, driver_present};
