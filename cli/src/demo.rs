@@ -22,8 +22,8 @@ pub(crate) struct DemoArgs {
     /// Serve Prometheus /metrics on this address while the demo runs (e.g. 127.0.0.1:9464).
     #[arg(long)]
     serve: Option<String>,
-    /// Tokens to generate, 1 to 1024 (the KV cache grows with each: 1024 steps take about ten
-    /// seconds in a release build).
+    /// Tokens to generate, 1 to 1024 (the KV cache grows with each, and with it the time a
+    /// step takes).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=MAX_STEPS))]
     steps: u64,
     /// Directory for history.json, timeline.html and snapshot.json (created if missing; its

@@ -49,8 +49,8 @@ impl HalfFloat for bf16 {
 
     #[inline(always)]
     fn narrow(v: f32) -> Self {
-        // `narrow_not_nan`'s rounding, written out: calling it here (the same operations) made
-        // bf16 adds and softmax 4-5% slower (the select compiled otherwise).
+        // `narrow_not_nan`'s rounding, written out: calling it here (the same operations)
+        // makes bf16 adds and softmax slower (the select is compiled otherwise).
         let b = v.to_bits();
         let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16;
         let quiet_nan = (b >> 16) | 0x0040;

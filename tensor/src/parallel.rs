@@ -18,7 +18,7 @@
 //! The caller working on a piece (rather than handing all of them to the pool and sleeping, as
 //! `ThreadPool::install` does) saves one thread wake-up per kernel; on 16 MB operands the
 //! difference is lost in the noise (the kernels are memory-bound there), on small ones it is
-//! the wake-up (tens of microseconds on a VM).
+//! the wake-up (`docs/kernel-thread-pool.md`).
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};

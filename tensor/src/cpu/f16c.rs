@@ -92,7 +92,7 @@ pub(crate) fn f16_rows<'a, T: 'static>(
 /// [`narrow_f16`] of an f32 row a kernel wrote through `MaybeUninit`: the row kernels (the
 /// norms, softmax) take f16 rows ([`f16_rows`]) through f32 scratch, widened by [`widen_f16`]
 /// and rounded back here, as converting value by value with [`HalfFloat`]'s bit operations in
-/// their loops took longer (f16 `layer_norm` of 1024x768: 3.2x bf16's time; Zen 3, 1 thread).
+/// their loops is several times slower (`docs/reductions.md`).
 ///
 /// # Safety
 /// Every element of `src` is initialised.

@@ -149,9 +149,8 @@ pub fn set_amx(enabled: bool) -> bool {
 /// they do not run on AMX tiles. By default: Linux on an AMD CPU with AVX512-BF16 (Zen 4 and
 /// later), unless [`set_avx512_bf16`]`(false)` or `TENSORMEM_AVX512_BF16=0` turned the route
 /// off. Intel CPUs with AVX512-BF16 (Cooper Lake, and server cores whose AMX is hidden, as in some
-/// VMs) are taken to run `vdpbf16ps` as the Emerald Rapids VM measured did: at a quarter of
-/// its rate of f32 fused multiply-adds, half the products a second (512^3 in bf16 took 1.67x
-/// the f32 route's time). There the route is off unless [`set_avx512_bf16`]`(true)` or `TENSORMEM_AVX512_BF16=1` turn it
+/// VMs) are taken to run `vdpbf16ps` at a quarter of their rate of f32 fused multiply-adds:
+/// half the products a second (`docs/amx-routes.md`). There the route is off unless [`set_avx512_bf16`]`(true)` or `TENSORMEM_AVX512_BF16=1` turn it
 /// on, and bf16 products take the f32 route (fewer than 32 rows by a transposed weight: dot
 /// products on fused multiply-adds, without converting the weight). The route's arithmetic is
 /// AMX's (f32 sums, subnormals read and written as zero); f16 products do not take it.
@@ -181,7 +180,7 @@ pub fn set_avx512_bf16(enabled: bool) -> bool {
 /// runs (and bf16 tensors, converted in blocks) four AVX-512 vectors side by side: the CPU has
 /// AVX-512 F, BW and VL, and neither [`set_avx512_blocks`]`(false)` nor
 /// `TENSORMEM_AVX512_BLOCKS=0` turned them off. The results are the same bits either way;
-/// only the time differs (GELU about 0.7x, `tanh` about 1x).
+/// only the time differs (`docs/elementary-functions.md`).
 ///
 /// ```
 /// // true on AVX-512 CPUs (Intel Skylake-SP and later server cores, AMD Zen 4 and later)
@@ -217,8 +216,8 @@ pub fn set_avx512_blocks(enabled: bool) -> bool {
 /// Intel client cores; or capped to `avx2` by
 /// [`CPU_CAPABILITY_ENV`](crate::CPU_CAPABILITY_ENV)), unless [`set_avx2_blocks`]`(false)`
 /// or `TENSORMEM_AVX2_BLOCKS=0` turned them off. The results are the same bits either way; only
-/// the time differs (GELU about 0.8x, GELU's tanh form 0.8x, SiLU 0.85x, `log` 0.5x; `tanh`
-/// stays in the one-vector loop, which was 5% faster). Softmax's exponentials take them too.
+/// the time differs (`tanh` stays in the one-vector loop, which is faster for it there:
+/// `docs/elementary-functions.md`). Softmax's exponentials take them too.
 ///
 /// ```
 /// // true on AVX2 CPUs without AVX-512 (AMD Zen 2 and 3, Intel Core), false elsewhere
@@ -296,10 +295,8 @@ fn avx2_only() -> bool {
 }
 
 /// AVX512-BF16's `vdpbf16ps` gives more products a second than f32 fused multiply-adds: on AMD
-/// (bf16 512^3 on the route took 0.52x the f32 route's time on a Zen 4 VM). The Intel core
-/// measured runs it once every 2 cycles against 2 FMAs a cycle: 1.34 against 5.4 G
-/// instructions a second on an Emerald Rapids VM (12 independent accumulators of each, zmm),
-/// and the route took 1.67x the f32 route's time there.
+/// (Zen 4 and later) it does; Intel's cores run it once every 2 cycles against 2 FMAs a cycle,
+/// half the products a second (`docs/amx-routes.md`).
 fn avx512_bf16_outruns_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

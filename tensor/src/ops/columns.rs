@@ -88,8 +88,8 @@ fn uninit<T>() -> [MaybeUninit<T>; WIDTH] {
 
 /// The first `w` elements of `buf` (a task's width, at most [`WIDTH`]), each set to `v`.
 /// Setting only these, where a whole `[v; WIDTH]` array was set, keeps tasks of few columns
-/// from writing 1024 accumulators each: the sum of 1024x3072 f32 viewed as 49152x4x16 over
-/// dimension 1 (49152 tasks of 16 columns) took 4.1x the time that way.
+/// from writing 1024 accumulators each (a 49152x4x16 tensor summed over dimension 1 is 49152
+/// tasks of 16 columns).
 #[inline(always)]
 fn filled<T: Copy>(buf: &mut [MaybeUninit<T>; WIDTH], w: usize, v: T) -> &mut [T] {
     // Sliced to exactly `w`, so that loops over `0..w` index the result without bounds checks.
@@ -190,8 +190,8 @@ impl<T: Copy, C: Copy, M: Fn(T) -> C, A: Fn(C, C) -> C> Reader<T, C> for Mapped<
 /// f16 rows widened to f32 and added with f32's `+`, by F16C in the loop
 /// ([`f16c::add_rows_f16`]; where the CPU has it: [`has_f16c`](super::f16c::has_f16c)), four
 /// rows at a time, the columns F16C's groups of 8 leave converted as they are read: converting
-/// each value with [`HalfFloat`]'s bit operations made the f16 sum over dimension 0 of
-/// 1024x3072 3x PyTorch's time.
+/// each value with [`HalfFloat`]'s bit operations is several times slower
+/// (`docs/reductions.md`).
 pub(super) struct F16c;
 
 impl F16c {

@@ -302,7 +302,7 @@ macro_rules! match_half {
 /// A float number with a half-precision tensor in `mul` or `div`: PyTorch's kernels keep the
 /// number in `f32` (`opmath`) instead of rounding it to the tensor's dtype, so `f16 * 3.7`
 /// multiplies by 3.7, not by 3.69921875. (Its `add`, `sub` and `pow` round the number first,
-/// as the general path does; measured against PyTorch 2.15, 20,000 values, six numbers.)
+/// as the general path does: PyTorch's results, compared value by value.)
 /// Returns the number, when that applies.
 fn half_opmath_scalar(kind: Binary, dtype: DType, s: Scalar) -> Option<f32> {
     match s {
@@ -435,9 +435,9 @@ fn launch_compare(
 struct FloatFn<const K: u8>;
 
 impl<T: Float, const K: u8> UnaryFn<T, T> for FloatFn<K> {
-    /// A quarter of PyTorch's `GRAIN_SIZE` for the elementary functions of `vmath` (about 1.5
-    /// ns an f32 element for GELU on Zen 3, 10x an add's): GELU of 16x3072 (a decode step's
-    /// activation, 49152 elements) ran on one thread with the whole grain.
+    /// A quarter of PyTorch's `GRAIN_SIZE` for the elementary functions of `vmath` (an element
+    /// of GELU costs about ten of an add): with the whole grain, GELU of 16x3072 (a decode
+    /// step's activation, 49152 elements) would run on one thread.
     const GRAIN: usize = if Unary::lanes_fn(K).is_some() { GRAIN / 4 } else { GRAIN };
 
     #[inline(always)]
@@ -517,7 +517,7 @@ fn launch_unary(op: &'static str, kind: Unary, ct: DType, out: &Tensor, a: &Tens
     if [ct, a.dtype(), out.dtype()] == [DType::F16; 3] && f16c::has_f16c() && kind.is_float_only() {
         // The f32 kernel between F16C's conversions, as in `launch_binary`: every f16 function
         // widens, computes in f32 and rounds once. (Only the float-only ops: `neg`, `abs`,
-        // `relu` read the f16 bits as they are, and the conversions made relu 20% slower.)
+        // `relu` read the f16 bits as they are, faster than converting them.)
         return launch_unary(op, kind, DType::F32, out, a, dest);
     }
     if [ct, a.dtype(), out.dtype()] == [DType::BF16; 3]

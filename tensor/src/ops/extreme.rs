@@ -279,9 +279,9 @@ pub(super) fn half_column_keys<const MAX: bool, H: HalfFloat>()
     (start, map, fold, back)
 }
 
-/// A row of f16 or bf16 whose extremes are taken on integer keys ([`half_block_extreme`]). The
-/// maximum of 4M f16 took 0.41-0.44x the time of widening each block by F16C first
-/// ([`F16Row`]: 1.6x PyTorch's), bf16's 0.66x that of converting as it read (a shift). Zeros:
+/// A row of f16 or bf16 whose extremes are taken on integer keys ([`half_block_extreme`]):
+/// faster than widening each block by F16C first ([`F16Row`]) or, for bf16, converting as it
+/// reads (a shift; `docs/reductions.md`). Zeros:
 /// the maximum is +0 and the minimum -0 where both appear (IEEE 754's `maximum` and `minimum`).
 /// Not for the argmax, where -0 and +0 compare equal.
 pub(super) struct HalfKeys<'a, H> {
@@ -320,9 +320,9 @@ impl<H: HalfFloat> Row<f32> for HalfKeys<'_, H> {
 #[inline(always)]
 pub(super) fn row_extreme<const MAX: bool, C: Num>(mut row: impl Row<C>) -> C {
     let mut best: Option<C> = None;
-    // The next block is fetched while this one is read: the maximum of 4M f32 (16 MiB) took
-    // 0.68x the time with it (Zen 3, 1 thread, calls alternated). The argmax of 16x50257
-    // logits (3.2 MB) took 1.09-1.21x with it, and f16 rows 1.03-1.09x, so those do not.
+    // The next block is fetched while this one is read, which helps rows far larger than the
+    // caches; the argmax of logits rows and f16 rows are slower with it, so those do not
+    // (`docs/reductions.md`).
     let mut next = blocks(row.len()).skip(1);
     for b in blocks(row.len()) {
         if let Some(n) = next.next() {

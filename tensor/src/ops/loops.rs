@@ -660,9 +660,8 @@ impl Direct {
 /// One run of a binary kernel through converting blocks: each block of an operand loaded
 /// (converted to `T`) into a stack buffer, or read where it lies (`direct`, contiguous, of
 /// type `T`); computed; stored (converted from `O`), or written where it lies. A mixed add
-/// (f16 + f32 into f32) spent a third of its samples copying its f32 operand and output
-/// through the buffers; reading and writing them where they lie took 0.74-0.79x its time at 1
-/// thread.
+/// (f16 + f32 into f32) would spend a third of its time copying its f32 operand and output
+/// through the buffers.
 ///
 /// # Safety
 /// As [`distinct_binary`], with the operands' real dtypes those of `la`, `lb` and `so`; the

@@ -46,8 +46,7 @@ enum Split {
     /// ([`for_each_piece`](crate::parallel::for_each_piece)), each piece a
     /// single-threaded gemm call per batch on its columns: one fork and join for the whole
     /// product. gemm's own parallelism forks and joins at each of its packing and compute
-    /// steps, and the pieces take less time than it at every measured shape
-    /// (`docs/kernel-thread-pool.md`). Each piece packs all of the left operand, which is
+    /// steps, and the pieces take less time than it (`docs/kernel-thread-pool.md`). Each piece packs all of the left operand, which is
     /// why a piece takes at least [`PIECE_COLUMNS`] columns.
     Columns(usize),
     /// gemm's own rayon parallelism over this many threads, on the kernel pool, for products

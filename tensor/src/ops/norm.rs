@@ -6,8 +6,8 @@
 //! `f64` in `f64`; the statistics are summed in `f64`, those of `f16` and `bf16` rows in `f32`
 //! unless that over- or underflows (see [`moments_f32`]); the result keeps the input's dtype.
 //! f16 rows (up to [`F32_ROWS_MAX`](super::f16c::F32_ROWS_MAX) long) are widened by F16C into
-//! an f32 scratch row and normalised there, then rounded back by F16C: f16 `layer_norm` of
-//! 1024x768 in 0.25 of the time of converting each value in the loops (Zen 3, 1 thread).
+//! an f32 scratch row and normalised there, then rounded back by F16C: several times faster
+//! than converting each value in the loops (`docs/reductions.md`).
 
 use crate::dtype::match_float;
 use crate::iter::{GRAIN, prefetch_slice};

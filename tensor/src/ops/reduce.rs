@@ -28,8 +28,7 @@ use super::lanes;
 
 /// Independent `f32` accumulators of the float sums: four AVX-512 vectors (eight AVX2 ones),
 /// so that each step's additions are four independent chains. With one vector of 16 lanes,
-/// each addition waited on the last one's latency: the sum of 4M f32 took 1.18x PyTorch's
-/// time, of 4M f16 1.27x.
+/// each addition waits on the last one's latency (`docs/reductions.md`).
 pub(super) const SUM_LANES: usize = 64;
 
 /// Elements summed in `f32` lanes before the partial sum moves to `f64`: 256 additions per
@@ -381,10 +380,9 @@ impl Tensor {
         }
         // Each row's extreme in independent lanes, NaN flagged beside them
         // (`extreme::row_extreme`; f16 and bf16 rows compared as integer keys), compiled for
-        // the widest extension (one running value was a chain of dependent steps; f16 and
-        // bf16 ones also narrowed and widened each: max of 1024x3072 took 5.5x PyTorch's time
-        // in f32, 39x in bf16, 77x in f16). Floats compare in their compute type; NaN
-        // propagates, as in PyTorch.
+        // the widest extension (one running value is a chain of dependent steps, and f16 and
+        // bf16 ones would also narrow and widen each: `docs/reductions.md`). Floats compare in
+        // their compute type; NaN propagates, as in PyTorch.
         macro_rules! rows {
             ($t:ty, $max:expr, $min:expr, $from:expr) => {
                 if is_max {

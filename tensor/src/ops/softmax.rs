@@ -172,8 +172,7 @@ fn exp_shifted<T: Opmath>(src: &[T], m: T::C, tmp: &mut [T::C], run: BlocksRun) 
 /// only for `f32` scratch. Other types compute each element (never taken: their routes are
 /// [`Route::Loops`]). Asking for the blocks here instead, with that loop as the fallback in the
 /// `f32` form too, made softmax of rows too long for the scratch row (which never come here)
-/// take 1.04-1.09x the time (Emerald Rapids, 1 thread, alternated): the loop changed how the
-/// row loop around it was compiled.
+/// slower: the loop changed how the row loop around it was compiled.
 #[inline(always)]
 fn exp_in_place<C: Float>(tmp: &mut [C], run: BlocksRun) {
     if TypeId::of::<C>() == TypeId::of::<f32>() {

@@ -13,8 +13,8 @@
 //!   the sums, subnormals kept. A sum of only -0 products is -0, the exact sum (the f32
 //!   route's gemm gives -0 or +0 by shape, PyTorch +0).
 //! - bf16 without AVX512-BF16's route ([`widened`] too): as f16, each column's bf16 widened by a
-//!   shift (products of bf16 are exact in f32 too). On the Intel core measured (Emerald Rapids)
-//!   `vdpbf16ps` retires once every 2 cycles against 2 fused multiply-adds a cycle, so its 32
+//!   shift (products of bf16 are exact in f32 too). On Intel's cores `vdpbf16ps` retires
+//!   once every 2 cycles against 2 fused multiply-adds a cycle, so its 32
 //!   products per instruction come at half the rate of the f32 ones (see [`set_avx512_bf16`]).
 //!
 //! [`set_avx512_bf16`]: crate::set_avx512_bf16
@@ -174,9 +174,8 @@ pub(super) struct Block {
     pub(super) out_rs: usize,
 }
 
-/// [`group`] compiled for its dtype's CPU features, each size a function of its own. With all
-/// eight sizes inlined into one function, 16 rows by a 3072x768 bf16 weight took 1.8x the time at
-/// 2 threads.
+/// [`group`] compiled for its dtype's CPU features, each size a function of its own: all eight
+/// sizes inlined into one function are slower (`docs/amx-routes.md`).
 ///
 /// # Safety
 /// As [`group`].

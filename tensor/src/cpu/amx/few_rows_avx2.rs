@@ -7,8 +7,8 @@
 //!
 //! Blocks of 4 rows x 4 columns, as on AVX-512: each step makes 16 multiply-adds of 8 lanes
 //! from 8 loads. The 16 accumulators, 4 widened columns and a row need more than AVX2's 16
-//! `ymm` registers, so a few live on the stack; blocks of 3 rows fit, but 16 rows by GPT-2's
-//! weight took 1.11x the time with them (6 blocks of rows instead of 4).
+//! `ymm` registers, so a few live on the stack; blocks of 3 rows fit, but are slower (16 rows
+//! make 6 blocks of rows instead of 4).
 
 use core::arch::x86_64::*;
 use core::ops::Range;

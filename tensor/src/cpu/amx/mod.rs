@@ -139,13 +139,13 @@ const TILE_COLS: usize = 16;
 const A_CHUNK: usize = PANEL * CHUNK;
 const B_TILE: usize = TILE_COLS * CHUNK;
 /// Chunks per pass over a column group: the panel's 16 KiB slice (32 KiB with f16's two
-/// parts, measured 3% faster than 4 chunks) stays in L1 while the group's B tiles stream past
+/// parts; faster than 4 chunks) stays in L1 while the group's B tiles stream past
 /// it from L2.
 const PASS: usize = 8;
 /// Packed B bytes one column group keeps in L2 while every panel runs across it. Half of
-/// Sapphire Rapids' 2 MiB L2 leaves room for the panels of a long inner dimension (768 KiB
-/// of packed A for 128 x 3072, GPT-2's MLP down product), which run across every group: that
-/// product took 11% less time than with 1 MiB groups, and the others the same.
+/// an AMX core's 2 MiB L2 leaves room for the panels of a long inner dimension (768 KiB of
+/// packed A for 128 x 3072, GPT-2's MLP down product), which run across every group: that
+/// product is faster than with 1 MiB groups, and the others the same (`docs/amx-routes.md`).
 const GROUP_BYTES: usize = 1 << 19;
 /// Up to this many panels (256 rows: a Linear layer over a few hundred tokens), each packed B
 /// tile serves too few panels to pay for writing all of B out and reading it back.

@@ -19,11 +19,9 @@ use super::lanes::Lanes;
 use super::{Func, apply};
 
 /// The vectors side by side in a block. AVX2 has 16 vector registers, half of AVX-512's 32,
-/// so four vectors' steps spill some values to the stack; still, against two and three (and
-/// one, which is the plain loop's schedule), alternated in one process on the Emerald Rapids
-/// VM capped to AVX2 (1024x3072, 1 thread), four took the least time for each function but
-/// `tanh` (GELU 0.80 of the one-vector loop's time, against 0.84 with two and three; `ln`, before
-/// its path without edges, 0.87, against 0.97 and 0.93).
+/// so four vectors' steps spill some values to the stack; still, four are faster than two and
+/// three (and one, which is the plain loop's schedule) for each function but `tanh`
+/// (`docs/elementary-functions.md`).
 const VECTORS: usize = 4;
 
 /// `M` vectors of 8 `f32`. Made only in [`blocks`], which runs only where the CPU has AVX2 and

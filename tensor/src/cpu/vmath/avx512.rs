@@ -170,9 +170,8 @@ impl<const M: usize> Lanes for Zmm<M> {
     /// (classes 0 and 1) take `x` (token 1), zero (2) `-inf` (token 4), `+inf` (5) `x`; 1.0
     /// (3), `-inf` (4), negative (6) and positive (7) numbers keep `self` (token 0).
     /// Subnormals are numbers (the DAZ flag, which would make them zero, is off in Rust
-    /// programs). In place of the `f32` form's three compares and three blends, this took
-    /// `log` of a 1024x3072 tensor from 1.33x to 1.10x the time of a copy of its bytes
-    /// (criterion, 1 thread, Emerald Rapids), and from 1.21-1.35x torch's time to 1.09-1.13x.
+    /// programs). It takes the place of the `f32` form's three compares and three blends
+    /// (`docs/elementary-functions.md`).
     #[inline(always)]
     fn ln_edges(self, x: Self) -> Self {
         const TABLE: i32 = 0x0010_0411;
@@ -210,10 +209,9 @@ pub(crate) unsafe fn run(f: Func, x: *const f32, o: *mut f32, n: usize) {
 /// and rounded once, in registers, with the same bits as widening the run into an `f32`
 /// buffer, [`run`] and rounding (bf16 as [`HalfFloat::narrow`](crate::halfconv::HalfFloat),
 /// f16 with `vcvtps2ph`, as the converting loops do). The widening and the rounding are a few
-/// instructions per 16 elements in the same loop. Through 128-element buffers (the converting
-/// loops: widen, [`run`], round, each a pass of its own), a 1024x3072 bf16 tensor took 1.49-1.59x
-/// the f32 tensor's time through SiLU and 1.32-1.51x through GELU; fused, 1.14-1.21x and
-/// 1.11-1.28x (Emerald Rapids, 1 thread, the two dtypes alternated in one process).
+/// instructions per 16 elements in the same loop, where the converting loops (widen, [`run`],
+/// round through 128-element buffers, each a pass of its own) make a bf16 tensor take much
+/// longer than an f32 one (`docs/elementary-functions.md`).
 ///
 /// # Safety
 /// The CPU has AVX-512 F, BW and VL. `x` is readable and `o` writable for `n` 16-bit
@@ -413,9 +411,7 @@ pub(crate) unsafe fn narrow_bf16(x: *const f32, o: *mut u16, n: usize) {
 /// [`HalfFloat::narrow`](crate::halfconv::HalfFloat) rounds: by `vcvtne2ps2bf16`,
 /// which rounds the same way (to nearest, ties to even; a NaN keeps its top half with the quiet
 /// bit set) except that it flushes subnormal `f32` to zero. A pair holding one takes the
-/// integer rounding of [`store`] instead (11 instructions per vector against about 2 here):
-/// bf16 SiLU took 1.17x the f32 SiLU's time this way, 1.28x with the integer rounding
-/// throughout (alternated, 5 rounds).
+/// integer rounding of [`store`] instead (11 instructions per vector against about 2 here).
 ///
 /// # Safety
 /// The CPU has AVX-512 F, BW, VL and DQ and AVX512-BF16; the 32 elements are writable.

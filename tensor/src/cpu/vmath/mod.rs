@@ -97,8 +97,8 @@ pub(crate) type BlocksRun = unsafe fn(Func, *const f32, *mut f32, usize);
 
 /// The blocks that run `f` on `f32` runs here, several vectors side by side, with the bits of
 /// the scalar function: [`avx512::run`] where the CPU has AVX-512 and its blocks are on,
-/// [`avx2::run`] where it has AVX2 (not AVX-512) and those are on (not for `tanh`: its
-/// one-vector loop took 0.95x the blocks' time on AVX2); `None` where the one-vector loops run.
+/// [`avx2::run`] where it has AVX2 (not AVX-512) and those are on (not for `tanh`, whose
+/// one-vector loop is faster there); `None` where the one-vector loops run.
 pub(crate) fn blocks(f: Func) -> Option<BlocksRun> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -157,11 +157,11 @@ fn horner<V: Lanes, const N: usize>(x: V, c: [f32; N]) -> V {
 
 /// `c[0] x^5 + .. + c[5]` by Estrin's scheme: 3 dependent steps where Horner's rule takes 5,
 /// for one multiplication more. GELU's steps form one chain of about 100 cycles a vector, and
-/// on Zen 3 (a reorder buffer of 256 operations) the AVX2 blocks' four vectors (about 320
-/// operations) leave too little independent work to hide it: in L2, GELU took about 30 cycles
-/// a vector (at 2.45 GHz) where its 34 multiply-add port operations need 17. [`exp_parts`]'
-/// polynomial by this scheme shortened the chain by 8 cycles. (GELU's own polynomial of degree
-/// 8 by Estrin's scheme, 16 cycles shorter again, took its error to 6.1 ulp at -11.8.)
+/// with a reorder buffer of 256 operations the AVX2 blocks' four vectors (about 320
+/// operations) leave too little independent work to hide it, so a shorter chain is a faster
+/// block (`docs/elementary-functions.md`). [`exp_parts`]' polynomial by this scheme shortens the
+/// chain by 8 cycles. (GELU's own polynomial of degree 8 by Estrin's scheme, 16 cycles shorter
+/// again, would take its error to 6.1 ulp at -11.8.)
 #[inline(always)]
 fn estrin6<V: Lanes>(x: V, c: [f32; 6]) -> V {
     let k = V::splat;
@@ -277,8 +277,8 @@ pub(crate) fn sigmoid<V: Lanes>(x: V) -> V {
 /// error of `erfc` below 1.1e-8 on `z` in `[0, 10.4]` (`tensor/tools/gelu_fit.py`). `s P(s)` is 0 at
 /// `z = 0`, so it keeps its relative accuracy near 0 too, and one formula serves every argument:
 /// within 5.08 ulp over all f32, about 3 near 0. (With Numerical Recipes' polynomial in `t`,
-/// which sums terms of 1.5 to about 0 there, the formula was 6.2 ulp off near 0, and `|x| < 0.7`
-/// took a series of `erf` besides: 7.3 ulp at worst, in 1.45x the time.)
+/// which sums terms of 1.5 to about 0 there, the formula is 6.2 ulp off near 0, and `|x| < 0.7`
+/// needs a series of `erf` besides: 7.3 ulp at worst, and slower.)
 #[inline(always)]
 pub(crate) fn gelu<V: Lanes>(x: V) -> V {
     let c = V::splat;
@@ -374,11 +374,9 @@ fn p_r_r_plus_r<V: Lanes>(p: V, r: V) -> V {
 /// `ln(0) = -inf`, `ln(inf) = inf`, NaN below 0 and for NaN.
 ///
 /// Where every lane is a positive normal number ([`Lanes::all_positive_normal`]; only the AVX2
-/// blocks ask), the same steps without the edges. On AVX2 the edges took 7 blends (3
-/// operations each on recent Intel cores) of about 53 operations a vector; without them, `log`
-/// of a 1024x3072 tensor of values in `[0, 1)` took 0.52 of the one-vector loop's time, against
-/// 0.87 with them (Emerald Rapids capped to AVX2, 1 thread, calls side by side), and 1.2x
-/// PyTorch's time at its own AVX2, against 2.3-2.5x.
+/// blocks ask), the same steps without the edges. On AVX2 the edges take 7 blends (3
+/// operations each on recent Intel cores) of about 53 operations a vector, so `log` of
+/// positive normal numbers is much faster without them (`docs/elementary-functions.md`).
 #[inline(always)]
 pub(crate) fn ln<V: Lanes>(x: V) -> V {
     if x.all_positive_normal() {

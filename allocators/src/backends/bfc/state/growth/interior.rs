@@ -40,7 +40,8 @@ const MOVE_UNIT: usize = 16 << 20;
 const RESIDENT_WORTH_A_MOVE: usize = 512 << 10;
 
 /// How much of a piece [`RESIDENT_WORTH_A_MOVE`] looks at: one page table's span, a 512-byte
-/// `mincore` answer. With 16 MiB samples `mincore` took 5% of the replay's time (`perf`).
+/// `mincore` answer: larger samples make `mincore` a visible part of a replay's time
+/// (`docs/peak-headroom.md`).
 const RESIDENCY_SAMPLE: usize = 2 << 20;
 
 impl State {
