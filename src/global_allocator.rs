@@ -57,8 +57,9 @@ static BACKEND: AtomicU8 = AtomicU8::new(UNRESOLVED);
 /// - Its figures are the process heap's ([`stats`](Self::stats),
 ///   [`process_heap_stats`](crate::telemetry::process_heap_stats), allocator `global` in the
 ///   metrics; it replaces the deprecated `CountingGlobalAlloc`).
-/// - With nothing watching, an allocation costs the backend's plus a few thread-local reads
-///   (see `benches/global_allocator.rs`).
+/// - With nothing watching, an allocation or free costs the backend's plus a few reads of
+///   thread-local and global words and one update of the heap counters in a word the thread owns
+///   (see `benches/global_allocator.rs` and `docs/global-allocator-cost.md`).
 /// - It is re-entrancy safe: the observer's own allocations, and those of tensormem's
 ///   bookkeeping (scopes, leak checks, history, interned names), are not reported.
 /// - A refusal of the backend returns null to Rust's allocation error handler (no OOM report:
