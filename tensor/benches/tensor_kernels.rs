@@ -4,10 +4,10 @@
 //!
 //! Every group has `copy` (the baseline: a plain copy moving the bytes the kernel moves, on a
 //! rayon pool of the same size), `default` (fresh output, default allocator), `pool` (fresh
-//! output from an explicit `PoolAllocator`: the issue's reference), and where PyTorch has them
-//! `inplace` (`a.add_(&b)`) and `out` (`a.add_out(&b, &out)`). The `out` groups also have
-//! `out_beside`: `out` and `default` calls in rotation, out / default of those calls written to
-//! `tensor_side_by_side.json`.
+//! output from an explicit `PoolAllocator`: the reference the targets name), and where PyTorch
+//! has them `inplace` (`a.add_(&b)`) and `out` (`a.add_out(&b, &out)`). The `out` groups also
+//! have `out_beside`: `out` and `default` calls in rotation, out / default of those calls written
+//! to `tensor_side_by_side.json`.
 //!
 //! 1. `a + b`, 4M elements: 12 bytes of traffic per element (8 read, 4 written); the copy
 //!    baseline copies 6 bytes per element (6 read, 6 written), the same traffic.
@@ -51,7 +51,7 @@
 //! The `pool` rows call the default path beside each pool call, on the same tensors and on a
 //! second set allocated from the default allocator (the control), and write default / pool and
 //! default / default-again of those side-by-side calls to
-//! `target/criterion/tensor_side_by_side.json`: the issue's "within 5% of a `PoolAllocator`
+//! `target/criterion/tensor_side_by_side.json`: the target "within 5% of a `PoolAllocator`
 //! output" compared on the same seconds of a machine whose speed drifts between rows.
 //!
 //! Each 2-thread group also has a `scaling` row: the default path at 2 threads and at 1 and the
@@ -227,7 +227,7 @@ fn bench_pool_beside<R, S, T>(
 }
 
 /// The `out_beside` row: the `out=` form and the fresh-output form of one op, call by call in
-/// rotation (see [`bench_side_by_side`]), for the issue's "`out=` forms no slower than the
+/// rotation (see [`bench_side_by_side`]), for the target "`out=` forms no slower than the
 /// fresh-output form" from the same seconds of the machine. The row's time is the `out=` calls'.
 fn bench_out_beside<R>(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, out: impl Fn(), default: impl Fn() -> R) {
     bench_side_by_side(g, group, "out_beside", &mut [&mut || out(), &mut || drop(black_box(default()))]);
@@ -235,7 +235,7 @@ fn bench_out_beside<R>(g: &mut BenchmarkGroup<'_, WallTime>, group: &str, out: i
 
 /// In a 2-thread group, the `scaling` row: the op on the default path at 2 threads and at 1,
 /// and `baseline(threads)` (the group's copy, read or gemm on a rayon pool of that many
-/// workers) at 2 and at 1, in rotation (see [`bench_side_by_side`]). The issue's "2-thread
+/// workers) at 2 and at 1, in rotation (see [`bench_side_by_side`]). The target "2-thread
 /// rows scaling at least 1.7x" from the same seconds of the machine, for the kernel and for its
 /// baseline, rather than from two rows run seconds apart. The row's time is the default calls'
 /// at 2 threads.
@@ -785,11 +785,27 @@ criterion_group!(
     after_a_gap
 );
 
+/// Where criterion writes its results, and so where `benches/ratios.py` reads this bench's
+/// files beside them: `CRITERION_HOME`, else the target directory's `criterion` folder (this
+/// binary runs from `<target>/<profile>/deps/`).
+fn criterion_dir() -> std::path::PathBuf {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return home.into();
+    }
+    if let Some(target) = std::env::var_os("CARGO_TARGET_DIR") {
+        return std::path::Path::new(&target).join("criterion");
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.ancestors().nth(3).map(|target| target.join("criterion")))
+        .unwrap_or_else(|| "target/criterion".into())
+}
+
 fn main() {
     eprintln!("default allocator: {}", AllocatorRegistry::global().get().name());
     benches();
     Criterion::default().configure_from_args().final_summary();
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/criterion");
+    let dir = criterion_dir();
     let faults = FAULTS.lock().unwrap();
     if !faults.is_empty() {
         std::fs::create_dir_all(&dir).expect("target/criterion");
