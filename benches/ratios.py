@@ -6,10 +6,18 @@ Each figure is the mean time of one iteration: one alloc+free pair per thread (a
 threads' pairs run at once, so wall time per iteration covers 2 pairs).
 """
 import json
+import os
 import pathlib
 import sys
 
-root = pathlib.Path(__file__).resolve().parent.parent / "target" / "criterion"
+# Where criterion writes (and tensor_kernels.rs beside it): CRITERION_HOME, else the target
+# directory's criterion folder.
+if os.environ.get("CRITERION_HOME"):
+    root = pathlib.Path(os.environ["CRITERION_HOME"])
+elif os.environ.get("CARGO_TARGET_DIR"):
+    root = pathlib.Path(os.environ["CARGO_TARGET_DIR"]) / "criterion"
+else:
+    root = pathlib.Path(__file__).resolve().parent.parent / "target" / "criterion"
 if not root.is_dir():
     sys.exit(f"no criterion results under {root}: run `cargo bench --bench allocators` first")
 

@@ -808,7 +808,7 @@ fn main() {
     let dir = criterion_dir();
     let faults = FAULTS.lock().unwrap();
     if !faults.is_empty() {
-        std::fs::create_dir_all(&dir).expect("target/criterion");
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let json = serde_json::to_string_pretty(&*faults).expect("json");
         std::fs::write(dir.join("tensor_faults.json"), json).expect("write tensor_faults.json");
     }
