@@ -59,8 +59,11 @@ fn gpu_replay(c: &mut Criterion) {
         }
     };
     for name in TRACES {
-        let path = format!("{}/benches/traces/{name}.json", env!("CARGO_MANIFEST_DIR"));
-        let json = std::fs::read_to_string(&path).expect("a shipped trace");
+        // The binary may run from a copy of the repository elsewhere (a GPU machine): the
+        // traces are found beside the sources it was built from, or under the current folder.
+        let built = format!("{}/benches/traces/{name}.json", env!("CARGO_MANIFEST_DIR"));
+        let path = if std::path::Path::new(&built).exists() { built } else { format!("benches/traces/{name}.json") };
+        let json = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let trace = AllocationTrace::from_json(&json).expect("a valid trace");
         let prepared = PreparedTrace::new(&trace);
         let mut group = c.benchmark_group(format!("gpu_replay_{name}"));
