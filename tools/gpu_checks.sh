@@ -75,7 +75,9 @@ run() {
     check "torch-expandable-$t" env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
       python3 benches/torch_replay.py "benches/traces/$t.json"
   done
-  tail -n 40 "$out"/gpu-replay-bench.log "$out"/torch-*.log
+  # The figures, then the summary last (the run tool returns only the output's tail).
+  grep -h -E '^gpu_replay|time:|^torch ' "$out"/gpu-replay-bench.log "$out"/torch-*.log
+  cat "$out/summary.txt"
   return "$failed"
 }
 
