@@ -12,6 +12,8 @@
 #   test at a time (the two-stream test needs the device to itself);
 # - `tensormem replay --allocator cuda:0` on the shipped gpt2 streams;
 # - the cudarc example (a kernel on blocks of `cuda:0`);
+# - a memory snapshot written by PyTorch itself, through `tensormem import-torch`, checked
+#   against PyTorch's own events (tools/torch_snapshot_check.py) and replayed on `cuda:0`;
 # - the gpu_replay bench, then PyTorch's caching allocator on the same streams
 #   (benches/torch_replay.py, default and expandable segments) in the same call.
 set -uo pipefail
@@ -68,6 +70,11 @@ run() {
     check "replay-$t" "$bin/tensormem" replay "benches/traces/$t.json" --allocator cuda:0 --allocator bfc
   done
   check cudarc-kernel "$bin/cudarc_kernel"
+  # A snapshot PyTorch itself writes, imported, checked against PyTorch's events, and replayed.
+  check snapshot-record python3 tools/torch_snapshot_check.py record "$out/snapshot.pickle"
+  check snapshot-import "$bin/tensormem" import-torch "$out/snapshot.pickle" -o "$out/snapshot.json" --force
+  check snapshot-compare python3 tools/torch_snapshot_check.py compare "$out/snapshot.pickle" "$out/snapshot.json"
+  check snapshot-replay "$bin/tensormem" replay "$out/snapshot.json" --allocator cuda:0 --allocator bfc
   check gpu-replay-bench "$bin/gpu_replay" --bench
   check torch-build python3 benches/torch_replay.py --build
   for t in torch_gpt2_inference torch_gpt2_train_varlen; do
@@ -76,7 +83,8 @@ run() {
       python3 benches/torch_replay.py "benches/traces/$t.json"
   done
   # The figures, then the summary last (the run tool returns only the output's tail).
-  grep -h -E '^gpu_replay|time:|^torch ' "$out"/gpu-replay-bench.log "$out"/torch-*.log
+  grep -h -E '^gpu_replay|time:|^torch |snapshot' "$out"/gpu-replay-bench.log "$out"/torch-*.log \
+    "$out"/snapshot-*.log
   cat "$out/summary.txt"
   return "$failed"
 }
