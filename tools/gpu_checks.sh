@@ -43,7 +43,9 @@ for m in map(json.loads, sys.stdin):
     executables test --release -p tensormem-allocators --features cuda --no-run --lib
     executables bench --features cuda --no-run --bench gpu_replay
   } | while read -r name exe; do cp "$exe" ".gpu/bin/$name"; done
-  cp target/release/examples/cudarc_kernel target/release/tensormem .gpu/bin/
+  local target
+  target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  cp "$target/release/examples/cudarc_kernel" "$target/release/tensormem" .gpu/bin/
   strip .gpu/bin/*
   ls -l .gpu/bin
   du -sh .gpu
