@@ -54,6 +54,7 @@ for m in map(json.loads, sys.stdin):
 run() {
   local out=${OUT:-.gpu/out} bin=.gpu/bin failed=0
   mkdir -p "$out"
+  : > "$out/summary.txt"
   export TENSORMEM_REQUIRE_CUDA=1
   check() {
     local name=$1 start=$SECONDS rc
