@@ -24,25 +24,22 @@ build() {
   export CARGO_INCREMENTAL=0
   grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude
   rm -rf .gpu && mkdir -p .gpu/bin
-  # Test and bench executables as cargo reports them (a test binary is named <target>-<hash>).
+  # Builds, and names the test and bench executables cargo made (a test binary is named
+  # <target>-<hash>); compiler messages go to stderr as usual.
   executables() {
-    cargo "$@" --message-format=json 2>/dev/null | python3 -c '
+    cargo "$@" --message-format=json-render-diagnostics | python3 -c '
 import json, sys
 for m in map(json.loads, sys.stdin):
     if m.get("executable"):
         print(m["target"]["name"], m["executable"])'
   }
-  # Stderr is kept out of the JSON stream; a failed build is shown by building again.
-  cargo test --release --features cuda --no-run --test all --test env_override
-  cargo test --release -p tensormem-allocators --features cuda --no-run --lib
-  cargo bench --features cuda --no-run --bench gpu_replay
-  cargo build --release --features cuda --example cudarc_kernel
-  cargo build --release -p tensormem-cli --features cuda
   {
     executables test --release --features cuda --no-run --test all --test env_override
     executables test --release -p tensormem-allocators --features cuda --no-run --lib
     executables bench --features cuda --no-run --bench gpu_replay
   } | while read -r name exe; do cp "$exe" ".gpu/bin/$name"; done
+  cargo build --release --features cuda --example cudarc_kernel
+  cargo build --release -p tensormem-cli --features cuda
   local target
   target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
   cp "$target/release/examples/cudarc_kernel" "$target/release/tensormem" .gpu/bin/
